@@ -1,0 +1,105 @@
+//! What a congestion policy sees after a stage, and what it answers.
+//!
+//! These mirror the records of `wit/policy.wit` one for one; the policy host
+//! converts between them and the bindgen types. Every time is in seconds.
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::Value;
+
+/// Server-side signals of one role (`aggregate`, `prefill` or `decode`) over one stage.
+/// Missing series evaluate as zero.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoleSignals {
+    pub role: String,
+    /// p50 over the steady window of the per-sample sum of waiting requests across pods.
+    pub waiting_requests_p50: f64,
+    /// Server TTFT p99 (histogram quantile) over the steady window.
+    pub ttft_p99_seconds: f64,
+    /// Max KV-cache usage (fraction 0..1) across pods and the steady window.
+    pub kv_cache_usage_max: f64,
+    /// Increase of the preemption counter over the whole stage.
+    pub preemptions: f64,
+    /// More named figures (e.g. `ttft_p50_seconds`, `itl_p99_seconds`,
+    /// `generation_tokens_per_second`, `kv_cache_usage_min`, `running_requests_p50`).
+    #[serde(default)]
+    pub extra: Vec<(String, f64)>,
+}
+
+impl RoleSignals {
+    /// The value of a named extra figure, if present.
+    pub fn extra(&self, name: &str) -> Option<f64> {
+        self.extra.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+}
+
+/// Client-side statistics of one stage (measured by nyann-bench itself).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClientStats {
+    pub requests_ok: u64,
+    pub requests_failed: u64,
+    pub requests_per_second: f64,
+    pub output_tokens_per_second: f64,
+    pub ttft_p50_seconds: f64,
+    pub ttft_p99_seconds: f64,
+    pub itl_p50_seconds: f64,
+    pub itl_p99_seconds: f64,
+    pub e2e_p50_seconds: f64,
+    pub e2e_p99_seconds: f64,
+}
+
+/// Everything known about one finished stage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageObservation {
+    /// Position of the stage in the scenario (0-based, barriers counted).
+    pub index: u32,
+    pub name: String,
+    pub concurrency: Option<u32>,
+    pub rate: Option<f64>,
+    pub start_unix_seconds: f64,
+    pub end_unix_seconds: f64,
+    pub roles: Vec<RoleSignals>,
+    pub client: ClientStats,
+    /// Signal queries that failed (their signals read as zero: fail-open).
+    pub signal_errors: Vec<String>,
+}
+
+/// A policy's answer for one stage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub congested: bool,
+    pub reasons: Vec<String>,
+}
+
+/// How a parameter is written in `until_congested(...)` and passed to `judge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamKind {
+    /// Any finite number.
+    Number,
+    /// A number in 0..=1.
+    Fraction,
+    /// `"750ms"`, `"2s"`, `"1m30s"` or integer seconds; passed as seconds.
+    Duration,
+    Text,
+    Flag,
+}
+
+/// One parameter a policy accepts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamSpec {
+    pub name: String,
+    pub kind: ParamKind,
+    pub required: bool,
+    pub default: Option<Value>,
+    pub doc: String,
+}
+
+/// What `describe()` returns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    pub name: String,
+    pub version: String,
+    pub summary: String,
+    pub params: Vec<ParamSpec>,
+}

@@ -1,0 +1,232 @@
+//! The scenario IR: what `scenario.star` compiles to.
+//!
+//! Units: every duration is in seconds (`f64`), in fields whose names end in
+//! `_s`. The JSON form is strict (unknown fields are rejected) so that a typo
+//! in a hand-written IR file is an error, not a silently ignored setting.
+
+use serde::{Deserialize, Serialize};
+
+/// A whole run: defaults and the ordered steps (stages and barriers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Default OpenAI base URL (e.g. `http://localhost:8000/v1`); `--target` wins.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Default model name; `--model` wins; absent means auto-detect.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Workload for stages that do not name their own.
+    pub workload: Workload,
+    pub steps: Vec<Step>,
+}
+
+/// One entry of the run, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    Stage(Stage),
+    /// Synchronisation point; with `drain`, wait until no request is in flight.
+    Barrier { drain: bool },
+}
+
+/// How a stage sends its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// `concurrency` closed-loop streams.
+    Concurrent,
+    /// Open loop, evenly spaced arrivals at `rate` per second.
+    Constant,
+    /// Open loop, Poisson arrivals at `rate` per second.
+    Poisson,
+    /// A pool of multi-turn conversations.
+    ConversationPool,
+}
+
+/// A timed period of load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub duration_s: f64,
+    pub mode: Mode,
+    /// Closed-loop streams (concurrent and conversation-pool modes); `None` in rate modes.
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+    /// Arrivals per second (constant and poisson modes).
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// Open-loop cap on requests in flight; 0 = no cap. Arrivals over the cap are dropped.
+    #[serde(default)]
+    pub max_inflight: u32,
+    /// End the stage early once this many requests were sent; 0 = no limit.
+    #[serde(default)]
+    pub max_requests: u64,
+    /// Ramp from zero to the stage's level over this many seconds.
+    #[serde(default)]
+    pub rampup_s: Option<f64>,
+    /// Overrides of the scenario-wide settings.
+    #[serde(default)]
+    pub workload: Option<Workload>,
+    #[serde(default)]
+    pub target: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Sends load but is excluded from statistics and never judged.
+    #[serde(default)]
+    pub warmup: bool,
+    #[serde(default)]
+    pub conversation_pool_size: u32,
+    /// Set by `until_congested(...)`: judge this stage when it ends.
+    #[serde(default)]
+    pub stop: Option<StopCondition>,
+    /// Where `stage(...)` was called, for error messages.
+    #[serde(default)]
+    pub location: Option<SourceLocation>,
+}
+
+/// The parameters of one `until_congested(...)` call, as written (in order).
+/// The active congestion policy checks them (describe/validate).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopCondition {
+    pub params: Vec<Param>,
+    /// Where `until_congested(...)` was called, for error messages.
+    #[serde(default)]
+    pub location: Option<SourceLocation>,
+}
+
+/// A named parameter value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Param {
+    pub name: String,
+    pub value: Value,
+}
+
+/// A typed parameter value. Durations stay text (`"2s"`) in the IR; the
+/// policy host converts them to seconds using the policy's parameter kinds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Value {
+    Flag(bool),
+    Number(f64),
+    Text(String),
+}
+
+/// File, line and column (1-based) of a call in a scenario file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceLocation {
+    pub file: String,
+    pub line: u32,
+    pub column: u32,
+}
+
+impl std::fmt::Display for SourceLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
+/// What the prompts look like.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    #[serde(rename = "type")]
+    pub kind: WorkloadType,
+    /// Input (prompt) length in tokens.
+    pub isl: u32,
+    /// Output length in tokens.
+    pub osl: u32,
+    pub turns: u32,
+    /// Prompt length of turns after the first; `None` = `isl`.
+    #[serde(default)]
+    pub subsequent_isl: Option<u32>,
+    #[serde(default)]
+    pub corpus_path: Option<String>,
+    /// Characters per token when the server has no `/tokenize`; 0 = calibrate or 4.0.
+    #[serde(default)]
+    pub chars_per_token: f64,
+    #[serde(default)]
+    pub cache_salt: Option<CacheSalt>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadType {
+    Synthetic,
+    Faker,
+    Corpus,
+}
+
+/// Prefix-cache salt: a fresh random salt per conversation, or a fixed one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum CacheSalt {
+    Random,
+    Fixed(String),
+}
+
+impl Default for Workload {
+    /// The scenario-wide default: `faker`, isl 128, osl 256, one turn.
+    fn default() -> Self {
+        Workload {
+            kind: WorkloadType::Faker,
+            isl: 128,
+            osl: 256,
+            turns: 1,
+            subsequent_isl: None,
+            corpus_path: None,
+            chars_per_token: 0.0,
+            cache_salt: None,
+            name: None,
+        }
+    }
+}
+
+impl Stage {
+    /// The stage's label in tables and logs: its name, else `c=N` / `rate=R`.
+    pub fn label(&self, index: usize) -> String {
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        match (self.concurrency, self.rate) {
+            (_, Some(rate)) => format!("#{index} rate={rate}"),
+            (Some(c), None) => format!("#{index} c={c}"),
+            (None, None) => format!("#{index}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_as_plain_json() {
+        let params = vec![
+            Param { name: "waiting_requests_p50".into(), value: Value::Number(32.0) },
+            Param { name: "ttft_p99".into(), value: Value::Text("2s".into()) },
+            Param { name: "strict".into(), value: Value::Flag(true) },
+        ];
+        let json = serde_json::to_string(&params).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"name":"waiting_requests_p50","value":32.0},{"name":"ttft_p99","value":"2s"},{"name":"strict","value":true}]"#
+        );
+        let back: Vec<Param> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, params);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = serde_json::from_str::<Workload>(r#"{"type":"faker","isl":1,"osl":1,"turns":1,"typo":1}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown field `typo`"), "{err}");
+    }
+}

@@ -1,0 +1,1 @@
+//! Starlark scenario files to the scenario IR, with validation and bounded evaluation

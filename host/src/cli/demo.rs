@@ -1,0 +1,10 @@
+//! `nyann-bench demo` (scaffold: being built).
+
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub async fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`nyann-bench demo` is not built yet")
+}

@@ -1,0 +1,10 @@
+//! `nyann-bench generate` (scaffold: being built).
+
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub async fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`nyann-bench generate` is not built yet")
+}

@@ -1,0 +1,30 @@
+//! `nyann-bench`: a load generator for LLM inference servers that stops a
+//! sweep of load stages as soon as the server is congested.
+//!
+//! `main` only parses the command line, sets up logging and maps the outcome
+//! to an exit code; each command lives in its own file under `cli/`.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    cli::init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli.command.run()) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
