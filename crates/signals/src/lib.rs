@@ -1,1 +1,264 @@
-//! Server metric sources (Prometheus range API, direct /metrics scraping) to per-role stage signals
+//! Server metric sources to per-role stage signals.
+//!
+//! After each measured stage the sweep asks a [`SignalSource`] for the
+//! server-side signals of every role (`prefill`/`decode` or `aggregate`) over
+//! that stage, exactly as SEED.md defines them:
+//!
+//! - steady window = `[start + 20%, start + 95%]` of the stage, or the whole
+//!   stage when that is shorter than 5 s;
+//! - `waiting_requests_p50`: per-sample sum of waiting requests across the
+//!   role's pods, then p50 over the steady window (linear interpolation);
+//! - `ttft_p99_seconds`: Prometheus `histogram_quantile(0.99)` of the TTFT
+//!   histogram over the steady window;
+//! - `kv_cache_usage_max`: max KV usage across pods and the steady window;
+//! - `preemptions`: preemption counter increase over the whole stage;
+//! - in `extra`, same windows: `ttft_p50_seconds`, `itl_p50_seconds`,
+//!   `itl_p99_seconds`, `generation_tokens_per_second`, `kv_cache_usage_min`,
+//!   `running_requests_p50`.
+//!
+//! Two sources compute them: a Prometheus server (`--prometheus-url`) or
+//! direct sampling of the servers' `/metrics` (`--scrape`). Computing a
+//! stage's signals never fails as a whole: a failed query zeroes its signal
+//! and adds an error string naming the role and the signal (fail-open).
+//!
+//! ```no_run
+//! # async fn demo(args: nyann_signals::SignalArgs) -> Result<(), nyann_signals::SignalError> {
+//! if let Some(source) = nyann_signals::SignalSource::from_args(&args).await? {
+//!     source.start(); // starts the --scrape sampler; no-op for Prometheus
+//!     tracing::info!("server signals: {source}");
+//!     // ... run a stage from `start` to `end` (unix seconds) ...
+//!     # let (start, end) = (0.0, 60.0);
+//!     let signals = source.stage_signals(start, end).await;
+//!     for e in &signals.errors { tracing::warn!("signal: {e}"); }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nyann_model::RoleSignals;
+
+pub mod config;
+pub mod exposition;
+pub mod math;
+pub mod prometheus;
+mod scrape;
+pub mod spec;
+
+pub use config::{MetricNames, RoleSelector, ScrapeTarget, SignalArgs};
+
+use prometheus::{PromClient, PrometheusSource};
+use scrape::ScrapeSource;
+
+/// The server signals of one stage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageSignals {
+    /// One entry per role, in order prefill, decode, aggregate, then others.
+    pub roles: Vec<RoleSignals>,
+    /// Failed queries or scrapes, each naming the role and the signal; the
+    /// signals concerned read 0 (fail-open). Goes to
+    /// `StageObservation::signal_errors`.
+    pub errors: Vec<String>,
+}
+
+/// A configuration error in the signal flags.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SignalError {
+    #[error("--selector {flag:?}: {why}")]
+    Selector { flag: String, why: String },
+    #[error("--scrape {flag:?}: {why}")]
+    Scrape { flag: String, why: String },
+    #[error("--metric {flag:?}: {why}")]
+    Metric { flag: String, why: String },
+    #[error("Prometheus header {flag:?}: {why}")]
+    Header { flag: String, why: String },
+    #[error("--prometheus-url {url:?}: {why}")]
+    PrometheusUrl { url: String, why: String },
+    #[error(
+        "--prometheus-url needs roles: give --deploy-name NAME or at least one --selector ROLE={{...}}"
+    )]
+    NoRoles,
+    #[error(
+        "give either --prometheus-url or --scrape, not both: they are two sources of the same signals"
+    )]
+    BothSources,
+    #[error("--{flag} must be greater than zero")]
+    ZeroDuration { flag: &'static str },
+    #[error("cannot build the HTTP client: {0}")]
+    HttpClient(String),
+}
+
+enum Inner {
+    Prometheus(PrometheusSource),
+    Scrape(ScrapeSource),
+}
+
+/// Where server signals come from, built from [`SignalArgs`].
+pub struct SignalSource {
+    inner: Inner,
+}
+
+impl SignalSource {
+    /// Builds the source the flags describe; `Ok(None)` when neither
+    /// `--prometheus-url` nor `--scrape` is given. Does not contact any server.
+    pub async fn from_args(args: &SignalArgs) -> Result<Option<SignalSource>, SignalError> {
+        let names = MetricNames::from_flags(&args.metrics)?;
+        match (&args.prometheus_url, args.scrape.is_empty()) {
+            (Some(_), false) => Err(SignalError::BothSources),
+            (Some(url), true) => {
+                if args.prometheus_timeout.is_zero() {
+                    return Err(SignalError::ZeroDuration {
+                        flag: "prometheus-timeout",
+                    });
+                }
+                let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors)?;
+                if roles.is_empty() {
+                    return Err(SignalError::NoRoles);
+                }
+                let headers = args
+                    .prometheus_headers
+                    .iter()
+                    .map(|h| config::parse_header(h))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let client = PromClient::new(
+                    url,
+                    args.prometheus_timeout,
+                    args.prometheus_bearer_token.as_deref(),
+                    &headers,
+                )?;
+                Ok(Some(SignalSource {
+                    inner: Inner::Prometheus(PrometheusSource::new(
+                        client,
+                        roles,
+                        names,
+                        args.settle,
+                        args.settle_wait,
+                    )),
+                }))
+            }
+            (None, false) => {
+                for (flag, d) in [
+                    ("scrape-interval", args.scrape_interval),
+                    ("scrape-timeout", args.scrape_timeout),
+                ] {
+                    if d.is_zero() {
+                        return Err(SignalError::ZeroDuration { flag });
+                    }
+                }
+                let targets = args
+                    .scrape
+                    .iter()
+                    .map(|s| config::parse_scrape(s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let http = reqwest::Client::builder()
+                    .connect_timeout(args.scrape_timeout)
+                    .build()
+                    .map_err(|e| SignalError::HttpClient(e.to_string()))?;
+                Ok(Some(SignalSource {
+                    inner: Inner::Scrape(ScrapeSource::new(
+                        targets,
+                        names,
+                        args.scrape_interval,
+                        args.scrape_timeout,
+                        args.settle,
+                        args.settle_wait,
+                        http,
+                    )),
+                }))
+            }
+            (None, true) => Ok(None),
+        }
+    }
+
+    /// Starts background sampling for `--scrape` (idempotent; a no-op for
+    /// Prometheus). Call it before the first measured stage, inside a tokio
+    /// runtime. Sampling stops when the source is dropped.
+    pub fn start(&self) {
+        if let Inner::Scrape(s) = &self.inner {
+            s.start();
+        }
+    }
+
+    /// The signals of every role over the stage `[start_unix, end_unix]`
+    /// (unix seconds). Waits first (bounded by `--settle-wait`, plus
+    /// `--settle`) for data covering the stage end. Never fails: see
+    /// [`StageSignals::errors`].
+    pub async fn stage_signals(&self, start_unix: f64, end_unix: f64) -> StageSignals {
+        match &self.inner {
+            Inner::Prometheus(p) => p.stage_signals(start_unix, end_unix).await,
+            Inner::Scrape(s) => s.stage_signals(start_unix, end_unix).await,
+        }
+    }
+
+    /// Role names in output order.
+    pub fn roles(&self) -> Vec<String> {
+        match &self.inner {
+            Inner::Prometheus(p) => p.roles().iter().map(|r| r.role.clone()).collect(),
+            Inner::Scrape(s) => s.roles(),
+        }
+    }
+
+    /// A one-line description of the source, its roles and selectors, for logs.
+    pub fn describe(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for SignalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Prometheus(p) => {
+                write!(f, "prometheus {}", p.url())?;
+                for r in p.roles() {
+                    write!(f, "; {r}")?;
+                }
+                Ok(())
+            }
+            Inner::Scrape(s) => {
+                write!(
+                    f,
+                    "scrape every {}",
+                    humantime::format_duration(s.interval())
+                )?;
+                for role in s.roles() {
+                    let urls: Vec<&str> = s
+                        .targets()
+                        .iter()
+                        .filter(|t| t.role == role)
+                        .map(|t| t.url.as_str())
+                        .collect();
+                    write!(f, "; {role} {}", urls.join(" "))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SignalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SignalSource({self})")
+    }
+}
+
+/// Now, in unix seconds.
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs_f64()
+}
+
+/// The first 200 characters of a body on one line, for error messages.
+pub(crate) fn excerpt(body: &str) -> String {
+    const MAX: usize = 200;
+    let one_line = body.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.is_empty() {
+        return "(empty body)".to_string();
+    }
+    match one_line.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}...", &one_line[..i]),
+        None => one_line,
+    }
+}

@@ -1,0 +1,527 @@
+//! The command-line flags of the signal sources and what they resolve to:
+//! roles with their PromQL selectors, scrape targets, metric names with
+//! their fallbacks.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::SignalError;
+
+/// Flags that choose and configure the server-signal source. Flatten into a
+/// command with `#[command(flatten)]`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SignalArgs {
+    /// Prometheus base URL (e.g. http://prometheus:9090) to read server
+    /// signals from with range queries after each stage.
+    #[arg(long, value_name = "URL", help_heading = "Server signals")]
+    pub prometheus_url: Option<String>,
+
+    /// Deployment name. If it contains `-decode`: roles `prefill` (job
+    /// "vllm-prefill", pod=~"<NAME with -decode replaced by -prefill>.*") and
+    /// `decode` (job "vllm-decode", pod=~"NAME.*"); otherwise one role
+    /// `aggregate` (job "vllm-aggregate", pod=~"NAME.*"). NAME is escaped
+    /// (regex and PromQL string), so it matches literally.
+    #[arg(long, value_name = "NAME", help_heading = "Server signals")]
+    pub deploy_name: Option<String>,
+
+    /// Series selector of a role, replacing its default or defining a new
+    /// role, e.g. decode='{namespace="llm",pod=~"isvc-predictor-.*"}'.
+    /// Repeatable. The selector is passed to Prometheus as written: `=~`
+    /// values are regexes and are NOT escaped.
+    #[arg(
+        long = "selector",
+        value_name = "ROLE={MATCHERS}",
+        help_heading = "Server signals"
+    )]
+    pub selectors: Vec<String>,
+
+    /// Sample a server's /metrics directly during stages (no Prometheus
+    /// needed). ROLE defaults to `aggregate`; several URLs of one role are
+    /// combined like pods. `host:port` means http://host:port/metrics.
+    /// Repeatable.
+    #[arg(
+        long = "scrape",
+        value_name = "[ROLE=]URL",
+        help_heading = "Server signals"
+    )]
+    pub scrape: Vec<String>,
+
+    /// How often --scrape samples each URL.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    pub scrape_interval: Duration,
+
+    /// Timeout of one --scrape request.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    pub scrape_timeout: Duration,
+
+    /// Fixed delay after a stage before its signals are computed (on top of
+    /// --settle-wait).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    pub settle: Duration,
+
+    /// Longest wait after a stage for samples covering its end to be
+    /// ingested (Prometheus) or scraped (--scrape). 0s disables the wait.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    pub settle_wait: Duration,
+
+    /// Timeout of one Prometheus query.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    pub prometheus_timeout: Duration,
+
+    /// Bearer token sent to Prometheus (Authorization header).
+    #[arg(
+        long,
+        env = "NYANN_PROMETHEUS_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN",
+        help_heading = "Server signals"
+    )]
+    pub prometheus_bearer_token: Option<String>,
+
+    /// Extra HTTP header sent to Prometheus, e.g. 'X-Scope-OrgID: team-a'.
+    /// Repeatable.
+    #[arg(
+        long = "prometheus-header",
+        value_name = "NAME: VALUE",
+        help_heading = "Server signals"
+    )]
+    pub prometheus_headers: Vec<String>,
+
+    /// Metric names of a signal, tried in order until one has data, e.g.
+    /// kv_cache_usage=sglang:token_usage. SIGNAL is one of waiting, running,
+    /// kv_cache_usage, ttft, itl, preemptions, generation_tokens (histograms
+    /// without `_bucket`). Defaults: vLLM names, `kv_cache_usage_perc` then
+    /// `gpu_cache_usage_perc`, `inter_token_latency_seconds` then
+    /// `time_per_output_token_seconds`, each also in the `vllm_` spelling.
+    /// Repeatable.
+    #[arg(
+        long = "metric",
+        value_name = "SIGNAL=NAME[,NAME...]",
+        help_heading = "Server signals"
+    )]
+    pub metrics: Vec<String>,
+}
+
+impl Default for SignalArgs {
+    fn default() -> Self {
+        Self {
+            prometheus_url: None,
+            deploy_name: None,
+            selectors: Vec::new(),
+            scrape: Vec::new(),
+            scrape_interval: Duration::from_secs(1),
+            scrape_timeout: Duration::from_secs(2),
+            settle: Duration::ZERO,
+            settle_wait: Duration::from_secs(30),
+            prometheus_timeout: Duration::from_secs(10),
+            prometheus_bearer_token: None,
+            prometheus_headers: Vec::new(),
+            metrics: Vec::new(),
+        }
+    }
+}
+
+/// A server metric a signal is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    Waiting,
+    Running,
+    KvCacheUsage,
+    Ttft,
+    Itl,
+    Preemptions,
+    GenerationTokens,
+}
+
+impl Family {
+    pub const ALL: [Family; 7] = [
+        Family::Waiting,
+        Family::Running,
+        Family::KvCacheUsage,
+        Family::Ttft,
+        Family::Itl,
+        Family::Preemptions,
+        Family::GenerationTokens,
+    ];
+
+    /// The SIGNAL key of `--metric`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Family::Waiting => "waiting",
+            Family::Running => "running",
+            Family::KvCacheUsage => "kv_cache_usage",
+            Family::Ttft => "ttft",
+            Family::Itl => "itl",
+            Family::Preemptions => "preemptions",
+            Family::GenerationTokens => "generation_tokens",
+        }
+    }
+
+    /// Histograms are named without their `_bucket` suffix.
+    pub fn is_histogram(self) -> bool {
+        matches!(self, Family::Ttft | Family::Itl)
+    }
+
+    fn default_names(self) -> Vec<String> {
+        let base: &[&str] = match self {
+            Family::Waiting => &["num_requests_waiting"],
+            Family::Running => &["num_requests_running"],
+            Family::KvCacheUsage => &["kv_cache_usage_perc", "gpu_cache_usage_perc"],
+            Family::Ttft => &["time_to_first_token_seconds"],
+            Family::Itl => &[
+                "inter_token_latency_seconds",
+                "time_per_output_token_seconds",
+            ],
+            Family::Preemptions => &["num_preemptions_total"],
+            Family::GenerationTokens => &["generation_tokens_total"],
+        };
+        // The colon spelling first (what vLLM writes), then the underscore
+        // spelling an OpenMetrics scrape with escaping=underscores stores.
+        let mut names: Vec<String> = base.iter().map(|b| format!("vllm:{b}")).collect();
+        names.extend(base.iter().map(|b| format!("vllm_{b}")));
+        names
+    }
+}
+
+/// Metric names per family, in fallback order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricNames(BTreeMap<Family, Vec<String>>);
+
+impl Default for MetricNames {
+    fn default() -> Self {
+        Self(
+            Family::ALL
+                .iter()
+                .map(|f| (*f, f.default_names()))
+                .collect(),
+        )
+    }
+}
+
+impl MetricNames {
+    /// Defaults with `--metric SIGNAL=NAME[,NAME...]` overrides applied.
+    pub fn from_flags(flags: &[String]) -> Result<Self, SignalError> {
+        let mut names = Self::default();
+        for flag in flags {
+            let bad = |why: &str| SignalError::Metric {
+                flag: flag.clone(),
+                why: why.to_string(),
+            };
+            let (key, list) = flag
+                .split_once('=')
+                .ok_or_else(|| bad("expected SIGNAL=NAME[,NAME...]"))?;
+            let family = Family::ALL
+                .into_iter()
+                .find(|f| f.key() == key.trim())
+                .ok_or_else(|| {
+                    bad(&format!(
+                        "unknown signal {:?}; expected one of {}",
+                        key.trim(),
+                        Family::ALL.map(Family::key).join(", ")
+                    ))
+                })?;
+            let list: Vec<String> = list
+                .split(',')
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect();
+            if list.is_empty() {
+                return Err(bad("no metric name given"));
+            }
+            if let Some(n) = list.iter().find(|n| !valid_metric_name(n)) {
+                return Err(bad(&format!(
+                    "{n:?} is not a metric name (letters, digits, '_' and ':')"
+                )));
+            }
+            names.0.insert(family, list);
+        }
+        Ok(names)
+    }
+
+    /// The names of `family`, primary first.
+    pub fn get(&self, family: Family) -> &[String] {
+        self.0.get(&family).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+fn valid_metric_name(n: &str) -> bool {
+    !n.is_empty()
+        && !n.starts_with(|c: char| c.is_ascii_digit())
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// A role and the label matchers selecting its pods' series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleSelector {
+    pub role: String,
+    /// The matchers inside the braces, e.g. `job="vllm-decode",pod=~"m.*"`.
+    pub matchers: String,
+}
+
+impl RoleSelector {
+    /// `name{matchers}`.
+    pub fn series(&self, metric: &str) -> String {
+        format!("{metric}{{{}}}", self.matchers)
+    }
+}
+
+impl fmt::Display for RoleSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {{{}}}", self.role, self.matchers)
+    }
+}
+
+/// Escapes a value for a double-quoted PromQL string.
+pub fn promql_string(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Escapes regex metacharacters (RE2 syntax) so `value` matches literally.
+pub fn regex_literal(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Canonical role order: prefill, decode, aggregate, then others as given.
+fn role_rank(role: &str) -> usize {
+    match role {
+        "prefill" => 0,
+        "decode" => 1,
+        "aggregate" => 2,
+        _ => 3,
+    }
+}
+
+/// The default roles of `--deploy-name` (SEED.md).
+pub fn default_roles(deploy_name: &str) -> Vec<RoleSelector> {
+    let pod = |name: &str| format!("{}.*", regex_literal(name));
+    let sel = |role: &str, job: &str, name: &str| RoleSelector {
+        role: role.to_string(),
+        matchers: format!(
+            "job=\"{}\",pod=~\"{}\"",
+            promql_string(job),
+            promql_string(&pod(name))
+        ),
+    };
+    if deploy_name.contains("-decode") {
+        let prefill = deploy_name.replacen("-decode", "-prefill", 1);
+        vec![
+            sel("prefill", "vllm-prefill", &prefill),
+            sel("decode", "vllm-decode", deploy_name),
+        ]
+    } else {
+        vec![sel("aggregate", "vllm-aggregate", deploy_name)]
+    }
+}
+
+/// Roles from `--deploy-name` and `--selector` flags, in canonical order.
+pub fn resolve_roles(
+    deploy_name: Option<&str>,
+    selectors: &[String],
+) -> Result<Vec<RoleSelector>, SignalError> {
+    let mut roles = deploy_name.map(default_roles).unwrap_or_default();
+    for flag in selectors {
+        let bad = |why: &str| SignalError::Selector {
+            flag: flag.clone(),
+            why: why.to_string(),
+        };
+        let (role, sel) = flag
+            .split_once('=')
+            .ok_or_else(|| bad("expected ROLE={MATCHERS}"))?;
+        let role = role.trim();
+        if !valid_role(role) {
+            return Err(bad("the role must be letters, digits, '_' or '-'"));
+        }
+        let sel = sel.trim();
+        let inner = sel
+            .strip_prefix('{')
+            .and_then(|s| s.strip_suffix('}'))
+            .ok_or_else(|| bad("the selector must be written in braces: {label=\"value\",...}"))?;
+        let matchers = inner.trim().trim_end_matches(',').to_string();
+        if matchers.is_empty() {
+            return Err(bad(
+                "an empty selector would match every series of the server",
+            ));
+        }
+        let new = RoleSelector {
+            role: role.to_string(),
+            matchers,
+        };
+        match roles.iter_mut().find(|r| r.role == role) {
+            Some(existing) => *existing = new,
+            None => roles.push(new),
+        }
+    }
+    roles.sort_by_key(|r| role_rank(&r.role)); // stable: others keep flag order
+    Ok(roles)
+}
+
+fn valid_role(role: &str) -> bool {
+    !role.is_empty()
+        && role
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// One `--scrape` target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeTarget {
+    pub role: String,
+    pub url: String,
+}
+
+/// Parses `[ROLE=]URL`; a bare `host:port` becomes `http://host:port/metrics`.
+pub fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
+    let bad = |why: &str| SignalError::Scrape {
+        flag: flag.to_string(),
+        why: why.to_string(),
+    };
+    let (role, url) = match flag.split_once('=') {
+        Some((r, u)) if valid_role(r.trim()) => (r.trim().to_string(), u.trim()),
+        _ => ("aggregate".to_string(), flag.trim()),
+    };
+    if url.is_empty() {
+        return Err(bad("missing URL"));
+    }
+    let mut url = if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let parsed = reqwest::Url::parse(&url).map_err(|e| bad(&format!("bad URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(bad("the URL must be http:// or https://"));
+    }
+    if parsed.path() == "/" && !url.ends_with('/') {
+        url.push_str("/metrics");
+    } else if parsed.path() == "/" {
+        url.push_str("metrics");
+    }
+    Ok(ScrapeTarget { role, url })
+}
+
+/// Parses `Name: Value`.
+pub fn parse_header(flag: &str) -> Result<(String, String), SignalError> {
+    let (name, value) = flag
+        .split_once(':')
+        .filter(|(n, _)| !n.trim().is_empty())
+        .ok_or_else(|| SignalError::Header {
+            flag: flag.to_string(),
+            why: "expected 'Name: Value'".to_string(),
+        })?;
+    Ok((name.trim().to_string(), value.trim().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deploy_name_gives_seed_roles() {
+        let r = default_roles("model-decode");
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].role, "prefill");
+        assert_eq!(
+            r[0].matchers,
+            r#"job="vllm-prefill",pod=~"model-prefill.*""#
+        );
+        assert_eq!(r[1].role, "decode");
+        assert_eq!(r[1].matchers, r#"job="vllm-decode",pod=~"model-decode.*""#);
+        // Only the first -decode is replaced.
+        let r = default_roles("a-decode-decode");
+        assert_eq!(
+            r[0].matchers,
+            r#"job="vllm-prefill",pod=~"a-prefill-decode.*""#
+        );
+        let r = default_roles("llama");
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].role, "aggregate");
+        assert_eq!(r[0].matchers, r#"job="vllm-aggregate",pod=~"llama.*""#);
+    }
+
+    #[test]
+    fn flag_values_are_escaped() {
+        let r = default_roles(r#"m.v1"x\"#);
+        assert_eq!(
+            r[0].matchers,
+            r#"job="vllm-aggregate",pod=~"m\\.v1\"x\\\\.*""#
+        );
+    }
+
+    #[test]
+    fn selectors_replace_or_add_roles_in_order() {
+        let r = resolve_roles(
+            Some("m-decode"),
+            &[
+                r#"extra={job="x"}"#.to_string(),
+                r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#.to_string(),
+            ],
+        )
+        .unwrap();
+        let names: Vec<_> = r.iter().map(|r| r.role.as_str()).collect();
+        assert_eq!(names, ["prefill", "decode", "extra"]);
+        assert_eq!(r[1].matchers, r#"namespace="ns",pod=~"isvc-predictor-.*""#);
+        assert!(resolve_roles(None, &["decode=job".into()]).is_err());
+        assert!(resolve_roles(None, &["decode={}".into()]).is_err());
+        assert!(resolve_roles(None, &["{job=\"x\"}".into()]).is_err());
+    }
+
+    #[test]
+    fn metric_overrides_and_defaults() {
+        let m = MetricNames::default();
+        assert_eq!(
+            m.get(Family::KvCacheUsage),
+            [
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "vllm_kv_cache_usage_perc",
+                "vllm_gpu_cache_usage_perc"
+            ]
+        );
+        let m = MetricNames::from_flags(&["waiting=sglang:num_queue_reqs,x_y".into()]).unwrap();
+        assert_eq!(m.get(Family::Waiting), ["sglang:num_queue_reqs", "x_y"]);
+        assert!(MetricNames::from_flags(&["nope=x".into()]).is_err());
+        assert!(MetricNames::from_flags(&["waiting=a b".into()]).is_err());
+        assert!(MetricNames::from_flags(&["waiting=".into()]).is_err());
+    }
+
+    #[test]
+    fn scrape_flags() {
+        let t = parse_scrape("127.0.0.1:8000").unwrap();
+        assert_eq!(t.role, "aggregate");
+        assert_eq!(t.url, "http://127.0.0.1:8000/metrics");
+        let t = parse_scrape("decode=http://127.0.0.1:9/m?x=1").unwrap();
+        assert_eq!(t.role, "decode");
+        assert_eq!(t.url, "http://127.0.0.1:9/m?x=1");
+        let t = parse_scrape("http://127.0.0.1:9/").unwrap();
+        assert_eq!(t.url, "http://127.0.0.1:9/metrics");
+        assert!(parse_scrape("prefill=").is_err());
+        assert!(parse_scrape("ftp://x/").is_err());
+    }
+
+    #[test]
+    fn headers() {
+        assert_eq!(
+            parse_header("X-Scope-OrgID: a:b").unwrap(),
+            ("X-Scope-OrgID".to_string(), "a:b".to_string())
+        );
+        assert!(parse_header("nocolon").is_err());
+    }
+}

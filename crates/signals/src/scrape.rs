@@ -1,0 +1,632 @@
+//! The direct-scrape source: samples each server's `/metrics` on an interval
+//! in the background, keeps a bounded history of the few figures the signals
+//! need, and computes the per-role signals of a stage from it the way
+//! Prometheus would (same windows, same evaluation grid, same quantiles).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use nyann_model::RoleSignals;
+use tokio::task::JoinHandle;
+
+use crate::StageSignals;
+use crate::config::{Family, MetricNames, ScrapeTarget};
+use crate::exposition;
+use crate::math::{self, Bucket, Window};
+use crate::spec::{self, SPECS, Stat};
+use crate::unix_now;
+
+/// At most this many samples are kept per URL (the oldest are dropped), so a
+/// long run has bounded memory: 6 h at the default 1 s interval, ~0.5 KB each.
+pub const MAX_SAMPLES_PER_URL: usize = 21_600;
+/// Failed scrapes remembered per URL.
+const MAX_FAILURES_PER_URL: usize = 1_000;
+/// Largest `/metrics` body read (vLLM's is ~60 KB).
+const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// What one scrape of one pod contributed: per family, the series of the
+/// first configured name present, reduced across the pod's series (engines).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PodSample {
+    /// Unix seconds when the response was received.
+    pub t: f64,
+    /// Per gauge/counter family: (sum, max, min) across the pod's series.
+    pub scalars: [Option<(f64, f64, f64)>; Family::ALL.len()],
+    /// Per histogram family: cumulative buckets summed by bound.
+    pub histograms: [Option<Vec<Bucket>>; Family::ALL.len()],
+}
+
+fn family_index(f: Family) -> usize {
+    Family::ALL.iter().position(|x| *x == f).unwrap_or(0)
+}
+
+/// Reduces a parsed body to a [`PodSample`].
+pub(crate) fn reduce(t: f64, parsed: &exposition::Parsed, names: &MetricNames) -> PodSample {
+    let mut out = PodSample {
+        t,
+        ..Default::default()
+    };
+    for family in Family::ALL {
+        let i = family_index(family);
+        for name in names.get(family) {
+            if family.is_histogram() {
+                let bucket_name = format!("{name}_bucket");
+                let mut buckets: Vec<Bucket> = Vec::new();
+                for s in parsed.samples.iter().filter(|s| s.name == bucket_name) {
+                    let Some(le) = s.label("le").and_then(|v| v.parse::<f64>().ok()) else {
+                        continue;
+                    };
+                    match buckets.iter_mut().find(|b| b.upper_bound == le) {
+                        Some(b) => b.count += s.value,
+                        None => buckets.push(Bucket {
+                            upper_bound: le,
+                            count: s.value,
+                        }),
+                    }
+                }
+                if !buckets.is_empty() {
+                    buckets.sort_by(|a, b| a.upper_bound.total_cmp(&b.upper_bound));
+                    out.histograms[i] = Some(buckets);
+                    break;
+                }
+            } else {
+                let mut agg: Option<(f64, f64, f64)> = None;
+                for s in parsed.samples.iter().filter(|s| &s.name == name) {
+                    let v = s.value;
+                    agg = Some(match agg {
+                        None => (v, v, v),
+                        Some((sum, max, min)) => (sum + v, max.max(v), min.min(v)),
+                    });
+                }
+                if agg.is_some() {
+                    out.scalars[i] = agg;
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The history of one URL.
+#[derive(Debug, Default)]
+struct UrlState {
+    samples: VecDeque<PodSample>,
+    /// (unix seconds, message) of failed scrapes.
+    failures: VecDeque<(f64, String)>,
+    /// Unix seconds at which the latest attempt (ok or not) finished.
+    last_attempt: f64,
+}
+
+/// The scrape source.
+pub(crate) struct ScrapeSource {
+    targets: Vec<ScrapeTarget>,
+    /// Roles in canonical order, each with the indexes of its targets.
+    roles: Vec<(String, Vec<usize>)>,
+    names: Arc<MetricNames>,
+    interval: Duration,
+    timeout: Duration,
+    settle: Duration,
+    settle_wait: Duration,
+    http: reqwest::Client,
+    state: Arc<Vec<Mutex<UrlState>>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A short, single-line description of a request failure.
+pub(crate) fn describe_reqwest_error(e: &reqwest::Error, timeout: Duration) -> String {
+    if e.is_timeout() {
+        return format!("no answer within {}", humantime::format_duration(timeout));
+    }
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let s_msg = s.to_string();
+        if !msg.contains(&s_msg) {
+            msg.push_str(": ");
+            msg.push_str(&s_msg);
+        }
+        src = s.source();
+    }
+    msg
+}
+
+impl ScrapeSource {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        targets: Vec<ScrapeTarget>,
+        names: MetricNames,
+        interval: Duration,
+        timeout: Duration,
+        settle: Duration,
+        settle_wait: Duration,
+        http: reqwest::Client,
+    ) -> Self {
+        let mut roles: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, t) in targets.iter().enumerate() {
+            match roles.iter_mut().find(|(r, _)| *r == t.role) {
+                Some((_, idx)) => idx.push(i),
+                None => roles.push((t.role.clone(), vec![i])),
+            }
+        }
+        roles.sort_by_key(|(r, _)| match r.as_str() {
+            "prefill" => 0,
+            "decode" => 1,
+            "aggregate" => 2,
+            _ => 3,
+        });
+        let state = Arc::new(targets.iter().map(|_| Mutex::default()).collect());
+        Self {
+            targets,
+            roles,
+            names: Arc::new(names),
+            interval,
+            timeout,
+            settle,
+            settle_wait,
+            http,
+            state,
+            task: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn targets(&self) -> &[ScrapeTarget] {
+        &self.targets
+    }
+
+    pub(crate) fn roles(&self) -> Vec<String> {
+        self.roles.iter().map(|(r, _)| r.clone()).collect()
+    }
+
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Starts the background sampler (idempotent). Needs a tokio runtime.
+    pub(crate) fn start(&self) {
+        let Ok(mut task) = self.task.lock() else {
+            return;
+        };
+        if task.is_some() {
+            return;
+        }
+        let urls: Vec<String> = self.targets.iter().map(|t| t.url.clone()).collect();
+        let state = Arc::clone(&self.state);
+        let names = Arc::clone(&self.names);
+        let http = self.http.clone();
+        let (interval, timeout) = (self.interval, self.timeout);
+        *task = Some(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                join_all(
+                    urls.iter()
+                        .enumerate()
+                        .map(|(i, url)| scrape_once(&http, url, timeout, &names, &state[i])),
+                )
+                .await;
+            }
+        }));
+    }
+
+    /// Waits (bounded) until every URL has been attempted after `end`.
+    async fn settle(&self, end: f64) {
+        tokio::time::sleep(self.settle).await;
+        let started = self.task.lock().map(|t| t.is_some()).unwrap_or(false);
+        if !started {
+            return;
+        }
+        let deadline = Instant::now() + self.settle_wait;
+        loop {
+            let done = self
+                .state
+                .iter()
+                .all(|s| s.lock().map(|s| s.last_attempt >= end).unwrap_or(true));
+            if done || Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) async fn stage_signals(&self, start: f64, end: f64) -> StageSignals {
+        self.settle(end).await;
+        let stage = Window::new(start, end);
+        let mut out = StageSignals::default();
+        let started = self.task.lock().map(|t| t.is_some()).unwrap_or(false);
+        if !started {
+            out.errors.push(
+                "scrape: the sampler was never started (call SignalSource::start before the stage)"
+                    .to_string(),
+            );
+        }
+        for (role, idx) in &self.roles {
+            // Copy the role's histories out of the locks, trimmed to the stage
+            // plus one sample before it (the baseline).
+            let mut pods: Vec<Vec<PodSample>> = Vec::new();
+            for &i in idx {
+                let Ok(st) = self.state[i].lock() else {
+                    continue;
+                };
+                let first = st.samples.iter().rposition(|s| s.t <= start).unwrap_or(0);
+                pods.push(
+                    st.samples
+                        .iter()
+                        .skip(first)
+                        .take_while(|s| s.t <= end)
+                        .cloned()
+                        .collect(),
+                );
+                let failed: Vec<&(f64, String)> = st
+                    .failures
+                    .iter()
+                    .filter(|(t, _)| *t >= start && *t <= end)
+                    .collect();
+                if let Some((_, last)) = failed.last() {
+                    out.errors.push(format!(
+                        "{role}: all signals: scrape of {} failed {} time(s) during the stage, last: {last}",
+                        self.targets[i].url,
+                        failed.len()
+                    ));
+                } else if pods.last().is_none_or(|p| p.iter().all(|s| s.t < start)) && started {
+                    out.errors.push(format!(
+                        "{role}: all signals: no sample of {} during the stage",
+                        self.targets[i].url
+                    ));
+                }
+            }
+            out.roles
+                .push(compute_role(role, &pods, stage, self.interval));
+        }
+        out
+    }
+}
+
+impl Drop for ScrapeSource {
+    fn drop(&mut self) {
+        if let Ok(mut task) = self.task.lock()
+            && let Some(t) = task.take()
+        {
+            t.abort();
+        }
+    }
+}
+
+async fn scrape_once(
+    http: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+    names: &MetricNames,
+    state: &Mutex<UrlState>,
+) {
+    let result = fetch(http, url, timeout).await;
+    let t = unix_now();
+    let Ok(mut st) = state.lock() else { return };
+    st.last_attempt = t;
+    match result {
+        Ok(body) => {
+            let parsed = exposition::parse(&body);
+            if let Some(e) = &parsed.first_error {
+                tracing::debug!(url, skipped = parsed.skipped_lines, "scrape: {e}");
+            }
+            if st.samples.len() >= MAX_SAMPLES_PER_URL {
+                st.samples.pop_front();
+            }
+            st.samples.push_back(reduce(t, &parsed, names));
+        }
+        Err(e) => {
+            tracing::debug!(url, "scrape failed: {e}");
+            if st.failures.len() >= MAX_FAILURES_PER_URL {
+                st.failures.pop_front();
+            }
+            st.failures.push_back((t, e));
+        }
+    }
+}
+
+async fn fetch(http: &reqwest::Client, url: &str, timeout: Duration) -> Result<String, String> {
+    let fut = async {
+        let mut resp = http
+            .get(url)
+            .header("Accept", "text/plain;version=0.0.4")
+            .send()
+            .await
+            .map_err(|e| describe_reqwest_error(&e, timeout))?;
+        let status = resp.status();
+        let mut body: Vec<u8> = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| describe_reqwest_error(&e, timeout))?
+        {
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(format!("body larger than {MAX_BODY_BYTES} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}: {}", crate::excerpt(&text)));
+        }
+        Ok(text)
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            ))
+        })
+}
+
+/// How long a pod's last sample stands for its value at a later time (like
+/// Prometheus' lookback): three intervals, at least 5 s.
+fn lookback(interval: Duration) -> f64 {
+    (3.0 * interval.as_secs_f64()).max(5.0)
+}
+
+/// The latest sample of `pod` at or before `t`, within the lookback.
+fn at(pod: &[PodSample], t: f64, lookback: f64) -> Option<&PodSample> {
+    let i = pod.partition_point(|s| s.t <= t);
+    let s = pod.get(i.checked_sub(1)?)?;
+    (t - s.t <= lookback).then_some(s)
+}
+
+/// Computes one role's signals from its pods' samples.
+pub(crate) fn compute_role(
+    role: &str,
+    pods: &[Vec<PodSample>],
+    stage: Window,
+    interval: Duration,
+) -> RoleSignals {
+    let lb = lookback(interval);
+    let mut values = [0.0; SPECS.len()];
+    for (k, spec) in SPECS.iter().enumerate() {
+        let window = spec.window(stage);
+        let fi = family_index(spec.family);
+        let v = match spec.stat {
+            Stat::P50OfSum | Stat::Max | Stat::Min => {
+                // Evaluate on the same grid a range query would use.
+                let mut points = Vec::new();
+                for t in spec::grid(window) {
+                    let vals: Vec<(f64, f64, f64)> = pods
+                        .iter()
+                        .filter_map(|p| at(p, t, lb).and_then(|s| s.scalars[fi]))
+                        .collect();
+                    if vals.is_empty() {
+                        continue;
+                    }
+                    points.push(match spec.stat {
+                        Stat::P50OfSum => vals.iter().map(|v| v.0).sum(),
+                        Stat::Max => vals.iter().map(|v| v.1).fold(f64::NEG_INFINITY, f64::max),
+                        _ => vals.iter().map(|v| v.2).fold(f64::INFINITY, f64::min),
+                    });
+                }
+                match spec.stat {
+                    Stat::P50OfSum => math::quantile(&points, 0.5),
+                    Stat::Max => points.iter().copied().reduce(f64::max),
+                    _ => points.iter().copied().reduce(f64::min),
+                }
+            }
+            Stat::Quantile(q) => {
+                let mut all: Vec<Bucket> = Vec::new();
+                for pod in pods {
+                    all.extend(bucket_increase(pod, window, fi));
+                }
+                Some(math::histogram_quantile(q, &all))
+            }
+            Stat::RatePerSecond => {
+                let mut total = None;
+                for pod in pods {
+                    let span = bounded(pod, window);
+                    if span.len() < 2 {
+                        continue;
+                    }
+                    let secs = span[span.len() - 1].t - span[0].t;
+                    let vals: Vec<f64> = span
+                        .iter()
+                        .filter_map(|s| s.scalars[fi].map(|v| v.0))
+                        .collect();
+                    if secs > 0.0 && vals.len() >= 2 {
+                        *total.get_or_insert(0.0) += math::counter_increase(&vals) / secs;
+                    }
+                }
+                total
+            }
+            Stat::StageIncrease => {
+                let mut total = None;
+                for pod in pods {
+                    let vals: Vec<f64> = bounded(pod, window)
+                        .iter()
+                        .filter_map(|s| s.scalars[fi].map(|v| v.0))
+                        .collect();
+                    if vals.len() >= 2 {
+                        *total.get_or_insert(0.0) += math::counter_increase(&vals);
+                    }
+                }
+                total
+            }
+        };
+        // Missing data, NaN (no observations) and infinities read as zero.
+        values[k] = v.filter(|x| x.is_finite()).unwrap_or(0.0);
+    }
+    spec::role_signals(role, &values)
+}
+
+/// The samples bounding `window`: the latest at or before its start (or the
+/// first inside it) through the latest at or before its end.
+fn bounded(pod: &[PodSample], window: Window) -> &[PodSample] {
+    let first = pod
+        .partition_point(|s| s.t <= window.start)
+        .saturating_sub(1);
+    let last = pod.partition_point(|s| s.t <= window.end);
+    if first >= last {
+        return &[];
+    }
+    &pod[first..last]
+}
+
+/// Per-bound increase of a pod's histogram over the window, with counter
+/// reset handling per bucket.
+fn bucket_increase(pod: &[PodSample], window: Window, fi: usize) -> Vec<Bucket> {
+    let span: Vec<&Vec<Bucket>> = bounded(pod, window)
+        .iter()
+        .filter_map(|s| s.histograms[fi].as_ref())
+        .collect();
+    if span.len() < 2 {
+        return Vec::new();
+    }
+    let Some(last) = span.last() else {
+        return Vec::new();
+    };
+    last.iter()
+        .map(|b| {
+            let series: Vec<f64> = span
+                .iter()
+                .filter_map(|h| h.iter().find(|x| x.upper_bound == b.upper_bound))
+                .map(|x| x.count)
+                .collect();
+            Bucket {
+                upper_bound: b.upper_bound,
+                count: math::counter_increase(&series),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(waiting: f64, kv: f64, preempt: f64, ttft: &[(f64, f64)]) -> String {
+        let mut s = format!(
+            "vllm:num_requests_waiting{{engine=\"0\"}} {waiting}\n\
+             vllm:num_requests_waiting{{engine=\"1\"}} 1\n\
+             vllm:kv_cache_usage_perc{{engine=\"0\"}} {kv}\n\
+             vllm:num_preemptions_total{{engine=\"0\"}} {preempt}\n"
+        );
+        for (le, c) in ttft {
+            let le = if le.is_infinite() {
+                "+Inf".to_string()
+            } else {
+                format!("{le}")
+            };
+            s.push_str(&format!(
+                "vllm:time_to_first_token_seconds_bucket{{le=\"{le}\"}} {c}\n"
+            ));
+        }
+        s
+    }
+
+    fn sample(t: f64, text: &str) -> PodSample {
+        reduce(t, &exposition::parse(text), &MetricNames::default())
+    }
+
+    #[test]
+    fn reduce_sums_engines_and_falls_back() {
+        let s = sample(
+            1.0,
+            &body(2.0, 0.5, 3.0, &[(0.1, 1.0), (f64::INFINITY, 2.0)]),
+        );
+        let w = s.scalars[family_index(Family::Waiting)].unwrap();
+        assert_eq!(w, (3.0, 2.0, 1.0));
+        let h = s.histograms[family_index(Family::Ttft)].as_ref().unwrap();
+        assert_eq!(h.len(), 2);
+        // Fallback to the old KV name and the underscore spelling.
+        let s = sample(
+            1.0,
+            "vllm:gpu_cache_usage_perc 0.7\nvllm_num_requests_waiting 4\n",
+        );
+        assert_eq!(
+            s.scalars[family_index(Family::KvCacheUsage)].unwrap().1,
+            0.7
+        );
+        assert_eq!(s.scalars[family_index(Family::Waiting)].unwrap().0, 4.0);
+    }
+
+    #[test]
+    fn computes_exact_signals_from_samples() {
+        // Stage 100..160, steady 112..157. One sample per second.
+        let mut pod = Vec::new();
+        for t in 95..=161 {
+            let t = t as f64;
+            // waiting: 10 inside the steady window, 100 outside it.
+            let waiting = if (112.0..=157.0).contains(&t) {
+                9.0
+            } else {
+                99.0
+            };
+            let kv = if t == 130.0 { 0.9 } else { 0.2 };
+            // preemption counter resets at 150 (restart), +1 per second otherwise.
+            let pre = if t < 150.0 { t - 95.0 } else { t - 150.0 };
+            // TTFT: every second one observation <= 0.1, and from 112 on one in (1, 2.5].
+            let fast = t - 95.0;
+            let slow = (t - 112.0).max(0.0);
+            let ttft = [
+                (0.1, fast),
+                (1.0, fast),
+                (2.5, fast + slow),
+                (f64::INFINITY, fast + slow),
+            ];
+            pod.push(sample(t, &body(waiting, kv, pre, &ttft)));
+        }
+        let r = compute_role(
+            "aggregate",
+            &[pod],
+            Window::new(100.0, 160.0),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r.waiting_requests_p50, 10.0); // 9 + engine 1's 1
+        assert_eq!(r.kv_cache_usage_max, 0.9);
+        assert_eq!(r.extra("kv_cache_usage_min"), Some(0.2));
+        // 100..149 = 49 (baseline 100 -> 149), then reset: 150..160 -> 0..10 = 10.
+        assert_eq!(r.preemptions, 59.0);
+        // Window 112..157: 45 fast + 45 slow; p99 rank 89.1 in (1, 2.5]: 1 + 1.5*(44.1/45).
+        let expected = 1.0 + 1.5 * (44.1 / 45.0);
+        assert!(
+            (r.ttft_p99_seconds - expected).abs() < 1e-9,
+            "{}",
+            r.ttft_p99_seconds
+        );
+        // p50 rank 45 -> reaches the 0.1 bucket exactly: 0.1.
+        assert_eq!(r.extra("ttft_p50_seconds"), Some(0.1));
+        // Missing families read 0.
+        assert_eq!(r.extra("itl_p99_seconds"), Some(0.0));
+        assert_eq!(r.extra("running_requests_p50"), Some(0.0));
+    }
+
+    #[test]
+    fn pods_are_summed_and_maxed() {
+        let mk = |w: f64, kv: f64| -> Vec<PodSample> {
+            (0..=30)
+                .map(|t| sample(t as f64, &body(w, kv, 0.0, &[])))
+                .collect()
+        };
+        let r = compute_role(
+            "decode",
+            &[mk(4.0, 0.3), mk(6.0, 0.8)],
+            Window::new(0.0, 30.0),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r.waiting_requests_p50, 12.0); // (4+1) + (6+1)
+        assert_eq!(r.kv_cache_usage_max, 0.8);
+        assert_eq!(r.extra("kv_cache_usage_min"), Some(0.3));
+        assert_eq!(r.ttft_p99_seconds, 0.0);
+        assert_eq!(r.preemptions, 0.0);
+    }
+
+    #[test]
+    fn no_samples_gives_zero_signals() {
+        let r = compute_role(
+            "x",
+            &[vec![]],
+            Window::new(0.0, 10.0),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r, spec::role_signals("x", &[0.0; SPECS.len()]));
+    }
+}
