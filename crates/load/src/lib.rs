@@ -1,1 +1,36 @@
-//! Workloads, the OpenAI streaming client and the stage runner that turns a scenario into request records
+//! Workloads, the OpenAI streaming client and the stage runner that turns a
+//! scenario into request records and per-stage client statistics.
+//!
+//! Entry point: [`run`] with a [`Scenario`](nyann_model::Scenario),
+//! [`RunOptions`] (usually from [`ClientArgs::to_options`]) and a
+//! [`StageHook`] that is asked after each measured stage whether the sweep
+//! goes on. See [`runner`] for the exact rules (which stage a request belongs
+//! to, what the load does between stages, warm-up, barriers, aborts).
+
+pub mod args;
+pub mod client;
+pub mod hook;
+pub mod live;
+pub mod progress;
+pub mod record;
+pub mod result;
+pub mod runner;
+pub mod schedule;
+pub mod sse;
+pub mod stats;
+pub mod workload;
+
+pub use args::{ClientArgs, parse_duration};
+pub use client::{Api, ClientConfig};
+pub use hook::{FinishedStage, HookDecision, HookOutcome, NoHook, StageHook};
+pub use live::{Live, LiveSnapshot};
+pub use record::{Phase, RequestRecord, Status, TokenSource};
+pub use result::{RunOutcome, RunResult, StageResult, StageStatus};
+pub use runner::{DEFAULT_TARGET, RunError, RunOptions, run};
+pub use stats::StageDetail;
+
+/// Raises the open-files limit to its hard maximum (thousands of connections
+/// need thousands of descriptors); returns the new soft limit.
+pub fn raise_fd_limit() -> Option<u64> {
+    rlimit::increase_nofile_limit(u64::MAX).ok()
+}

@@ -1,0 +1,142 @@
+//! The client and run flags of `nyann-bench generate`, as a clap `Args`
+//! struct the host flattens into its commands.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{Api, ClientConfig};
+use crate::runner::RunOptions;
+
+/// Parses `750ms`, `2s`, `1m30s` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e} (examples: 750ms, 2s, 1m30s)"))
+}
+
+/// How to reach the server and what to do on failures.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// OpenAI base URL, up to and including `/v1` [default: the scenario's
+    /// `target`, else http://localhost:8000/v1]. A stage's own `target` wins.
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+
+    /// Model name [default: the scenario's `model`, else the first model
+    /// listed by GET /v1/models]. A stage's own `model` wins.
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// Which OpenAI API to call.
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    pub api: Api,
+
+    /// Ask for token usage in the stream (`stream_options.include_usage`), so
+    /// output tokens come from the server instead of counted chunks.
+    #[arg(long)]
+    pub stream_usage: bool,
+
+    /// Do not send vLLM's `ignore_eos`/`min_tokens` extensions (for strict
+    /// OpenAI servers; outputs may then be shorter than the workload's osl).
+    #[arg(long)]
+    pub strict_openai: bool,
+
+    /// API key, sent as `Authorization: Bearer KEY`.
+    #[arg(long, env = "NYANN_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Extra request header, `'Name: value'` (repeatable).
+    #[arg(long = "header", value_name = "'NAME: VALUE'")]
+    pub headers: Vec<String>,
+
+    /// Time limit of one request, from send to the end of its stream.
+    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    pub request_timeout: Duration,
+
+    /// Abort the run after this many failed requests in a row (0 = never).
+    #[arg(long, default_value_t = 5)]
+    pub max_consecutive_errors: u32,
+
+    /// Seed of every random choice (prompts, Poisson arrivals, cache salts)
+    /// [default: random, printed in the summary].
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// How long to wait for GET /v1/models to answer before sending load.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub ready_timeout: Duration,
+
+    /// After Ctrl-C/SIGTERM or an abort: how long in-flight requests may still
+    /// finish before they are cancelled.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub grace: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --header {0:?}: write it as 'Name: value'")]
+pub struct HeaderError(String);
+
+impl ClientArgs {
+    /// The run options these flags describe (no output dir, a fresh interrupt token).
+    pub fn to_options(&self) -> Result<RunOptions, HeaderError> {
+        let mut headers = Vec::new();
+        for header in &self.headers {
+            let (name, value) = header.split_once(':').ok_or_else(|| HeaderError(header.clone()))?;
+            if name.trim().is_empty() {
+                return Err(HeaderError(header.clone()));
+            }
+            headers.push((name.trim().to_owned(), value.trim().to_owned()));
+        }
+        let seed = self.seed.unwrap_or_else(rand::random);
+        Ok(RunOptions {
+            client: ClientConfig {
+                api: self.api,
+                stream_usage: self.stream_usage,
+                length_extensions: !self.strict_openai,
+                api_key: self.api_key.clone(),
+                headers,
+                request_timeout: self.request_timeout,
+            },
+            target: self.target.clone(),
+            model: self.model.clone(),
+            seed,
+            max_consecutive_errors: self.max_consecutive_errors,
+            ready_timeout: self.ready_timeout,
+            grace: self.grace,
+            output_dir: None,
+            interrupt: CancellationToken::new(),
+            live: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        client: ClientArgs,
+    }
+
+    #[test]
+    fn durations_and_headers() {
+        assert_eq!(parse_duration("750ms"), Ok(Duration::from_millis(750)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("soon").is_err());
+        let cli = Cli::parse_from(["x", "--header", "X-A: b: c", "--seed", "3", "--request-timeout", "2s"]);
+        let options = cli.client.to_options().unwrap();
+        assert_eq!(options.client.headers, vec![("X-A".to_string(), "b: c".to_string())]);
+        assert_eq!(options.seed, 3);
+        assert_eq!(options.client.request_timeout, Duration::from_secs(2));
+        assert_eq!(options.max_consecutive_errors, 5);
+        let bad = Cli::parse_from(["x", "--header", "nocolon"]);
+        assert!(bad.client.to_options().is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! The seam between the load and whatever judges a finished stage (the
+//! congestion check): [`StageHook`].
+//!
+//! The runner calls [`StageHook::after_stage`] once per finished measured
+//! stage (never for warm-up stages or barriers), after every request sent in
+//! that stage has completed and BEFORE the next stage starts. Meanwhile the
+//! load holds the finished stage's level (same concurrency or arrival rate),
+//! so the server stays in the steady state the stage measured; requests sent
+//! in that gap are recorded with phase `hold` and count in no stage. A
+//! [`HookDecision::Stop`] ends the sweep: the finished stage keeps its result
+//! and every later step is recorded as skipped with the reason.
+
+use std::future::Future;
+
+use nyann_model::{ClientStats, Stage};
+
+use crate::result::StageResult;
+use crate::stats::StageDetail;
+
+/// What the hook is shown about a finished stage.
+#[derive(Debug)]
+pub struct FinishedStage<'a> {
+    /// Position in the scenario's steps (0-based, barriers counted).
+    pub index: usize,
+    pub stage: &'a Stage,
+    /// The stage's label in tables (`Stage::label`).
+    pub label: &'a str,
+    /// When the stage started and ended (unix seconds): the window in which
+    /// its requests were sent.
+    pub start_unix: f64,
+    pub end_unix: f64,
+    pub client: &'a ClientStats,
+    pub detail: &'a StageDetail,
+    /// Results of the earlier steps, in order.
+    pub history: &'a [StageResult],
+}
+
+/// Whether the sweep goes on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HookDecision {
+    Continue,
+    /// Skip every later step; `reason` is recorded with each of them.
+    Stop { reason: String },
+}
+
+/// The hook's answer: a decision plus an optional annotation stored with the
+/// stage's result (for example the policy's verdict and the server signals).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookOutcome {
+    pub decision: HookDecision,
+    pub annotation: Option<serde_json::Value>,
+}
+
+impl HookOutcome {
+    /// Go on, with nothing to record.
+    pub fn proceed() -> Self {
+        HookOutcome { decision: HookDecision::Continue, annotation: None }
+    }
+
+    /// Stop the sweep after this stage.
+    pub fn stop(reason: impl Into<String>) -> Self {
+        HookOutcome { decision: HookDecision::Stop { reason: reason.into() }, annotation: None }
+    }
+
+    pub fn with_annotation(mut self, annotation: serde_json::Value) -> Self {
+        self.annotation = Some(annotation);
+        self
+    }
+}
+
+/// Called after each finished measured stage. Implement it with an `async fn`:
+///
+/// ```
+/// use nyann_load::{FinishedStage, HookOutcome, StageHook};
+/// struct StopAfterTwo;
+/// impl StageHook for StopAfterTwo {
+///     async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+///         if done.index >= 1 { HookOutcome::stop("two stages are enough") } else { HookOutcome::proceed() }
+///     }
+/// }
+/// ```
+///
+/// Ctrl-C or an abort while the hook runs drops its future.
+pub trait StageHook: Send {
+    fn after_stage(&mut self, done: &FinishedStage<'_>) -> impl Future<Output = HookOutcome> + Send;
+}
+
+/// The hook that always continues.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHook;
+
+impl StageHook for NoHook {
+    async fn after_stage(&mut self, _done: &FinishedStage<'_>) -> HookOutcome {
+        HookOutcome::proceed()
+    }
+}
+
+impl<H: StageHook> StageHook for &mut H {
+    fn after_stage(&mut self, done: &FinishedStage<'_>) -> impl Future<Output = HookOutcome> + Send {
+        (**self).after_stage(done)
+    }
+}

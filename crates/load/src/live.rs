@@ -1,0 +1,140 @@
+//! Live counters of a running load, read by the progress display (and the
+//! client metrics): cheap atomics updated by request tasks.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+
+use crate::record::{RequestRecord, Status};
+
+/// Shared between the runner (writes) and displays (read [`Live::snapshot`]).
+#[derive(Debug)]
+pub struct Live {
+    pub sent: AtomicU64,
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    pub dropped: AtomicU64,
+    pub cancelled: AtomicU64,
+    stage: Mutex<StageView>,
+}
+
+#[derive(Debug)]
+struct StageView {
+    index: Option<usize>,
+    label: String,
+    warmup: bool,
+    duration_s: f64,
+    started: Instant,
+    ok_before: u64,
+    failed_before: u64,
+    /// TTFT of the current stage's successful requests, in microseconds.
+    ttft: Option<Histogram<u64>>,
+}
+
+/// One reading of the live counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveSnapshot {
+    /// The stage currently running (or the last one), if any started.
+    pub stage_index: Option<usize>,
+    pub label: String,
+    pub warmup: bool,
+    pub duration_s: f64,
+    pub elapsed_s: f64,
+    /// Since the stage started (hold requests included).
+    pub stage_ok: u64,
+    pub stage_failed: u64,
+    pub in_flight: u64,
+    pub dropped: u64,
+    pub ttft_p50_s: f64,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Live {
+    pub fn new() -> Self {
+        Live {
+            sent: AtomicU64::new(0),
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            stage: Mutex::new(StageView {
+                index: None,
+                label: String::new(),
+                warmup: false,
+                duration_s: 0.0,
+                started: Instant::now(),
+                ok_before: 0,
+                failed_before: 0,
+                ttft: None,
+            }),
+        }
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, StageView> {
+        self.stage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn stage_started(&self, index: usize, label: &str, duration_s: f64, warmup: bool) {
+        let mut v = self.view();
+        v.index = Some(index);
+        v.label = label.to_owned();
+        v.warmup = warmup;
+        v.duration_s = duration_s;
+        v.started = Instant::now();
+        v.ok_before = self.ok.load(Ordering::Relaxed);
+        v.failed_before = self.failed.load(Ordering::Relaxed);
+        v.ttft = Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
+    }
+
+    pub(crate) fn finished(&self, record: &RequestRecord) {
+        match record.status {
+            Status::Ok => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+                if let Some(ttft) = record.ttft_s
+                    && let Some(h) = self.view().ttft.as_mut()
+                {
+                    h.saturating_record(((ttft * 1e6) as u64).max(1));
+                }
+            }
+            Status::Failed => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            Status::Cancelled => {
+                self.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            Status::Dropped => {}
+        }
+    }
+
+    pub fn snapshot(&self) -> LiveSnapshot {
+        let v = self.view();
+        let ok = self.ok.load(Ordering::Relaxed);
+        let failed = self.failed.load(Ordering::Relaxed);
+        let cancelled = self.cancelled.load(Ordering::Relaxed);
+        let sent = self.sent.load(Ordering::Relaxed);
+        LiveSnapshot {
+            stage_index: v.index,
+            label: v.label.clone(),
+            warmup: v.warmup,
+            duration_s: v.duration_s,
+            elapsed_s: v.started.elapsed().as_secs_f64(),
+            stage_ok: ok.saturating_sub(v.ok_before),
+            stage_failed: failed.saturating_sub(v.failed_before),
+            in_flight: sent.saturating_sub(ok + failed + cancelled),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            ttft_p50_s: v
+                .ttft
+                .as_ref()
+                .filter(|h| !h.is_empty())
+                .map(|h| h.value_at_quantile(0.5) as f64 / 1e6)
+                .unwrap_or(0.0),
+        }
+    }
+}

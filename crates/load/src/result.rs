@@ -1,0 +1,102 @@
+//! What a run produced: per-step results (`stages.json`) and the run summary
+//! (`summary.json`, also printed on stdout).
+
+use std::path::Path;
+
+use nyann_model::{ClientStats, Mode};
+use serde::{Deserialize, Serialize};
+
+use crate::stats::StageDetail;
+
+/// How a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageStatus {
+    /// Ran to its end; its statistics count.
+    Measured,
+    /// A warm-up stage: ran, statistics shown but excluded from the totals and never judged.
+    Warmup,
+    /// Not run: an earlier stage stopped the sweep, or the run was interrupted/aborted.
+    Skipped,
+    /// A barrier step.
+    Barrier,
+    /// Was running when the run was interrupted or aborted (partial statistics).
+    Interrupted,
+}
+
+/// One step of the scenario, as run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageResult {
+    /// Position in the scenario's steps (0-based, barriers counted).
+    pub index: usize,
+    pub label: String,
+    pub name: Option<String>,
+    pub status: StageStatus,
+    /// `None` for barriers.
+    pub mode: Option<Mode>,
+    pub concurrency: Option<u32>,
+    pub rate: Option<f64>,
+    pub duration_s: f64,
+    /// For barriers: whether it waited for in-flight requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<bool>,
+    pub start_unix: Option<f64>,
+    pub end_unix: Option<f64>,
+    pub client: Option<ClientStats>,
+    pub detail: Option<StageDetail>,
+    /// What the stage hook stored (e.g. the congestion verdict).
+    pub annotation: Option<serde_json::Value>,
+    /// Why a skipped stage did not run.
+    pub skip_reason: Option<String>,
+}
+
+/// Why the run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RunOutcome {
+    /// Every step ran.
+    Completed,
+    /// The stage hook stopped the sweep after stage `stage`.
+    Stopped { stage: usize, reason: String },
+    /// Too many consecutive failures (or another fatal condition).
+    Aborted { reason: String },
+    /// Ctrl-C or SIGTERM.
+    Interrupted,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub outcome: RunOutcome,
+    pub start_unix: f64,
+    pub end_unix: f64,
+    pub seed: u64,
+    /// Model(s) and target(s) actually used.
+    pub models: Vec<String>,
+    pub targets: Vec<String>,
+    /// Over the measured stages only (warm-up and hold requests excluded);
+    /// rates are per second of measured stage time.
+    pub totals: ClientStats,
+    pub totals_detail: StageDetail,
+    pub requests_recorded: u64,
+    pub stages: Vec<StageResult>,
+}
+
+impl RunResult {
+    /// The process exit code: 0 completed or stopped by the hook, 1 aborted, 130 interrupted.
+    pub fn exit_code(&self) -> u8 {
+        match self.outcome {
+            RunOutcome::Completed | RunOutcome::Stopped { .. } => 0,
+            RunOutcome::Aborted { .. } => 1,
+            RunOutcome::Interrupted => 130,
+        }
+    }
+
+    /// Writes `stages.json` and `summary.json` into `dir`.
+    pub fn write_files(&self, dir: &Path) -> std::io::Result<()> {
+        let stages = serde_json::to_vec_pretty(&self.stages).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join("stages.json"), stages)?;
+        let summary = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join("summary.json"), summary)
+    }
+}

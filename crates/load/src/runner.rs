@@ -1,0 +1,1132 @@
+//! The stage runner: turns the scenario's steps into load, records and
+//! per-stage statistics.
+//!
+//! Rules (the README documents them in the same words):
+//! - A request belongs to the stage in which it was SENT. A stage's
+//!   statistics wait for all of its requests to complete, including those
+//!   still in flight when the stage's time ran out.
+//! - Between the end of a measured stage and the start of the next, the load
+//!   HOLDS the finished stage's level (same concurrency or arrival rate) while
+//!   the stage's last requests complete and the [`StageHook`] decides.
+//!   Requests sent then are recorded with phase `hold` and count in no stage.
+//!   After the last stage, and after a hook says stop, the load stops instead.
+//! - A stage change grows or shrinks the set of closed-loop streams; no
+//!   in-flight request is ever aborted by it (a surplus stream ends after its
+//!   current request). Switching between closed and open loop stops the old
+//!   sender the same way.
+//! - Warm-up stages send load, are tagged `warmup`, are never judged and do
+//!   not count in the totals; the next stage starts right after them.
+//! - A barrier is a no-op, except `drain=True`: the load stops and the barrier
+//!   waits until nothing is in flight.
+//! - `max_requests` ends a stage once that many requests were sent in it.
+//! - After `max_consecutive_errors` failures in a row, or on interrupt, the
+//!   runner stops sending, waits up to the grace period for in-flight
+//!   requests, records the rest as cancelled and writes every output.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nyann_model::{CacheSalt, ClientStats, Mode, Scenario, Stage, Step, Workload};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::client::{Client, ClientConfig, ClientError, Message, Outcome, RequestSpec};
+use crate::hook::{FinishedStage, HookDecision, StageHook};
+use crate::live::Live;
+use crate::record::{Phase, RecordSink, RequestRecord, Status, TokenSource};
+use crate::result::{RunOutcome, RunResult, StageResult, StageStatus};
+use crate::schedule::Schedule;
+use crate::stats::{StageAccumulator, StageDetail};
+use crate::workload::{PromptGen, WorkloadError};
+
+/// The OpenAI base URL used when neither the flag, the stage nor the scenario names one.
+pub const DEFAULT_TARGET: &str = "http://localhost:8000/v1";
+
+/// Everything the runner needs besides the scenario and the hook.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub client: ClientConfig,
+    /// `--target`: wins over the scenario's target; a stage's own target wins over it.
+    pub target: Option<String>,
+    /// `--model`: same precedence as the target; absent everywhere = first model of `/models`.
+    pub model: Option<String>,
+    pub seed: u64,
+    /// 0 = never abort.
+    pub max_consecutive_errors: u32,
+    /// How long to wait for `GET /models` to answer before any load.
+    pub ready_timeout: Duration,
+    /// How long in-flight requests may finish after an interrupt or abort.
+    pub grace: Duration,
+    /// Where `requests.jsonl`, `stages.json` and `summary.json` go (created if missing).
+    pub output_dir: Option<PathBuf>,
+    /// Cancel it (Ctrl-C, SIGTERM) to interrupt the run.
+    pub interrupt: CancellationToken,
+    /// Live counters for a progress display.
+    pub live: Option<Arc<Live>>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            client: ClientConfig::default(),
+            target: None,
+            model: None,
+            seed: 0,
+            max_consecutive_errors: 5,
+            ready_timeout: Duration::from_secs(30),
+            grace: Duration::from_secs(5),
+            output_dir: None,
+            interrupt: CancellationToken::new(),
+            live: None,
+        }
+    }
+}
+
+/// Why a run could not start (no load has been sent when these occur).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{at}mode `conversation_pool` is not supported yet: use `concurrent` with `turns` in the workload")]
+    ConversationPoolUnsupported { at: String },
+    #[error("{at}{message}")]
+    InvalidStage { at: String, message: String },
+    #[error("the scenario has no stage")]
+    NoStage,
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("cannot write to output directory {path}: {source}")]
+    Output { path: PathBuf, source: std::io::Error },
+}
+
+/// Runs the scenario to its end (or stop, abort, interrupt) and writes the outputs.
+pub async fn run<H: StageHook>(
+    scenario: &Scenario,
+    options: RunOptions,
+    mut hook: H,
+) -> Result<RunResult, RunError> {
+    validate(scenario)?;
+    let client = Client::new(options.client.clone())?;
+    let settings = prepare(scenario, &options, &client).await?;
+    if let Some(dir) = &options.output_dir {
+        std::fs::create_dir_all(dir).map_err(|source| RunError::Output { path: dir.clone(), source })?;
+    }
+    let (sink, writer) = RecordSink::create(options.output_dir.as_deref()).map_err(|source| {
+        RunError::Output { path: options.output_dir.clone().unwrap_or_default(), source }
+    })?;
+
+    let steps = &scenario.steps;
+    let clock = Clock::now();
+    let halt = options.interrupt.child_token();
+    let shared = Arc::new(Shared {
+        client,
+        sink,
+        clock,
+        slots: (0..steps.len()).map(|_| Slot::default()).collect(),
+        settings: settings.per_step.clone(),
+        current: Mutex::new(Current { stage: 0, phase: Phase::Hold, stopped: true, sent: vec![0; steps.len()] }),
+        inflight: Counter::default(),
+        next_id: AtomicU64::new(0),
+        next_conversation: AtomicU64::new(0),
+        consecutive_errors: AtomicU64::new(0),
+        max_consecutive_errors: options.max_consecutive_errors as u64,
+        abort_reason: Mutex::new(None),
+        halt: halt.clone(),
+        hard_cancel: CancellationToken::new(),
+        tracker: TaskTracker::new(),
+        totals: Mutex::new(StageAccumulator::new()),
+        live: options.live.clone(),
+        seed: options.seed,
+        max_requests: steps
+            .iter()
+            .map(|s| match s {
+                Step::Stage(stage) => stage.max_requests,
+                Step::Barrier { .. } => 0,
+            })
+            .collect(),
+    });
+
+    let mut runner = Runner { shared: shared.clone(), level: Level::Idle, halt: halt.clone() };
+    let mut results: Vec<StageResult> = Vec::with_capacity(steps.len());
+    let mut stop: Option<(usize, String)> = None;
+    let last_stage = steps.iter().rposition(|s| matches!(s, Step::Stage(_)));
+    let mut warmups: Vec<usize> = Vec::new();
+    let mut measured_seconds = 0.0;
+    let mut interrupted_stage: Option<usize> = None;
+
+    for (index, step) in steps.iter().enumerate() {
+        if halt.is_cancelled() {
+            results.push(skipped(index, step, halted_reason(&options.interrupt, &shared)));
+            continue;
+        }
+        if let Some((_, reason)) = &stop {
+            results.push(skipped(index, step, reason.clone()));
+            continue;
+        }
+        let stage = match step {
+            Step::Barrier { drain } => {
+                if *drain {
+                    runner.stop_load();
+                    runner.interruptible(shared.inflight.wait_zero()).await;
+                }
+                results.push(barrier(index, *drain));
+                continue;
+            }
+            Step::Stage(stage) => stage,
+        };
+        let label = stage.label(index);
+        let phase = if stage.warmup { Phase::Warmup } else { Phase::Measured };
+        let start = Instant::now();
+        runner.start_stage(index, stage, phase, start);
+        if let Some(live) = &shared.live {
+            live.stage_started(index, &label, stage.duration_s, stage.warmup);
+        }
+        // The stage's time: its duration, or until max_requests were sent.
+        let deadline = tokio::time::Instant::from_std(start + secs(stage.duration_s));
+        let limit = shared.slots[index].limit_reached.notified();
+        let stage_done = async {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = limit, if stage.max_requests > 0 => {}
+            }
+        };
+        let finished = runner.interruptible(stage_done).await.is_some();
+        let end = Instant::now();
+        if !finished {
+            interrupted_stage = Some(index);
+            results.push(stage_result(index, stage, StageStatus::Interrupted, Some((start, end)), &shared.clock));
+            break;
+        }
+        if Some(index) == last_stage {
+            runner.stop_load();
+        } else {
+            runner.hold();
+        }
+        if stage.warmup {
+            warmups.push(index);
+            results.push(stage_result(index, stage, StageStatus::Warmup, Some((start, end)), &shared.clock));
+            continue;
+        }
+        // Every request sent in the stage has to complete before its statistics exist.
+        if runner.interruptible(shared.slots[index].inflight.wait_zero()).await.is_none() {
+            interrupted_stage = Some(index);
+            results.push(stage_result(index, stage, StageStatus::Interrupted, Some((start, end)), &shared.clock));
+            break;
+        }
+        let duration = end.duration_since(start).as_secs_f64();
+        measured_seconds += duration;
+        let (client_stats, detail) = shared.slots[index].finish(duration);
+        let mut result = stage_result(index, stage, StageStatus::Measured, Some((start, end)), &shared.clock);
+        result.client = Some(client_stats.clone());
+        result.detail = Some(detail.clone());
+        let outcome = {
+            let done = FinishedStage {
+                index,
+                stage,
+                label: &label,
+                start_unix: shared.clock.unix(start),
+                end_unix: shared.clock.unix(end),
+                client: &client_stats,
+                detail: &detail,
+                history: &results,
+            };
+            runner.interruptible(hook.after_stage(&done)).await
+        };
+        let Some(outcome) = outcome else {
+            results.push(result);
+            break;
+        };
+        result.annotation = outcome.annotation;
+        results.push(result);
+        if let HookDecision::Stop { reason } = outcome.decision {
+            tracing::info!("stage {label}: the sweep stops here: {reason}");
+            runner.stop_load();
+            stop = Some((index, format!("stopped after stage {label}: {reason}")));
+        }
+    }
+
+    // Wind down: stop sending; on a normal end let in-flight requests finish,
+    // after an interrupt or abort give them the grace period, then cancel.
+    runner.stop_load();
+    if !halt.is_cancelled() {
+        runner.interruptible(shared.inflight.wait_zero()).await;
+    }
+    if halt.is_cancelled() {
+        let _ = tokio::time::timeout(options.grace, shared.inflight.wait_zero()).await;
+        shared.hard_cancel.cancel();
+    }
+    shared.tracker.close();
+    shared.tracker.wait().await;
+    let first_missing = results.len();
+    for (index, step) in steps.iter().enumerate().skip(first_missing) {
+        results.push(skipped(index, step, halted_reason(&options.interrupt, &shared)));
+    }
+
+    // Statistics of warm-up and interrupted stages, now that their requests ended.
+    for result in results.iter_mut() {
+        if result.status == StageStatus::Warmup || Some(result.index) == interrupted_stage {
+            let duration = match (result.start_unix, result.end_unix) {
+                (Some(s), Some(e)) => e - s,
+                _ => 0.0,
+            };
+            if result.status == StageStatus::Interrupted {
+                measured_seconds += duration;
+            }
+            let (c, d) = shared.slots[result.index].finish(duration);
+            result.client = Some(c);
+            result.detail = Some(d);
+        }
+    }
+    let outcome = if options.interrupt.is_cancelled() {
+        RunOutcome::Interrupted
+    } else if let Some(reason) = lock(&shared.abort_reason).clone() {
+        RunOutcome::Aborted { reason }
+    } else if let Some((stage, reason)) = stop {
+        RunOutcome::Stopped { stage, reason }
+    } else {
+        RunOutcome::Completed
+    };
+    let (totals, totals_detail) = lock(&shared.totals).finish(measured_seconds);
+    let end_unix = shared.clock.unix(Instant::now());
+    let start_unix = shared.clock.unix_start;
+    drop(runner);
+    // Every task has ended: this is the last handle on the record channel.
+    drop(shared);
+    let requests_recorded = writer.finish().await.map_err(|source| RunError::Output {
+        path: options.output_dir.clone().unwrap_or_default().join("requests.jsonl"),
+        source,
+    })?;
+    let result = RunResult {
+        outcome,
+        start_unix,
+        end_unix,
+        seed: options.seed,
+        models: settings.models,
+        targets: settings.targets,
+        totals,
+        totals_detail,
+        requests_recorded,
+        stages: results,
+    };
+    if let Some(dir) = &options.output_dir {
+        result.write_files(dir).map_err(|source| RunError::Output { path: dir.clone(), source })?;
+    }
+    Ok(result)
+}
+
+fn halted_reason(interrupt: &CancellationToken, shared: &Shared) -> String {
+    if interrupt.is_cancelled() {
+        "interrupted".into()
+    } else {
+        match lock(&shared.abort_reason).as_ref() {
+            Some(reason) => format!("aborted: {reason}"),
+            None => "aborted".into(),
+        }
+    }
+}
+
+fn where_(stage: &Stage, index: usize) -> String {
+    match &stage.location {
+        Some(loc) => format!("{loc}: stage {}: ", stage.label(index)),
+        None => format!("stage {}: ", stage.label(index)),
+    }
+}
+
+/// Checks what the runner supports before anything is sent.
+fn validate(scenario: &Scenario) -> Result<(), RunError> {
+    let mut any = false;
+    for (index, step) in scenario.steps.iter().enumerate() {
+        let Step::Stage(stage) = step else { continue };
+        any = true;
+        let at = where_(stage, index);
+        let invalid = |message: &str| Err(RunError::InvalidStage { at: at.clone(), message: message.into() });
+        if !stage.duration_s.is_finite() || stage.duration_s <= 0.0 {
+            return invalid("duration must be a positive number of seconds");
+        }
+        if let Some(r) = stage.rampup_s
+            && (!r.is_finite() || r < 0.0)
+        {
+            return invalid("rampup must be zero or positive");
+        }
+        match stage.mode {
+            Mode::ConversationPool => return Err(RunError::ConversationPoolUnsupported { at }),
+            Mode::Concurrent => {
+                if stage.concurrency.unwrap_or(0) == 0 {
+                    return invalid("mode `concurrent` needs concurrency >= 1");
+                }
+            }
+            Mode::Constant | Mode::Poisson => match stage.rate {
+                Some(rate) if rate.is_finite() && rate > 0.0 => {}
+                _ => return invalid("open-loop modes (`constant`, `poisson`) need a rate > 0"),
+            },
+        }
+        let w = stage.workload.as_ref().unwrap_or(&scenario.workload);
+        if w.turns == 0 {
+            return invalid("workload turns must be >= 1");
+        }
+    }
+    if any { Ok(()) } else { Err(RunError::NoStage) }
+}
+
+/// Per-stage request settings, resolved once before the run.
+#[derive(Debug)]
+struct StageSettings {
+    base: String,
+    model: String,
+    prompts: Arc<PromptGen>,
+    first_chars: usize,
+    later_chars: usize,
+    osl: u32,
+    turns: u32,
+    cache_salt: Option<CacheSalt>,
+}
+
+struct Prepared {
+    per_step: Vec<Option<Arc<StageSettings>>>,
+    models: Vec<String>,
+    targets: Vec<String>,
+}
+
+/// Waits for each target, resolves models, builds generators and calibrates
+/// characters per token (once per workload, target and model).
+async fn prepare(scenario: &Scenario, options: &RunOptions, client: &Client) -> Result<Prepared, RunError> {
+    let mut ready: HashMap<String, Vec<String>> = HashMap::new();
+    let mut generators: Vec<(Workload, Arc<PromptGen>)> = Vec::new();
+    let mut cpt: HashMap<(String, String, String), f64> = HashMap::new();
+    let mut per_step = Vec::with_capacity(scenario.steps.len());
+    let mut models = Vec::new();
+    let mut targets = Vec::new();
+    for (index, step) in scenario.steps.iter().enumerate() {
+        let Step::Stage(stage) = step else {
+            per_step.push(None);
+            continue;
+        };
+        let base = stage
+            .target
+            .clone()
+            .or_else(|| options.target.clone())
+            .or_else(|| scenario.target.clone())
+            .unwrap_or_else(|| DEFAULT_TARGET.to_string());
+        let base = base.trim_end_matches('/').to_string();
+        if !ready.contains_key(&base) {
+            tracing::info!("waiting for {base}/models (up to {:?})", options.ready_timeout);
+            let listed = client.wait_ready(&base, options.ready_timeout).await?;
+            ready.insert(base.clone(), listed);
+            targets.push(base.clone());
+        }
+        let model = match stage.model.clone().or_else(|| options.model.clone()).or_else(|| scenario.model.clone()) {
+            Some(model) => model,
+            None => {
+                let listed = ready.get(&base).map(Vec::as_slice).unwrap_or(&[]);
+                let first = listed
+                    .first()
+                    .ok_or_else(|| ClientError::NoModel { url: format!("{base}/models") })?
+                    .clone();
+                if models.is_empty() {
+                    tracing::info!("model: {first} (auto-detected from {base}/models)");
+                }
+                first
+            }
+        };
+        if !models.contains(&model) {
+            models.push(model.clone());
+        }
+        let workload = stage.workload.clone().unwrap_or_else(|| scenario.workload.clone());
+        let prompts = match generators.iter().find(|(w, _)| same_text(w, &workload)) {
+            Some((_, prompts)) => prompts.clone(),
+            None => {
+                let prompts = Arc::new(PromptGen::new(&workload, options.seed)?);
+                generators.push((workload.clone(), prompts.clone()));
+                prompts
+            }
+        };
+        let key = (text_key(&workload), base.clone(), model.clone());
+        let chars_per_token = match cpt.get(&key) {
+            Some(v) => *v,
+            None => {
+                let v = calibrate(client, &base, &model, &prompts, &workload, &stage.label(index)).await;
+                cpt.insert(key, v);
+                v
+            }
+        };
+        let chars = |tokens: u32| (tokens as f64 * chars_per_token).round() as usize;
+        per_step.push(Some(Arc::new(StageSettings {
+            base,
+            model,
+            prompts,
+            first_chars: chars(workload.isl),
+            later_chars: chars(workload.subsequent_isl.unwrap_or(workload.isl)),
+            osl: workload.osl,
+            turns: workload.turns.max(1),
+            cache_salt: workload.cache_salt.clone(),
+        })));
+    }
+    Ok(Prepared { per_step, models, targets })
+}
+
+/// Workloads that produce the same text share a generator and a calibration.
+fn same_text(a: &Workload, b: &Workload) -> bool {
+    a.kind == b.kind && a.corpus_path == b.corpus_path
+}
+
+fn text_key(w: &Workload) -> String {
+    format!("{:?}:{}:{}", w.kind, w.corpus_path.as_deref().unwrap_or(""), w.chars_per_token)
+}
+
+/// Characters per token: measured with the server's `/tokenize` when it has
+/// one, else the workload's `chars_per_token`, else 4.0.
+async fn calibrate(
+    client: &Client,
+    base: &str,
+    model: &str,
+    prompts: &PromptGen,
+    workload: &Workload,
+    label: &str,
+) -> f64 {
+    let sample = prompts.text(u64::MAX, 1, 8000);
+    if let Some(count) = client.count_tokens(base, model, &sample).await
+        && count > 0
+    {
+        {
+            let v = sample.len() as f64 / count as f64;
+            tracing::info!(
+                "ISL calibration ({label}, {:?}): {v:.3} characters per token, measured with /tokenize",
+                workload.kind
+            );
+            return v;
+        }
+    }
+    if workload.chars_per_token > 0.0 {
+        tracing::info!(
+            "ISL calibration ({label}): the server has no /tokenize; using the workload's chars_per_token = {}",
+            workload.chars_per_token
+        );
+        workload.chars_per_token
+    } else {
+        tracing::info!(
+            "ISL calibration ({label}): the server has no /tokenize and the workload sets no chars_per_token; \
+             assuming 4.0 characters per token (prompt lengths are approximate)"
+        );
+        4.0
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX / 4)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another task panicked; the data is still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Unix time of `Instant`s, from one reading of both clocks at the run start.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    instant: Instant,
+    unix_start: f64,
+}
+
+impl Clock {
+    fn now() -> Self {
+        let unix_start = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        Clock { instant: Instant::now(), unix_start }
+    }
+
+    fn unix(&self, t: Instant) -> f64 {
+        match t.checked_duration_since(self.instant) {
+            Some(d) => self.unix_start + d.as_secs_f64(),
+            None => self.unix_start - self.instant.duration_since(t).as_secs_f64(),
+        }
+    }
+}
+
+/// An in-flight counter that can be awaited down to zero.
+#[derive(Debug, Default)]
+struct Counter {
+    value: AtomicU64,
+    zero: Notify,
+}
+
+impl Counter {
+    fn up(&self) {
+        self.value.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn down(&self) {
+        if self.value.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.zero.notify_waiters();
+        }
+    }
+
+    fn get(&self) -> u64 {
+        self.value.load(Ordering::SeqCst)
+    }
+
+    async fn wait_zero(&self) {
+        loop {
+            let notified = self.zero.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.get() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Per-step bookkeeping.
+#[derive(Debug, Default)]
+struct Slot {
+    acc: Mutex<Option<StageAccumulator>>,
+    /// Requests sent in this stage and not yet recorded.
+    inflight: Counter,
+    limit_reached: Notify,
+}
+
+impl Slot {
+    /// The accumulator is created on first use: skipped stages cost no histogram memory.
+    fn add(&self, record: &RequestRecord) {
+        lock(&self.acc).get_or_insert_with(StageAccumulator::new).add(record);
+    }
+
+    fn finish(&self, duration: f64) -> (ClientStats, StageDetail) {
+        match lock(&self.acc).as_ref() {
+            Some(acc) => acc.finish(duration),
+            None => StageAccumulator::new().finish(duration),
+        }
+    }
+}
+
+/// Which stage a request sent now belongs to.
+#[derive(Debug)]
+struct Current {
+    stage: usize,
+    phase: Phase,
+    /// No new request may be sent (between stages with the load stopped, or halted).
+    stopped: bool,
+    /// Requests sent per step (for max_requests).
+    sent: Vec<u64>,
+}
+
+/// A permission to send one request, tagged with its stage.
+struct Claim {
+    id: u64,
+    stage: usize,
+    phase: Phase,
+    scheduled_at: Option<f64>,
+    settings: Arc<StageSettings>,
+}
+
+struct Shared {
+    client: Client,
+    sink: RecordSink,
+    clock: Clock,
+    slots: Vec<Slot>,
+    settings: Vec<Option<Arc<StageSettings>>>,
+    current: Mutex<Current>,
+    inflight: Counter,
+    next_id: AtomicU64,
+    next_conversation: AtomicU64,
+    consecutive_errors: AtomicU64,
+    max_consecutive_errors: u64,
+    abort_reason: Mutex<Option<String>>,
+    /// Cancelled on interrupt or abort: stop sending.
+    halt: CancellationToken,
+    /// Cancelled when the grace period is over: abandon in-flight requests.
+    hard_cancel: CancellationToken,
+    tracker: TaskTracker,
+    totals: Mutex<StageAccumulator>,
+    live: Option<Arc<Live>>,
+    seed: u64,
+    /// `max_requests` per step (0 = no limit).
+    max_requests: Vec<u64>,
+}
+
+impl Shared {
+    fn claim(&self, scheduled_at: Option<f64>) -> Option<Claim> {
+        let mut cur = lock(&self.current);
+        if cur.stopped || self.halt.is_cancelled() {
+            return None;
+        }
+        let stage = cur.stage;
+        let settings = self.settings.get(stage)?.clone()?;
+        let mut phase = cur.phase;
+        if phase != Phase::Hold {
+            cur.sent[stage] += 1;
+            let max = self.max_requests.get(stage).copied().unwrap_or(0);
+            if max > 0 {
+                if cur.sent[stage] == max {
+                    self.slots[stage].limit_reached.notify_one();
+                } else if cur.sent[stage] > max {
+                    phase = Phase::Hold;
+                }
+            }
+            if phase != Phase::Hold {
+                self.slots[stage].inflight.up();
+            }
+        }
+        self.inflight.up();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        drop(cur);
+        if let Some(live) = &self.live {
+            live.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(Claim { id, stage, phase, scheduled_at, settings })
+    }
+
+    /// Records an open-loop arrival that found `max_inflight` requests in flight.
+    async fn record_drop(&self, scheduled_at: f64) {
+        let (stage, phase) = {
+            let cur = lock(&self.current);
+            if cur.stopped {
+                return;
+            }
+            (cur.stage, cur.phase)
+        };
+        let record = RequestRecord {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            conversation: self.next_conversation.fetch_add(1, Ordering::Relaxed),
+            turn: 1,
+            stage,
+            phase,
+            status: Status::Dropped,
+            scheduled_at: Some(scheduled_at),
+            sent_at: None,
+            first_token_at: None,
+            end_at: None,
+            ttft_s: None,
+            e2e_s: None,
+            itl_s: Vec::new(),
+            prompt_tokens: None,
+            output_tokens: None,
+            output_tokens_source: None,
+            prompt_chars: 0,
+            finish_reason: None,
+            http_status: None,
+            error: Some("max_inflight requests in flight: arrival dropped".into()),
+        };
+        if phase != Phase::Hold {
+            self.slots[stage].add(&record);
+        }
+        if let Some(live) = &self.live {
+            live.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        self.sink.send(record).await;
+    }
+
+    fn new_conversation(&self, settings: &StageSettings) -> Conversation {
+        let id = self.next_conversation.fetch_add(1, Ordering::Relaxed);
+        let salt = match &settings.cache_salt {
+            None => None,
+            Some(CacheSalt::Fixed(s)) => Some(s.clone()),
+            Some(CacheSalt::Random) => {
+                Some(format!("{:016x}", crate::workload::mix(self.seed ^ 0x5a17, id, 0)))
+            }
+        };
+        Conversation { id, turn: 0, messages: Vec::new(), salt }
+    }
+
+    /// Sends one turn of `conv` and records it; returns whether it succeeded.
+    async fn run_turn(&self, claim: Claim, conv: &mut Conversation) -> bool {
+        let s = &claim.settings;
+        conv.turn += 1;
+        let chars = if conv.turn == 1 { s.first_chars } else { s.later_chars };
+        let text = s.prompts.text(conv.id, conv.turn, chars);
+        let prompt_chars = text.len();
+        conv.messages.push(Message { role: "user", content: text });
+        let keep_reply = conv.turn < s.turns;
+        let spec = RequestSpec {
+            base: &s.base,
+            model: &s.model,
+            messages: &conv.messages,
+            max_tokens: s.osl,
+            cache_salt: conv.salt.as_deref(),
+            keep_reply,
+        };
+        let before = Instant::now();
+        let (outcome, cancelled) = tokio::select! {
+            biased;
+            outcome = self.client.send(&spec) => (outcome, false),
+            _ = self.hard_cancel.cancelled() => (Outcome::default(), true),
+        };
+        let record = self.make_record(&claim, conv, prompt_chars, &outcome, cancelled, before);
+        let ok = record.status == Status::Ok;
+        if ok && keep_reply {
+            conv.messages.push(Message { role: "assistant", content: outcome.reply });
+        }
+        self.finish(claim, record).await;
+        ok
+    }
+
+    fn make_record(
+        &self,
+        claim: &Claim,
+        conv: &Conversation,
+        prompt_chars: usize,
+        o: &Outcome,
+        cancelled: bool,
+        before: Instant,
+    ) -> RequestRecord {
+        let status = if cancelled {
+            Status::Cancelled
+        } else if o.ok {
+            Status::Ok
+        } else {
+            Status::Failed
+        };
+        let sent = o.sent.unwrap_or(before);
+        let end = o.end.unwrap_or_else(Instant::now);
+        let (output_tokens, source) = match o.usage.and_then(|u| u.completion_tokens) {
+            Some(n) => (Some(n), Some(TokenSource::Usage)),
+            None if o.chunks_with_text > 0 || o.ok => (Some(o.chunks_with_text), Some(TokenSource::Chunks)),
+            None => (None, None),
+        };
+        RequestRecord {
+            id: claim.id,
+            conversation: conv.id,
+            turn: conv.turn,
+            stage: claim.stage,
+            phase: claim.phase,
+            status,
+            scheduled_at: claim.scheduled_at,
+            sent_at: Some(self.clock.unix(sent)),
+            first_token_at: o.first_token.map(|t| self.clock.unix(t)),
+            end_at: Some(self.clock.unix(end)),
+            ttft_s: o.first_token.map(|t| t.duration_since(sent).as_secs_f64()),
+            e2e_s: Some(end.duration_since(sent).as_secs_f64()),
+            itl_s: o.itl.clone(),
+            prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
+            output_tokens,
+            output_tokens_source: source,
+            prompt_chars,
+            finish_reason: o.finish_reason.clone(),
+            http_status: o.http_status,
+            error: if cancelled {
+                Some("cancelled: still in flight when the run was interrupted".into())
+            } else {
+                o.error.clone()
+            },
+        }
+    }
+
+    /// Accounts a finished request: statistics, error streak, record, in-flight counters.
+    async fn finish(&self, claim: Claim, record: RequestRecord) {
+        let counted = claim.phase != Phase::Hold;
+        if counted {
+            self.slots[claim.stage].add(&record);
+            if claim.phase == Phase::Measured {
+                lock(&self.totals).add(&record);
+            }
+        }
+        match record.status {
+            Status::Ok => self.consecutive_errors.store(0, Ordering::Relaxed),
+            Status::Failed => {
+                let n = self.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                if self.max_consecutive_errors > 0 && n >= self.max_consecutive_errors {
+                    let mut reason = lock(&self.abort_reason);
+                    if reason.is_none() && !self.halt.is_cancelled() {
+                        let msg = format!(
+                            "{n} consecutive failed requests (--max-consecutive-errors {}); last error: {}",
+                            self.max_consecutive_errors,
+                            record.error.as_deref().unwrap_or("unknown")
+                        );
+                        tracing::error!("aborting the run: {msg}");
+                        *reason = Some(msg);
+                        self.halt.cancel();
+                    }
+                }
+            }
+            Status::Cancelled | Status::Dropped => {}
+        }
+        if let Some(live) = &self.live {
+            live.finished(&record);
+        }
+        self.sink.send(record).await;
+        if counted {
+            self.slots[claim.stage].inflight.down();
+        }
+        self.inflight.down();
+    }
+}
+
+/// A conversation's state across turns.
+struct Conversation {
+    id: u64,
+    turn: u32,
+    messages: Vec<Message>,
+    salt: Option<String>,
+}
+
+/// Closed-loop streams: how many should run, and which are running.
+#[derive(Debug, Default)]
+struct StreamSet {
+    target: u32,
+    alive: Vec<bool>,
+}
+
+struct Streams {
+    set: Mutex<StreamSet>,
+    /// Cancelled when closed-loop load stops: wakes streams waiting to start.
+    stop: CancellationToken,
+}
+
+impl Streams {
+    /// Whether stream `i` goes on; marks it ended when not (under the same lock
+    /// as spawning decisions, so a shrink-then-grow never loses a stream).
+    fn keep(&self, i: u32) -> bool {
+        let mut set = lock(&self.set);
+        if i < set.target && !self.stop.is_cancelled() {
+            true
+        } else {
+            if let Some(a) = set.alive.get_mut(i as usize) {
+                *a = false;
+            }
+            false
+        }
+    }
+}
+
+enum Level {
+    Idle,
+    Closed(Arc<Streams>),
+    Open(CancellationToken),
+}
+
+struct Runner {
+    shared: Arc<Shared>,
+    level: Level,
+    halt: CancellationToken,
+}
+
+impl Runner {
+    /// Runs `fut` unless the run is halted first (then `None`).
+    async fn interruptible<T>(&self, fut: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            _ = self.halt.cancelled() => None,
+            v = fut => Some(v),
+        }
+    }
+
+    /// Points new requests at `index` and sets the load to the stage's level.
+    fn start_stage(&mut self, index: usize, stage: &Stage, phase: Phase, start: Instant) {
+        {
+            let mut cur = lock(&self.shared.current);
+            cur.stage = index;
+            cur.phase = phase;
+            cur.stopped = false;
+        }
+        let rampup = stage.rampup_s.unwrap_or(0.0);
+        match stage.mode {
+            Mode::Concurrent => {
+                let n = stage.concurrency.unwrap_or(1);
+                if let Level::Open(stop) = &self.level {
+                    stop.cancel();
+                    self.level = Level::Idle;
+                }
+                let streams = if let Level::Closed(streams) = &self.level {
+                    streams.clone()
+                } else {
+                    let streams =
+                        Arc::new(Streams { set: Mutex::new(StreamSet::default()), stop: CancellationToken::new() });
+                    self.level = Level::Closed(streams.clone());
+                    streams
+                };
+                let mut set = lock(&streams.set);
+                let old = set.target.min(n);
+                set.target = n;
+                if set.alive.len() < n as usize {
+                    set.alive.resize(n as usize, false);
+                }
+                let new_count = n - old;
+                for i in 0..n {
+                    if set.alive[i as usize] {
+                        continue;
+                    }
+                    set.alive[i as usize] = true;
+                    // Streams added by this stage start staggered over the ramp-up.
+                    let offset = if i >= old && new_count > 0 {
+                        rampup * (i - old) as f64 / new_count as f64
+                    } else {
+                        0.0
+                    };
+                    let start_at = start + secs(offset);
+                    let shared = self.shared.clone();
+                    let streams2 = streams.clone();
+                    self.shared.tracker.spawn(stream_task(shared, streams2, i, start_at));
+                }
+            }
+            Mode::Constant | Mode::Poisson => {
+                self.stop_senders();
+                let rate = stage.rate.unwrap_or(0.0);
+                let schedule = if stage.mode == Mode::Constant {
+                    Schedule::constant(rate, rampup)
+                } else {
+                    Schedule::poisson(rate, rampup, self.shared.seed ^ (index as u64).wrapping_mul(0x9E37_79B9))
+                };
+                let stop = CancellationToken::new();
+                self.level = Level::Open(stop.clone());
+                let shared = self.shared.clone();
+                self.shared
+                    .tracker
+                    .spawn(scheduler_task(shared, schedule, start, stage.max_inflight as u64, stop));
+            }
+            // Rejected by validate().
+            Mode::ConversationPool => {}
+        }
+    }
+
+    /// The stage's time is over: keep its level, but tag new requests `hold`.
+    fn hold(&mut self) {
+        lock(&self.shared.current).phase = Phase::Hold;
+    }
+
+    fn stop_senders(&mut self) {
+        match std::mem::replace(&mut self.level, Level::Idle) {
+            Level::Idle => {}
+            Level::Closed(streams) => {
+                lock(&streams.set).target = 0;
+                streams.stop.cancel();
+            }
+            Level::Open(stop) => stop.cancel(),
+        }
+    }
+
+    /// No new request: stop every sender (in-flight requests go on).
+    fn stop_load(&mut self) {
+        lock(&self.shared.current).stopped = true;
+        self.stop_senders();
+    }
+}
+
+async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>, i: u32, start_at: Instant) {
+    let start_at = tokio::time::Instant::from_std(start_at);
+    tokio::select! {
+        _ = tokio::time::sleep_until(start_at) => {}
+        _ = streams.stop.cancelled() => {}
+        _ = shared.halt.cancelled() => {}
+    }
+    let mut conv: Option<Conversation> = None;
+    while streams.keep(i) {
+        let Some(claim) = shared.claim(None) else {
+            if let Some(alive) = lock(&streams.set).alive.get_mut(i as usize) {
+                *alive = false;
+            }
+            break;
+        };
+        let turns = claim.settings.turns;
+        let c = conv.get_or_insert_with(|| shared.new_conversation(&claim.settings));
+        let ok = shared.run_turn(claim, c).await;
+        if !ok || c.turn >= turns {
+            conv = None;
+        }
+    }
+}
+
+async fn scheduler_task(
+    shared: Arc<Shared>,
+    schedule: Schedule,
+    start: Instant,
+    max_inflight: u64,
+    stop: CancellationToken,
+) {
+    let start = tokio::time::Instant::from_std(start);
+    for offset in schedule {
+        let Ok(offset) = Duration::try_from_secs_f64(offset) else { break };
+        let due = start + offset;
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = shared.halt.cancelled() => return,
+            _ = tokio::time::sleep_until(due) => {}
+        }
+        let scheduled_at = shared.clock.unix(due.into_std());
+        if max_inflight > 0 && shared.inflight.get() >= max_inflight {
+            shared.record_drop(scheduled_at).await;
+            continue;
+        }
+        let Some(claim) = shared.claim(Some(scheduled_at)) else { return };
+        let task_shared = shared.clone();
+        shared.tracker.spawn(conversation_task(task_shared, claim));
+    }
+}
+
+/// An open-loop arrival: one conversation, its later turns sent as soon as the previous reply is in.
+async fn conversation_task(shared: Arc<Shared>, first: Claim) {
+    let mut conv = shared.new_conversation(&first.settings);
+    let mut claim = first;
+    loop {
+        let turns = claim.settings.turns;
+        let ok = shared.run_turn(claim, &mut conv).await;
+        if !ok || conv.turn >= turns {
+            break;
+        }
+        claim = match shared.claim(None) {
+            Some(c) => c,
+            None => break,
+        };
+    }
+}
+
+fn skipped(index: usize, step: &Step, reason: String) -> StageResult {
+    let mut r = match step {
+        Step::Stage(stage) => stage_result(index, stage, StageStatus::Skipped, None, &Clock::now()),
+        Step::Barrier { drain } => barrier(index, *drain),
+    };
+    r.status = StageStatus::Skipped;
+    r.skip_reason = Some(reason);
+    r
+}
+
+fn barrier(index: usize, drain: bool) -> StageResult {
+    StageResult {
+        index,
+        label: format!("#{index} barrier{}", if drain { " (drain)" } else { "" }),
+        name: None,
+        status: StageStatus::Barrier,
+        mode: None,
+        concurrency: None,
+        rate: None,
+        duration_s: 0.0,
+        drain: Some(drain),
+        start_unix: None,
+        end_unix: None,
+        client: None,
+        detail: None,
+        annotation: None,
+        skip_reason: None,
+    }
+}
+
+fn stage_result(
+    index: usize,
+    stage: &Stage,
+    status: StageStatus,
+    times: Option<(Instant, Instant)>,
+    clock: &Clock,
+) -> StageResult {
+    StageResult {
+        index,
+        label: stage.label(index),
+        name: stage.name.clone(),
+        status,
+        mode: Some(stage.mode),
+        concurrency: stage.concurrency,
+        rate: stage.rate,
+        duration_s: stage.duration_s,
+        drain: None,
+        start_unix: times.map(|(s, _)| clock.unix(s)),
+        end_unix: times.map(|(_, e)| clock.unix(e)),
+        client: None,
+        detail: None,
+        annotation: None,
+        skip_reason: None,
+    }
+}
+

@@ -1,0 +1,327 @@
+//! Incremental Server-Sent Events parsing of OpenAI streaming responses.
+//!
+//! [`SseParser`] turns the bytes of a response body, in whatever pieces the
+//! network delivers them, into complete event payloads (the joined `data:`
+//! lines of one event), following the SSE rules that matter in practice:
+//! `data:` with or without the space, `\n`, `\r\n` and `\r` line ends, events
+//! made of several `data:` lines, comment lines (`: keep-alive`) and other
+//! fields ignored, and pieces split anywhere, even inside a UTF-8 character.
+//! [`parse_chunk`] then reads one payload as an OpenAI chat or completions
+//! chunk, keeping reasoning text apart from content.
+
+use serde::Deserialize;
+
+/// Splits a byte stream into SSE event payloads.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    /// Bytes of the current, not yet terminated line.
+    line: Vec<u8>,
+    /// `data:` lines of the current event, joined with `\n`.
+    data: Vec<u8>,
+    /// Whether the current event has at least one `data:` line.
+    has_data: bool,
+    /// The previous byte was `\r`: a following `\n` belongs to the same line end.
+    after_cr: bool,
+}
+
+impl SseParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds the next piece of the body; calls `on_event` with each payload completed by it.
+    pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(&[u8])) {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if self.after_cr {
+                self.after_cr = false;
+                if rest[0] == b'\n' {
+                    rest = &rest[1..];
+                    continue;
+                }
+            }
+            match memchr_line_end(rest) {
+                Some(pos) => {
+                    self.line.extend_from_slice(&rest[..pos]);
+                    if rest[pos] == b'\r' {
+                        self.after_cr = true;
+                    }
+                    rest = &rest[pos + 1..];
+                    self.end_line(&mut on_event);
+                }
+                None => {
+                    self.line.extend_from_slice(rest);
+                    rest = &[];
+                }
+            }
+        }
+    }
+
+    /// The body ended: a last line without its line end still counts, and a
+    /// pending event is delivered (lenient: some servers omit the final blank line).
+    pub fn finish(&mut self, mut on_event: impl FnMut(&[u8])) {
+        if !self.line.is_empty() {
+            self.end_line(&mut on_event);
+        }
+        self.dispatch(&mut on_event);
+    }
+
+    fn end_line(&mut self, on_event: &mut impl FnMut(&[u8])) {
+        let line = std::mem::take(&mut self.line);
+        if line.is_empty() {
+            self.dispatch(on_event);
+        } else if line[0] != b':' {
+            let (field, value) = match line.iter().position(|&b| b == b':') {
+                Some(colon) => {
+                    let value = &line[colon + 1..];
+                    (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+                }
+                None => (&line[..], &[][..]),
+            };
+            if field == b"data" {
+                if self.has_data {
+                    self.data.push(b'\n');
+                }
+                self.data.extend_from_slice(value);
+                self.has_data = true;
+            }
+            // `event:`, `id:`, `retry:` and unknown fields carry nothing we use.
+        }
+        // Reuse the allocation for the next line.
+        self.line = line;
+        self.line.clear();
+    }
+
+    fn dispatch(&mut self, on_event: &mut impl FnMut(&[u8])) {
+        if self.has_data {
+            on_event(&self.data);
+        }
+        self.data.clear();
+        self.has_data = false;
+    }
+}
+
+fn memchr_line_end(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n' || b == b'\r')
+}
+
+/// What one event payload says.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Event {
+    /// `[DONE]`: the stream is complete.
+    #[default]
+    Done,
+    /// A chunk of the completion.
+    Chunk(Chunk),
+    /// The server reported an error inside the stream.
+    Error(String),
+}
+
+/// The parts of a streamed chunk the client measures.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Chunk {
+    /// Answer text (`delta.content` for chat, `text` for completions).
+    pub content: String,
+    /// Reasoning text (`delta.reasoning_content` or `delta.reasoning`).
+    pub reasoning: String,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+}
+
+impl Chunk {
+    /// Whether this chunk carries generated text (content or reasoning): it
+    /// counts for TTFT, inter-chunk latency and counted tokens.
+    pub fn has_text(&self) -> bool {
+        !self.content.is_empty() || !self.reasoning.is_empty()
+    }
+}
+
+/// Token counts reported by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct RawChunk {
+    #[serde(default)]
+    choices: Vec<RawChoice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct RawChoice {
+    #[serde(default)]
+    delta: Option<RawDelta>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawDelta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+}
+
+/// Reads one event payload. A payload that is not JSON is an error (it is
+/// what a truncated or corrupted stream looks like).
+pub fn parse_chunk(payload: &[u8]) -> Event {
+    let trimmed = payload.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return Event::Done;
+    }
+    let raw: RawChunk = match serde_json::from_slice(trimmed) {
+        Ok(raw) => raw,
+        Err(err) => {
+            return Event::Error(format!(
+                "unreadable stream event ({err}): {}",
+                excerpt(trimmed, 200)
+            ));
+        }
+    };
+    if let Some(error) = raw.error {
+        return Event::Error(format!("server error in stream: {}", error_message(&error)));
+    }
+    let mut chunk = Chunk { usage: raw.usage, ..Chunk::default() };
+    if let Some(choice) = raw.choices.into_iter().next() {
+        if let Some(delta) = choice.delta {
+            chunk.content = delta.content.unwrap_or_default();
+            chunk.reasoning = delta.reasoning_content.or(delta.reasoning).unwrap_or_default();
+        }
+        if let Some(text) = choice.text {
+            chunk.content.push_str(&text);
+        }
+        chunk.finish_reason = choice.finish_reason;
+    }
+    Event::Chunk(chunk)
+}
+
+/// The message of an OpenAI-style error object (`{"message": ...}`), else its JSON.
+pub fn error_message(error: &serde_json::Value) -> String {
+    match error.get("message").and_then(|m| m.as_str()) {
+        Some(message) => message.to_owned(),
+        None => match error.as_str() {
+            Some(text) => text.to_owned(),
+            None => error.to_string(),
+        },
+    }
+}
+
+/// At most `max` bytes of `bytes` as lossy UTF-8, marked when cut.
+pub fn excerpt(bytes: &[u8], max: usize) -> String {
+    if bytes.len() <= max {
+        String::from_utf8_lossy(bytes).into_owned()
+    } else {
+        format!("{}… ({} bytes)", String::from_utf8_lossy(&bytes[..max]), bytes.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(pieces: &[&[u8]]) -> Vec<String> {
+        let mut parser = SseParser::new();
+        let mut out = Vec::new();
+        for piece in pieces {
+            parser.feed(piece, |e| out.push(String::from_utf8(e.to_vec()).unwrap()));
+        }
+        parser.finish(|e| out.push(String::from_utf8(e.to_vec()).unwrap()));
+        out
+    }
+
+    #[test]
+    fn data_with_and_without_space() {
+        assert_eq!(events(&[b"data: a\n\ndata:b\n\n"]), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn multi_line_events_are_joined_with_newlines() {
+        assert_eq!(events(&[b"data: {\"a\":\ndata: 1}\n\n"]), vec!["{\"a\":\n1}"]);
+    }
+
+    #[test]
+    fn comments_keepalives_and_other_fields_are_ignored() {
+        assert_eq!(
+            events(&[b": keep-alive\n\nevent: message\nid: 3\nretry: 10\ndata: x\n\n:ping\n\n"]),
+            vec!["x"]
+        );
+    }
+
+    #[test]
+    fn crlf_and_cr_line_ends() {
+        assert_eq!(events(&[b"data: a\r\n\r\ndata: b\r\rdata: c\n\n"]), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn pieces_split_anywhere_give_the_same_events() {
+        let body = "data: {\"choices\":[{\"delta\":{\"content\":\"héllo\"}}]}\r\n\r\n: c\n\ndata: [DONE]\n\n";
+        let whole = events(&[body.as_bytes()]);
+        assert_eq!(whole.len(), 2);
+        let bytes = body.as_bytes();
+        for split in 0..bytes.len() {
+            assert_eq!(events(&[&bytes[..split], &bytes[split..]]), whole, "split at {split}");
+        }
+        let singles: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(events(&singles), whole);
+    }
+
+    #[test]
+    fn last_event_without_blank_line_is_delivered() {
+        assert_eq!(events(&[b"data: a\n\ndata: [DONE]"]), vec!["a", "[DONE]"]);
+    }
+
+    #[test]
+    fn chat_chunk_keeps_reasoning_apart() {
+        let e = parse_chunk(br#"{"choices":[{"delta":{"reasoning_content":"think"}}]}"#);
+        let Event::Chunk(c) = e else { panic!("{e:?}") };
+        assert_eq!((c.content.as_str(), c.reasoning.as_str()), ("", "think"));
+        assert!(c.has_text());
+        let e = parse_chunk(br#"{"choices":[{"delta":{"reasoning":"r","content":"x"}}]}"#);
+        let Event::Chunk(c) = e else { panic!("{e:?}") };
+        assert_eq!((c.content.as_str(), c.reasoning.as_str()), ("x", "r"));
+    }
+
+    #[test]
+    fn completions_chunk_finish_reason_and_usage() {
+        let e = parse_chunk(
+            br#"{"choices":[{"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#,
+        );
+        let Event::Chunk(c) = e else { panic!("{e:?}") };
+        assert_eq!(c.content, "hi");
+        assert_eq!(c.finish_reason.as_deref(), Some("length"));
+        assert_eq!(c.usage.and_then(|u| u.completion_tokens), Some(7));
+    }
+
+    #[test]
+    fn usage_only_chunk_has_no_text() {
+        let e = parse_chunk(br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#);
+        let Event::Chunk(c) = e else { panic!("{e:?}") };
+        assert!(!c.has_text());
+    }
+
+    #[test]
+    fn done_and_errors() {
+        assert_eq!(parse_chunk(b"[DONE]"), Event::Done);
+        assert_eq!(
+            parse_chunk(br#"{"error":{"message":"overloaded","code":503}}"#),
+            Event::Error("server error in stream: overloaded".into())
+        );
+        let Event::Error(msg) = parse_chunk(br#"{"choices":[{"delta":{"content":"tru"#) else {
+            panic!()
+        };
+        assert!(msg.starts_with("unreadable stream event"), "{msg}");
+    }
+}

@@ -1,0 +1,192 @@
+//! Per-stage aggregation of request records into client statistics.
+//!
+//! Latencies go into HdrHistograms at microsecond resolution with three
+//! significant digits (quantiles within 0.1%), so memory stays fixed however
+//! many requests and chunks a stage sees.
+
+use hdrhistogram::Histogram;
+use nyann_model::ClientStats;
+use serde::{Deserialize, Serialize};
+
+use crate::record::{RequestRecord, Status};
+
+/// Longest latency recorded exactly (1 hour); longer values are clamped.
+const MAX_MICROS: u64 = 3_600_000_000;
+
+/// The figures of one stage beyond [`ClientStats`] (the tables and summary use them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageDetail {
+    /// Requests sent in the stage (ok + failed + cancelled).
+    pub sent: u64,
+    pub cancelled: u64,
+    /// Open-loop arrivals not sent because `max_inflight` requests were in flight.
+    pub dropped: u64,
+    pub output_tokens: u64,
+    pub ttft_mean_seconds: f64,
+    pub ttft_p90_seconds: f64,
+    pub e2e_mean_seconds: f64,
+}
+
+/// Accumulates the records of one stage.
+#[derive(Debug)]
+pub struct StageAccumulator {
+    ok: u64,
+    failed: u64,
+    cancelled: u64,
+    dropped: u64,
+    output_tokens: u64,
+    ttft: Histogram<u64>,
+    itl: Histogram<u64>,
+    e2e: Histogram<u64>,
+}
+
+impl Default for StageAccumulator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 1 h with 3 significant digits: the bounds are valid constants.
+    #[allow(clippy::expect_used)]
+    Histogram::new_with_bounds(1, MAX_MICROS, 3).expect("valid histogram bounds")
+}
+
+fn micros(seconds: f64) -> u64 {
+    ((seconds * 1e6).round() as u64).clamp(1, MAX_MICROS)
+}
+
+fn quantile(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1e6 }
+}
+
+fn mean(h: &Histogram<u64>) -> f64 {
+    if h.is_empty() { 0.0 } else { h.mean() / 1e6 }
+}
+
+impl StageAccumulator {
+    pub fn new() -> Self {
+        StageAccumulator {
+            ok: 0,
+            failed: 0,
+            cancelled: 0,
+            dropped: 0,
+            output_tokens: 0,
+            ttft: histogram(),
+            itl: histogram(),
+            e2e: histogram(),
+        }
+    }
+
+    /// Adds one record. Latencies count only for successful requests.
+    pub fn add(&mut self, record: &RequestRecord) {
+        match record.status {
+            Status::Ok => {
+                self.ok += 1;
+                self.output_tokens += record.output_tokens.unwrap_or(0);
+                if let Some(ttft) = record.ttft_s {
+                    self.ttft.saturating_record(micros(ttft));
+                }
+                if let Some(e2e) = record.e2e_s {
+                    self.e2e.saturating_record(micros(e2e));
+                }
+                for &gap in &record.itl_s {
+                    self.itl.saturating_record(micros(gap));
+                }
+            }
+            Status::Failed => self.failed += 1,
+            Status::Cancelled => self.cancelled += 1,
+            Status::Dropped => self.dropped += 1,
+        }
+    }
+
+    /// Current TTFT median, for live progress.
+    pub fn ttft_p50(&self) -> f64 {
+        quantile(&self.ttft, 0.5)
+    }
+
+    /// The statistics over a stage that lasted `duration_s` seconds.
+    pub fn finish(&self, duration_s: f64) -> (ClientStats, StageDetail) {
+        let per_second = |n: u64| if duration_s > 0.0 { n as f64 / duration_s } else { 0.0 };
+        let client = ClientStats {
+            requests_ok: self.ok,
+            requests_failed: self.failed,
+            requests_per_second: per_second(self.ok),
+            output_tokens_per_second: per_second(self.output_tokens),
+            ttft_p50_seconds: quantile(&self.ttft, 0.5),
+            ttft_p99_seconds: quantile(&self.ttft, 0.99),
+            itl_p50_seconds: quantile(&self.itl, 0.5),
+            itl_p99_seconds: quantile(&self.itl, 0.99),
+            e2e_p50_seconds: quantile(&self.e2e, 0.5),
+            e2e_p99_seconds: quantile(&self.e2e, 0.99),
+        };
+        let detail = StageDetail {
+            sent: self.ok + self.failed + self.cancelled,
+            cancelled: self.cancelled,
+            dropped: self.dropped,
+            output_tokens: self.output_tokens,
+            ttft_mean_seconds: mean(&self.ttft),
+            ttft_p90_seconds: quantile(&self.ttft, 0.9),
+            e2e_mean_seconds: mean(&self.e2e),
+        };
+        (client, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Phase;
+
+    fn record(status: Status, ttft: f64, tokens: u64) -> RequestRecord {
+        RequestRecord {
+            id: 0,
+            conversation: 0,
+            turn: 1,
+            stage: 0,
+            phase: Phase::Measured,
+            status,
+            scheduled_at: None,
+            sent_at: Some(0.0),
+            first_token_at: None,
+            end_at: None,
+            ttft_s: Some(ttft),
+            e2e_s: Some(ttft * 2.0),
+            itl_s: vec![0.01, 0.02],
+            prompt_tokens: None,
+            output_tokens: Some(tokens),
+            output_tokens_source: None,
+            prompt_chars: 0,
+            finish_reason: None,
+            http_status: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn quantiles_rates_and_counts() {
+        let mut acc = StageAccumulator::new();
+        for i in 1..=100 {
+            acc.add(&record(Status::Ok, i as f64 / 1000.0, 10));
+        }
+        acc.add(&record(Status::Failed, 9.0, 10));
+        acc.add(&record(Status::Dropped, 9.0, 10));
+        let (client, detail) = acc.finish(10.0);
+        assert_eq!(client.requests_ok, 100);
+        assert_eq!(client.requests_failed, 1);
+        assert_eq!(detail.dropped, 1);
+        assert_eq!(detail.sent, 101);
+        assert!((client.requests_per_second - 10.0).abs() < 1e-9);
+        assert!((client.output_tokens_per_second - 100.0).abs() < 1e-9);
+        assert!((client.ttft_p50_seconds - 0.050).abs() < 0.0001, "{}", client.ttft_p50_seconds);
+        assert!((client.ttft_p99_seconds - 0.099).abs() < 0.0001);
+        assert!((client.itl_p99_seconds - 0.02).abs() < 0.0001);
+        assert!((detail.ttft_mean_seconds - 0.0505).abs() < 0.0001);
+    }
+
+    #[test]
+    fn empty_stage_is_all_zero() {
+        let (client, _) = StageAccumulator::new().finish(0.0);
+        assert_eq!(client, ClientStats::default());
+    }
+}
