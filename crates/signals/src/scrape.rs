@@ -120,8 +120,15 @@ pub(crate) fn describe_reqwest_error(e: &reqwest::Error, timeout: Duration) -> S
     if e.is_timeout() {
         return format!("no answer within {}", humantime::format_duration(timeout));
     }
-    let mut msg = e.to_string();
+    // The top-level text repeats the whole URL; the causes say what happened.
     let mut src = std::error::Error::source(e);
+    let mut msg = match src {
+        Some(s) => {
+            src = s.source();
+            s.to_string()
+        }
+        None => e.to_string(),
+    };
     while let Some(s) = src {
         let s_msg = s.to_string();
         if !msg.contains(&s_msg) {

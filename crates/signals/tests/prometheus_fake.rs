@@ -1,0 +1,519 @@
+//! The Prometheus source against a fake Prometheus: the exact queries and
+//! windows (the Go tool's three cases), metric-name fallbacks, the settle
+//! wait, auth headers, and every fault turning into a clear error with zero
+//! signals.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Answer, FakeProm, Req, empty, matrix, vector};
+use nyann_signals::{SignalArgs, SignalSource, StageSignals};
+
+const DECODE: &str = r#"{job="vllm-decode",pod=~"model-decode.*"}"#;
+const PREFILL: &str = r#"{job="vllm-prefill",pod=~"model-prefill.*"}"#;
+
+fn args(url: &str, deploy: &str) -> SignalArgs {
+    SignalArgs {
+        prometheus_url: Some(url.to_string()),
+        deploy_name: Some(deploy.to_string()),
+        settle_wait: Duration::ZERO,
+        ..Default::default()
+    }
+}
+
+async fn signals(args: &SignalArgs, start: f64, end: f64) -> StageSignals {
+    let source = SignalSource::from_args(args).await.unwrap().unwrap();
+    source.stage_signals(start, end).await
+}
+
+/// The primary (first-name) queries of one role for stage 100..160:
+/// (path, query, start|time, end, step).
+fn primary_queries(sel: &str) -> Vec<(String, String, f64, f64, f64)> {
+    let range = |q: String| ("/api/v1/query_range".to_string(), q, 112.0, 157.0, 0.225);
+    let at = |q: String, t: f64| ("/api/v1/query".to_string(), q, t, 0.0, 0.0);
+    let hq = |q: f64, m: &str| {
+        at(
+            format!("histogram_quantile({q}, sum by (le) (rate({m}_bucket{sel}[45s])))"),
+            157.0,
+        )
+    };
+    vec![
+        range(format!("sum(vllm:num_requests_waiting{sel})")),
+        hq(0.99, "vllm:time_to_first_token_seconds"),
+        range(format!("max(vllm:kv_cache_usage_perc{sel})")),
+        at(
+            format!("sum(increase(vllm:num_preemptions_total{sel}[60s]))"),
+            160.0,
+        ),
+        hq(0.5, "vllm:time_to_first_token_seconds"),
+        hq(0.5, "vllm:inter_token_latency_seconds"),
+        hq(0.99, "vllm:inter_token_latency_seconds"),
+        at(
+            format!("sum(rate(vllm:generation_tokens_total{sel}[45s]))"),
+            157.0,
+        ),
+        range(format!("min(vllm:kv_cache_usage_perc{sel})")),
+        range(format!("sum(vllm:num_requests_running{sel})")),
+    ]
+}
+
+fn seen(reqs: &[Req]) -> Vec<(String, String, f64, f64, f64)> {
+    reqs.iter()
+        .map(|r| {
+            if r.path.ends_with("query_range") {
+                (
+                    r.path.clone(),
+                    r.query().to_string(),
+                    r.num("start"),
+                    r.num("end"),
+                    r.num("step"),
+                )
+            } else {
+                (
+                    r.path.clone(),
+                    r.query().to_string(),
+                    r.num("time"),
+                    0.0,
+                    0.0,
+                )
+            }
+        })
+        .collect()
+}
+
+/// Answers the primary queries from `answers` (query -> body); anything else
+/// (fallback names) gets an empty result.
+fn answering(answers: Vec<(String, String)>) -> impl Fn(&Req) -> Answer + Send + Sync {
+    move |req: &Req| {
+        let body = answers
+            .iter()
+            .find(|(q, _)| q == req.query())
+            .map(|(_, b)| b.clone())
+            .unwrap_or_else(|| empty(req));
+        Answer::json(200, body)
+    }
+}
+
+#[tokio::test]
+async fn go_case_queueing_on_decode_with_prefill_ttft() {
+    // Decode queues (p50 of 10, 40, 50, 60, 70 = 50); TTFT p99 comes from prefill.
+    let fake = FakeProm::start(answering(vec![
+        (
+            format!("sum(vllm:num_requests_waiting{DECODE})"),
+            matrix(&[
+                (112.0, "10"),
+                (120.0, "40"),
+                (130.0, "60"),
+                (140.0, "50"),
+                (157.0, "70"),
+            ]),
+        ),
+        (
+            format!(
+                "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{PREFILL}[45s])))"
+            ),
+            vector(157.0, "2.5"),
+        ),
+        (
+            format!(
+                "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{DECODE}[45s])))"
+            ),
+            vector(157.0, "NaN"), // no observations on decode: no value
+        ),
+    ]))
+    .await;
+    let out = signals(&args(&fake.url(), "model-decode"), 100.0, 160.0).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let roles: Vec<&str> = out.roles.iter().map(|r| r.role.as_str()).collect();
+    assert_eq!(roles, ["prefill", "decode"]);
+    assert_eq!(out.roles[1].waiting_requests_p50, 50.0);
+    assert_eq!(out.roles[1].ttft_p99_seconds, 0.0);
+    assert_eq!(out.roles[0].ttft_p99_seconds, 2.5);
+    assert_eq!(out.roles[0].waiting_requests_p50, 0.0);
+
+    // Every primary query was asked with the exact window; prefill's first.
+    let reqs = fake.requests();
+    let got = seen(&reqs);
+    for q in primary_queries(PREFILL)
+        .into_iter()
+        .chain(primary_queries(DECODE))
+    {
+        assert!(got.contains(&q), "missing {q:?}\nin {got:#?}");
+    }
+    assert!(reqs[0].query().contains("vllm-prefill"), "{:?}", reqs[0]);
+}
+
+#[tokio::test]
+async fn go_case_kv_pressure_with_preemptions() {
+    let fake = FakeProm::start(answering(vec![
+        (
+            format!("max(vllm:kv_cache_usage_perc{DECODE})"),
+            matrix(&[(112.0, "0.5"), (130.0, "0.97"), (157.0, "0.9")]),
+        ),
+        (
+            format!("min(vllm:kv_cache_usage_perc{DECODE})"),
+            matrix(&[(112.0, "0.25"), (157.0, "0.5")]),
+        ),
+        (
+            format!("sum(increase(vllm:num_preemptions_total{DECODE}[60s]))"),
+            vector(160.0, "3.0000000002"),
+        ),
+        (
+            format!("sum(rate(vllm:generation_tokens_total{DECODE}[45s]))"),
+            vector(157.0, "1234.5"),
+        ),
+        (
+            format!("sum(vllm:num_requests_running{DECODE})"),
+            matrix(&[(112.0, "8"), (157.0, "12")]),
+        ),
+    ]))
+    .await;
+    let out = signals(&args(&fake.url(), "model-decode"), 100.0, 160.0).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let d = &out.roles[1];
+    assert_eq!(d.role, "decode");
+    assert_eq!(d.kv_cache_usage_max, 0.97);
+    assert_eq!(d.preemptions, 3.0000000002);
+    assert_eq!(d.extra("kv_cache_usage_min"), Some(0.25));
+    assert_eq!(d.extra("generation_tokens_per_second"), Some(1234.5));
+    assert_eq!(d.extra("running_requests_p50"), Some(10.0));
+    assert_eq!(out.roles[0].kv_cache_usage_max, 0.0);
+}
+
+#[tokio::test]
+async fn go_case_healthy_missing_series_read_zero_after_all_fallbacks() {
+    let fake = FakeProm::start(answering(vec![])).await;
+    let out = signals(&args(&fake.url(), "model-decode"), 100.0, 160.0).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    for r in &out.roles {
+        assert_eq!(r.waiting_requests_p50, 0.0);
+        assert_eq!(r.ttft_p99_seconds, 0.0);
+        assert_eq!(r.kv_cache_usage_max, 0.0);
+        assert_eq!(r.preemptions, 0.0);
+        assert!(r.extra.iter().all(|(_, v)| *v == 0.0));
+        assert_eq!(r.extra.len(), 6);
+    }
+    // Each name of each family was tried, in order.
+    let got: Vec<String> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.query().contains("vllm-decode") && r.query().starts_with("max("))
+        .map(|r| r.query().to_string())
+        .collect();
+    assert_eq!(
+        got,
+        [
+            format!("max(vllm:kv_cache_usage_perc{DECODE})"),
+            format!("max(vllm:gpu_cache_usage_perc{DECODE})"),
+            format!("max(vllm_kv_cache_usage_perc{DECODE})"),
+            format!("max(vllm_gpu_cache_usage_perc{DECODE})"),
+        ]
+    );
+    // 10 signals, 28 names in all, per role.
+    assert_eq!(fake.requests().len(), 56);
+}
+
+#[tokio::test]
+async fn fallback_name_with_data_is_used() {
+    let fake = FakeProm::start(|req: &Req| {
+        let body = if req.query()
+            == r#"sum(vllm_num_requests_waiting{job="vllm-aggregate",pod=~"m.*"})"# {
+            matrix(&[(1.0, "7")])
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    })
+    .await;
+    let out = signals(&args(&fake.url(), "m"), 0.0, 60.0).await;
+    assert_eq!(out.roles.len(), 1);
+    assert_eq!(out.roles[0].role, "aggregate");
+    assert_eq!(out.roles[0].waiting_requests_p50, 7.0);
+}
+
+#[tokio::test]
+async fn short_stage_uses_whole_stage_and_ms_ranges() {
+    let fake = FakeProm::start(answering(vec![])).await;
+    let _ = signals(&args(&fake.url(), "m"), 10.0, 16.5).await;
+    let reqs = fake.requests();
+    let r = reqs
+        .iter()
+        .find(|r| r.query().starts_with("sum(vllm:num_requests_waiting"))
+        .unwrap();
+    assert_eq!(
+        (r.num("start"), r.num("end"), r.num("step")),
+        (10.0, 16.5, 0.2)
+    );
+    assert!(
+        reqs.iter()
+            .any(|r| r.query().contains("[6500ms]") && r.num("time") == 16.5),
+        "{reqs:#?}"
+    );
+}
+
+#[tokio::test]
+async fn custom_selector_and_auth_headers_are_sent() {
+    let fake = FakeProm::start(answering(vec![])).await;
+    let mut a = args(&fake.url(), "m-decode");
+    a.selectors = vec![r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#.into()];
+    a.prometheus_bearer_token = Some("s3cret".into());
+    a.prometheus_headers = vec!["X-Scope-OrgID: team-a".into()];
+    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    assert_eq!(source.roles(), ["prefill", "decode"]);
+    let described = source.describe();
+    assert!(
+        described.contains(r#"decode {namespace="ns",pod=~"isvc-predictor-.*"}"#),
+        "{described}"
+    );
+    let _ = source.stage_signals(100.0, 160.0).await;
+    let reqs = fake.requests();
+    assert!(reqs.iter().any(|r| r.query()
+        == r#"sum(vllm:num_requests_waiting{namespace="ns",pod=~"isvc-predictor-.*"})"#));
+    assert!(
+        reqs.iter()
+            .all(|r| r.headers["authorization"] == "Bearer s3cret"
+                && r.headers["x-scope-orgid"] == "team-a")
+    );
+}
+
+#[tokio::test]
+async fn settle_waits_until_the_stage_end_is_ingested() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    let fake = FakeProm::start(move |req: &Req| {
+        if req.query().starts_with("max(timestamp(") {
+            // The latest sample reaches the stage end (160) on the third poll.
+            let n = c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let t = if n < 2 { "158" } else { "161" };
+            return Answer::json(200, vector(1.0, t));
+        }
+        Answer::json(200, empty(req))
+    })
+    .await;
+    let mut a = args(&fake.url(), "m");
+    a.settle_wait = Duration::from_secs(20);
+    let out = signals(&a, 100.0, 160.0).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let q = fake.requests()[0].query().to_string();
+    assert_eq!(
+        q,
+        r#"max(timestamp({__name__=~"vllm:num_requests_waiting|vllm_num_requests_waiting",job="vllm-aggregate",pod=~"m.*"}))"#
+    );
+
+    // Never ingested: bounded wait, then an error naming the role.
+    let fake = FakeProm::start(|req: &Req| {
+        if req.query().starts_with("max(timestamp(") {
+            return Answer::json(200, vector(1.0, "150"));
+        }
+        Answer::json(200, empty(req))
+    })
+    .await;
+    a.prometheus_url = Some(fake.url());
+    a.settle_wait = Duration::from_millis(600);
+    let out = signals(&a, 100.0, 160.0).await;
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert!(
+        out.errors[0].starts_with("aggregate: settle:"),
+        "{:?}",
+        out.errors
+    );
+}
+
+/// Runs one stage against a fake that answers every query with `answer`,
+/// and checks the fail-open contract: zero signals, errors naming the role
+/// and the signal, each containing `expect`.
+async fn fault(answer: impl Fn() -> Answer + Send + Sync + 'static, expect: &str) -> Vec<String> {
+    let fake = FakeProm::start(move |_req: &Req| answer()).await;
+    let mut a = args(&fake.url(), "m");
+    a.prometheus_timeout = Duration::from_millis(300);
+    fault_with(&a, expect).await
+}
+
+async fn fault_with(a: &SignalArgs, expect: &str) -> Vec<String> {
+    let out = signals(a, 100.0, 160.0).await;
+    assert_eq!(out.roles.len(), 1);
+    let r = &out.roles[0];
+    assert_eq!(
+        (
+            r.waiting_requests_p50,
+            r.ttft_p99_seconds,
+            r.kv_cache_usage_max,
+            r.preemptions
+        ),
+        (0.0, 0.0, 0.0, 0.0)
+    );
+    assert!(r.extra.iter().all(|(_, v)| *v == 0.0), "{:?}", r.extra);
+    assert!(!out.errors.is_empty());
+    eprintln!("sample error: {}", out.errors[0]);
+    for e in &out.errors {
+        assert!(e.starts_with("aggregate: "), "{e}");
+        assert!(e.contains(expect), "expected {expect:?} in {e}");
+        assert!(e.len() < 700, "unbounded error: {e}");
+    }
+    out.errors
+}
+
+#[tokio::test]
+async fn fault_http_500() {
+    let errors = fault(
+        || Answer::Now {
+            status: 500,
+            content_type: "text/plain",
+            body: "internal server error".into(),
+        },
+        "prometheus: HTTP 500 with a non-API body: internal server error",
+    )
+    .await;
+    assert_eq!(errors.len(), 10); // one per signal, naming it
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("aggregate: waiting_requests_p50: "))
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("aggregate: preemptions: "))
+    );
+}
+
+#[tokio::test]
+async fn fault_400_error_envelope() {
+    fault(
+        || {
+            Answer::json(
+                400,
+                r#"{"status":"error","errorType":"bad_data","error":"parse error at 1:5: unexpected character"}"#,
+            )
+        },
+        "prometheus: bad_data: parse error at 1:5: unexpected character (HTTP 400)",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn fault_503_timeout_envelope() {
+    fault(
+        || {
+            Answer::json(
+                503,
+                r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#,
+            )
+        },
+        "prometheus: timeout: query timed out in expression evaluation (HTTP 503)",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn fault_malformed_json() {
+    fault(
+        || {
+            Answer::json(
+                200,
+                r#"{"status":"success","data":{"resultType":"matrix","result":[{"#,
+            )
+        },
+        "prometheus: malformed response",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn fault_html_502_is_excerpted() {
+    let page = format!(
+        "<html><head><title>502 Bad Gateway</title></head><body>{}</body></html>",
+        "nginx ".repeat(2000)
+    );
+    let errors = fault(
+        move || Answer::Now {
+            status: 502,
+            content_type: "text/html",
+            body: page.clone(),
+        },
+        "prometheus: HTTP 502 with a non-API body: <html><head><title>502 Bad Gateway</title>",
+    )
+    .await;
+    assert!(errors[0].contains("..."), "{}", errors[0]);
+}
+
+#[tokio::test]
+async fn fault_hang_past_timeout() {
+    let started = std::time::Instant::now();
+    fault(|| Answer::Hang, "prometheus: no answer within 300ms").await;
+    // 10 queries, 4 in parallel, 300 ms each: well under the 1 h hang.
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[tokio::test]
+async fn fault_connection_refused() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let a = args(&format!("http://127.0.0.1:{port}"), "m");
+    let errors = fault_with(&a, &format!("request to http://127.0.0.1:{port}/api/v1/")).await;
+    assert!(
+        errors[0].to_lowercase().contains("connect"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[tokio::test]
+async fn fault_nan_and_inf_values() {
+    for (v, text) in [
+        ("NaN", "non-finite value NaN"),
+        ("+Inf", "non-finite value +Inf"),
+    ] {
+        let fake = FakeProm::start(move |req: &Req| {
+            let body = if req.path.ends_with("query_range") {
+                matrix(&[(112.0, v), (157.0, v)])
+            } else {
+                vector(157.0, v)
+            };
+            Answer::json(200, body)
+        })
+        .await;
+        let a = args(&fake.url(), "m");
+        let out = signals(&a, 100.0, 160.0).await;
+        let r = &out.roles[0];
+        assert_eq!(r.waiting_requests_p50, 0.0);
+        assert_eq!(r.ttft_p99_seconds, 0.0);
+        assert_eq!(r.kv_cache_usage_max, 0.0);
+        assert_eq!(r.preemptions, 0.0);
+        assert!(r.extra.iter().all(|(_, v)| *v == 0.0));
+        // histogram_quantile's NaN means "no observations" (idle), not an
+        // error; every other non-finite value is one.
+        let expected = if v == "NaN" { 6 } else { 10 };
+        assert_eq!(out.errors.len(), expected, "{:?}", out.errors);
+        assert!(
+            out.errors.iter().all(|e| e.contains(text)),
+            "{:?}",
+            out.errors
+        );
+    }
+}
+
+#[tokio::test]
+async fn configuration_errors_are_typed() {
+    let mut a = args("http://127.0.0.1:1", "m");
+    a.scrape = vec!["127.0.0.1:2".into()];
+    assert!(SignalSource::from_args(&a).await.is_err());
+    let a = SignalArgs {
+        prometheus_url: Some("http://127.0.0.1:1".into()),
+        ..Default::default()
+    };
+    let e = SignalSource::from_args(&a).await.unwrap_err().to_string();
+    assert!(e.contains("--deploy-name"), "{e}");
+    let a = SignalArgs::default();
+    assert!(SignalSource::from_args(&a).await.unwrap().is_none());
+    let mut a = args("not a url", "m");
+    assert!(SignalSource::from_args(&a).await.is_err());
+    a.prometheus_url = Some("http://127.0.0.1:1".into());
+    a.prometheus_headers = vec!["bad header".into()];
+    assert!(SignalSource::from_args(&a).await.is_err());
+}
