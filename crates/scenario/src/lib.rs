@@ -1,1 +1,82 @@
-//! Starlark scenario files to the scenario IR, with validation and bounded evaluation
+//! Scenario files to the scenario IR ([`nyann_model::Scenario`]), with
+//! validation and bounded evaluation.
+//!
+//! A scenario is either a Starlark program (`.star`) that calls the builtins
+//! `workload`, `stage`, `barrier`, `until_congested` and `scenario`, or the IR
+//! itself as JSON (`.json`, strict: unknown fields are errors). Both go
+//! through the same validation rules, so downstream code can trust any
+//! `Scenario` this crate returns. Durations in the IR are seconds (`f64`).
+
+mod builtins;
+mod compile;
+mod duration;
+mod error;
+mod shape;
+mod validate;
+mod values;
+
+use std::path::Path;
+
+pub use nyann_model::Scenario;
+
+pub use crate::builtins::{MAX_RANGE_LEN, MAX_SEQUENCE_LEN};
+pub use crate::compile::{MAX_EVAL_TIME, MAX_NESTING, MAX_SOURCE_BYTES, MAX_STEPS_EVALUATED};
+pub use crate::error::{Diagnostic, ScenarioError};
+pub use crate::validate::MAX_STEPS;
+
+/// Loads a scenario file: `.star` is evaluated, `.json` is parsed as the IR
+/// and validated with the same rules. Any other extension is an error.
+pub fn load_file(path: &Path) -> Result<Scenario, ScenarioError> {
+    let name = path.display().to_string();
+    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !matches!(extension, "star" | "json") {
+        return Err(ScenarioError::UnsupportedExtension { path: name });
+    }
+    let read_error = |source| ScenarioError::Read {
+        path: name.clone(),
+        source,
+    };
+    // Check the size before reading so a huge file is never loaded whole.
+    let size = std::fs::metadata(path).map_err(read_error)?.len();
+    if size > MAX_SOURCE_BYTES as u64 {
+        return Err(ScenarioError::Invalid(vec![Diagnostic {
+            file: name,
+            line: None,
+            column: None,
+            message: format!(
+                "the scenario file is {size} bytes; the limit is {MAX_SOURCE_BYTES} bytes"
+            ),
+        }]));
+    }
+    let source = std::fs::read_to_string(path).map_err(read_error)?;
+    if extension == "json" {
+        parse_ir(&name, &source)
+    } else {
+        compile_str(&name, &source)
+    }
+}
+
+/// Compiles Starlark `source` (named `file_name` in error messages and in the
+/// IR's source locations) to a validated scenario.
+pub fn compile_str(file_name: &str, source: &str) -> Result<Scenario, ScenarioError> {
+    compile::compile(file_name, source)
+}
+
+/// Parses the IR as JSON (strict) and validates it. `file_name` names the
+/// source in error messages.
+pub fn parse_ir(file_name: &str, json: &str) -> Result<Scenario, ScenarioError> {
+    let scenario: Scenario = serde_json::from_str(json).map_err(|e| {
+        ScenarioError::Invalid(vec![Diagnostic {
+            file: file_name.to_owned(),
+            line: u32::try_from(e.line()).ok().filter(|&l| l > 0),
+            column: u32::try_from(e.column()).ok().filter(|&c| c > 0),
+            message: format!("invalid scenario IR: {e}"),
+        }])
+    })?;
+    let problems = validate::ir_diagnostics(file_name, &scenario);
+    if problems.is_empty() {
+        Ok(scenario)
+    } else {
+        Err(ScenarioError::Invalid(problems))
+    }
+}
