@@ -1,0 +1,226 @@
+//! Both sources over the same stages against a real Prometheus (Debian
+//! package, via nyann-testkit) scraping scripted vLLM-like exporters every
+//! second: aggregate (two pods) and disaggregated (prefill + decode). They
+//! must agree (waiting p50 and KV max within a small tolerance, TTFT p99 in
+//! the same bucket), and both must see congestion when the servers are
+//! overloaded and none when idle. Fails, never skips, without `prometheus`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{Engine, Exporter, TTFT_BOUNDS, now};
+use nyann_model::RoleSignals;
+use nyann_signals::{SignalArgs, SignalSource, StageSignals};
+use nyann_testkit::{PrometheusServer, ScrapeJob};
+
+/// What a scripted engine does each 50 ms tick in each phase.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Aggregate,
+    Prefill,
+    Decode,
+}
+
+fn tick(e: &mut Engine, kind: Kind, overloaded: bool, n: u64) {
+    if !overloaded {
+        e.waiting = 0.0;
+        e.running = 1.0;
+        e.kv = 0.1;
+        if n % 2 == 0 {
+            e.observe_ttft(0.05);
+        }
+        e.generation_tokens += 5.0;
+        return;
+    }
+    let queueing = kind != Kind::Decode;
+    let kv_pressure = kind != Kind::Prefill;
+    e.waiting = if queueing { 40.0 } else { 0.0 };
+    e.running = 16.0;
+    e.kv = if kv_pressure { 0.99 } else { 0.5 };
+    e.observe_ttft(if queueing { 3.0 } else { 0.3 });
+    if kv_pressure && n % 4 == 0 {
+        e.preemptions += 1.0;
+    }
+    e.generation_tokens += 50.0;
+}
+
+/// Drives every exporter according to the shared phase flag (bounded).
+fn drive(exporters: Vec<(Arc<Exporter>, Kind)>, overloaded: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        for n in 0..4000u64 {
+            let o = overloaded.load(Ordering::SeqCst);
+            for (x, kind) in &exporters {
+                x.update(|e| tick(e, *kind, o, n));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+fn bucket_of(v: f64) -> usize {
+    TTFT_BOUNDS
+        .iter()
+        .position(|b| v <= *b)
+        .unwrap_or(TTFT_BOUNDS.len())
+}
+
+/// SEED.md's rule with the balanced example's thresholds.
+fn congested(roles: &[RoleSignals]) -> bool {
+    let waiting = roles.iter().any(|r| r.waiting_requests_p50 >= 32.0);
+    let ttft = roles.iter().any(|r| r.ttft_p99_seconds >= 2.0);
+    let kv = roles
+        .iter()
+        .any(|r| r.kv_cache_usage_max >= 0.95 && r.preemptions >= 1.0);
+    (waiting && ttft) || kv
+}
+
+fn agree(label: &str, prom: &StageSignals, scrape: &StageSignals) {
+    assert!(
+        prom.errors.is_empty(),
+        "{label} prometheus: {:?}",
+        prom.errors
+    );
+    assert!(
+        scrape.errors.is_empty(),
+        "{label} scrape: {:?}",
+        scrape.errors
+    );
+    assert_eq!(prom.roles.len(), scrape.roles.len());
+    for (p, s) in prom.roles.iter().zip(&scrape.roles) {
+        eprintln!("{label} prometheus: {p:?}\n{label} scrape:     {s:?}");
+        assert_eq!(p.role, s.role);
+        assert!(
+            (p.waiting_requests_p50 - s.waiting_requests_p50).abs() <= 0.5,
+            "{label} {} waiting: {} vs {}",
+            p.role,
+            p.waiting_requests_p50,
+            s.waiting_requests_p50
+        );
+        assert!(
+            (p.kv_cache_usage_max - s.kv_cache_usage_max).abs() <= 0.01,
+            "{label} {} kv: {} vs {}",
+            p.role,
+            p.kv_cache_usage_max,
+            s.kv_cache_usage_max
+        );
+        assert_eq!(
+            bucket_of(p.ttft_p99_seconds),
+            bucket_of(s.ttft_p99_seconds),
+            "{label} {} ttft p99: {} vs {}",
+            p.role,
+            p.ttft_p99_seconds,
+            s.ttft_p99_seconds
+        );
+        // Prometheus extrapolates increase() to the window edges; the
+        // scrape source does not: same order of magnitude.
+        if s.preemptions > 0.0 || p.preemptions > 0.0 {
+            let ratio = p.preemptions / s.preemptions;
+            assert!(
+                (0.5..=2.0).contains(&ratio),
+                "{label} {} preemptions: {} vs {}",
+                p.role,
+                p.preemptions,
+                s.preemptions
+            );
+        }
+    }
+}
+
+async fn source(args: SignalArgs) -> SignalSource {
+    let s = SignalSource::from_args(&args).await.unwrap().unwrap();
+    s.start();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_and_scrape_sources_agree_idle_and_overloaded() {
+    let mk = || async { Arc::new(Exporter::start(Engine::new()).await) };
+    let (agg0, agg1, pre, dec) = (mk().await, mk().await, mk().await, mk().await);
+    let overloaded = Arc::new(AtomicBool::new(false));
+    drive(
+        vec![
+            (agg0.clone(), Kind::Aggregate),
+            (agg1.clone(), Kind::Aggregate),
+            (pre.clone(), Kind::Prefill),
+            (dec.clone(), Kind::Decode),
+        ],
+        overloaded.clone(),
+    );
+    let prom = PrometheusServer::start(&[
+        ScrapeJob::new("vllm-aggregate")
+            .target(agg0.addr, &[("pod", "agg-0")])
+            .target(agg1.addr, &[("pod", "agg-1")]),
+        ScrapeJob::new("vllm-prefill").target(pre.addr, &[("pod", "m-prefill-0")]),
+        ScrapeJob::new("vllm-decode").target(dec.addr, &[("pod", "m-decode-0")]),
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let prom_args = |deploy: &str| SignalArgs {
+        prometheus_url: Some(prom.url()),
+        deploy_name: Some(deploy.to_string()),
+        ..Default::default()
+    };
+    let scrape_args = |urls: Vec<String>| SignalArgs {
+        scrape: urls,
+        ..Default::default()
+    };
+    let sources = [
+        (
+            "aggregate",
+            source(prom_args("agg")).await,
+            source(scrape_args(vec![agg0.url(), agg1.url()])).await,
+        ),
+        (
+            "disaggregated",
+            source(prom_args("m-decode")).await,
+            source(scrape_args(vec![
+                format!("prefill={}", pre.url()),
+                format!("decode={}", dec.url()),
+            ]))
+            .await,
+        ),
+    ];
+
+    for phase_overloaded in [false, true] {
+        overloaded.store(phase_overloaded, Ordering::SeqCst);
+        // Let the phase reach both the exporters and a Prometheus scrape.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let start = now();
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let end = now();
+        for (mode, p, s) in &sources {
+            let label = format!(
+                "{mode} {}",
+                if phase_overloaded {
+                    "overloaded"
+                } else {
+                    "idle"
+                }
+            );
+            let ps = p.stage_signals(start, end).await;
+            let ss = s.stage_signals(start, end).await;
+            agree(&label, &ps, &ss);
+            assert_eq!(congested(&ps.roles), phase_overloaded, "{label} prometheus");
+            assert_eq!(congested(&ss.roles), phase_overloaded, "{label} scrape");
+            if phase_overloaded && *mode == "aggregate" {
+                // Two pods of 40 waiting each.
+                assert_eq!(ps.roles[0].waiting_requests_p50, 80.0);
+                assert_eq!(ss.roles[0].waiting_requests_p50, 80.0);
+                assert_eq!(ps.roles[0].kv_cache_usage_max, 0.99);
+            }
+            if phase_overloaded && *mode == "disaggregated" {
+                assert_eq!(ps.roles[0].role, "prefill");
+                assert_eq!(ps.roles[0].waiting_requests_p50, 40.0);
+                assert_eq!(ps.roles[1].kv_cache_usage_max, 0.99);
+                assert!(ps.roles[1].preemptions >= 1.0);
+                assert!(ss.roles[1].preemptions >= 1.0);
+            }
+        }
+    }
+    drop(prom);
+}
