@@ -30,7 +30,7 @@ fn tick(e: &mut Engine, kind: Kind, overloaded: bool, n: u64) {
         e.waiting = 0.0;
         e.running = 1.0;
         e.kv = 0.1;
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             e.observe_ttft(0.05);
         }
         e.generation_tokens += 5.0;
@@ -42,7 +42,7 @@ fn tick(e: &mut Engine, kind: Kind, overloaded: bool, n: u64) {
     e.running = 16.0;
     e.kv = if kv_pressure { 0.99 } else { 0.5 };
     e.observe_ttft(if queueing { 3.0 } else { 0.3 });
-    if kv_pressure && n % 4 == 0 {
+    if kv_pressure && n.is_multiple_of(4) {
         e.preemptions += 1.0;
     }
     e.generation_tokens += 50.0;
