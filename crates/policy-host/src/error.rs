@@ -1,0 +1,201 @@
+//! The host's error type: what went wrong, with which policy, where.
+//!
+//! Messages follow one shape so that a user can act on them:
+//! `policy <name>: <what happened> at stage <n>` for failed calls, and
+//! `<file:line:col>: until_congested(...): <what>` for parameters.
+
+use std::fmt;
+use std::time::Duration;
+
+use nyann_model::scenario::SourceLocation;
+
+/// Anything the policy host reports.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The component could not be loaded (not a component, wrong interface
+    /// version, disallowed import, bad `describe`, ...).
+    #[error("cannot load policy {origin}: {message}")]
+    Load {
+        /// `builtin` or the file path.
+        origin: String,
+        message: String,
+    },
+
+    /// The parameters of an `until_congested(...)` call are wrong (checked
+    /// against `describe`, or refused by `validate`).
+    #[error("{}until_congested(...): {message} (policy {policy})", at_location(.location))]
+    Params {
+        policy: String,
+        location: Option<SourceLocation>,
+        message: String,
+    },
+
+    /// A call into the policy failed; the sweep decides whether to go on
+    /// (fail-open) or stop.
+    #[error("policy {policy}: {failure}{}", at_stage(*.stage))]
+    Call {
+        policy: String,
+        /// `describe`, `validate` or `judge`.
+        function: &'static str,
+        /// The judged stage's index, for `judge`.
+        stage: Option<u32>,
+        failure: CallFailure,
+    },
+
+    /// The host itself could not be set up (engine, cache directory).
+    #[error("policy host: {0}")]
+    Host(String),
+}
+
+fn at_location(location: &Option<SourceLocation>) -> String {
+    location.as_ref().map(|l| format!("{l}: ")).unwrap_or_default()
+}
+
+fn at_stage(stage: Option<u32>) -> String {
+    stage.map(|s| format!(" at stage {s}")).unwrap_or_default()
+}
+
+impl PolicyError {
+    /// The failure of a call, if this is one.
+    pub fn failure(&self) -> Option<&CallFailure> {
+        match self {
+            PolicyError::Call { failure, .. } => Some(failure),
+            _ => None,
+        }
+    }
+}
+
+/// How a call into a policy failed.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum CallFailure {
+    /// The guest trapped (a Rust panic is `unreachable` after printing its
+    /// message to stderr, which is included).
+    Crashed { trap: String, stderr: String },
+    /// The call ran past its time limit and was interrupted.
+    Deadline(Duration),
+    /// The guest tried to grow its memory past the cap (bytes).
+    MemoryCap(usize),
+    /// The result or the log exceeded the host's bounds.
+    OversizedOutput(String),
+    /// The policy returned `err(message)`.
+    Rejected(String),
+    /// Something else failed inside wasmtime.
+    Internal(String),
+}
+
+impl CallFailure {
+    /// A stable one-word kind for records: `crashed`, `deadline`, `memory`,
+    /// `output`, `rejected`, `internal`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallFailure::Crashed { .. } => "crashed",
+            CallFailure::Deadline(_) => "deadline",
+            CallFailure::MemoryCap(_) => "memory",
+            CallFailure::OversizedOutput(_) => "output",
+            CallFailure::Rejected(_) => "rejected",
+            CallFailure::Internal(_) => "internal",
+        }
+    }
+}
+
+impl fmt::Display for CallFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallFailure::Crashed { trap, stderr } => {
+                let stderr = one_line(stderr);
+                if let Some(pos) = stderr.find("panicked at") {
+                    write!(f, "panicked ({})", &stderr[pos..])
+                } else if stderr.is_empty() {
+                    write!(f, "crashed ({trap})")
+                } else {
+                    write!(f, "crashed ({trap}; stderr: {stderr})")
+                }
+            }
+            CallFailure::Deadline(limit) => {
+                write!(f, "ran past its {} ms time limit and was stopped", limit.as_millis())
+            }
+            CallFailure::MemoryCap(cap) => {
+                write!(f, "hit its memory cap of {} and was stopped", human_bytes(*cap))
+            }
+            CallFailure::OversizedOutput(what) => write!(f, "returned an oversized output ({what})"),
+            CallFailure::Rejected(msg) => write!(f, "returned an error: {msg}"),
+            CallFailure::Internal(msg) => write!(f, "failed in the host: {msg}"),
+        }
+    }
+}
+
+/// Collapse stderr to one bounded line for a message.
+fn one_line(text: &str) -> String {
+    const MAX: usize = 1000;
+    let joined = text.split('\n').map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" | ");
+    truncate(&joined, MAX)
+}
+
+/// At most `max` bytes of `text` (on a char boundary), with an ellipsis.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+/// `64 MiB`, `512 KiB`, `100 bytes`.
+pub(crate) fn human_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_errors_name_policy_and_stage() {
+        let e = PolicyError::Call {
+            policy: "slow".into(),
+            function: "judge",
+            stage: Some(3),
+            failure: CallFailure::Deadline(Duration::from_millis(100)),
+        };
+        assert_eq!(e.to_string(), "policy slow: ran past its 100 ms time limit and was stopped at stage 3");
+        let e = PolicyError::Call {
+            policy: "p".into(),
+            function: "judge",
+            stage: Some(1),
+            failure: CallFailure::Crashed {
+                trap: "wasm trap: unreachable".into(),
+                stderr: "\nthread '<unnamed>' panicked at src/lib.rs:3:5:\nboom\n".into(),
+            },
+        };
+        assert_eq!(e.to_string(), "policy p: panicked (panicked at src/lib.rs:3:5: | boom) at stage 1");
+    }
+
+    #[test]
+    fn params_errors_point_at_the_scenario() {
+        let e = PolicyError::Params {
+            policy: "builtin".into(),
+            location: Some(SourceLocation { file: "s.star".into(), line: 3, column: 9 }),
+            message: "unknown parameter `foo`".into(),
+        };
+        assert_eq!(e.to_string(), "s.star:3:9: until_congested(...): unknown parameter `foo` (policy builtin)");
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(64 << 20), "64 MiB");
+        assert_eq!(human_bytes(1024), "1 KiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
+        assert_eq!(truncate("héllo", 2), "h...");
+    }
+}
