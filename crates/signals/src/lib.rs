@@ -262,3 +262,22 @@ pub(crate) fn excerpt(body: &str) -> String {
         None => one_line,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn source_can_be_shared_across_tasks() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::SignalSource>();
+        send_sync::<super::StageSignals>();
+    }
+
+    #[test]
+    fn excerpt_is_bounded_and_single_line() {
+        assert_eq!(super::excerpt(""), "(empty body)");
+        assert_eq!(super::excerpt("a\n  b"), "a b");
+        let long = "é".repeat(500);
+        let e = super::excerpt(&long);
+        assert_eq!(e.chars().count(), 203);
+    }
+}

@@ -182,6 +182,10 @@ impl PromClient {
 
     async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<Vec<Series>, QueryError> {
         let url = format!("{}{path}", self.base);
+        // Let Prometheus give up too, rather than keep evaluating for nobody.
+        let mut params = params.to_vec();
+        params.push(("timeout", format_time(self.timeout.as_secs_f64())));
+        let params = &params;
         let fut = async {
             let mut resp = self
                 .http

@@ -271,6 +271,8 @@ async fn custom_selector_and_auth_headers_are_sent() {
     let reqs = fake.requests();
     assert!(reqs.iter().any(|r| r.query()
         == r#"sum(vllm:num_requests_waiting{namespace="ns",pod=~"isvc-predictor-.*"})"#));
+    // Prometheus is told the per-query timeout too (default 10 s).
+    assert!(reqs.iter().all(|r| r.params["timeout"] == "10.000"));
     assert!(
         reqs.iter()
             .all(|r| r.headers["authorization"] == "Bearer s3cret"
