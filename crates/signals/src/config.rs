@@ -516,6 +516,44 @@ mod tests {
         assert!(parse_scrape("ftp://x/").is_err());
     }
 
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        signals: SignalArgs,
+    }
+
+    #[test]
+    fn flags_parse_and_help_mentions_regexes() {
+        use clap::{CommandFactory, Parser};
+        let cli = Cli::try_parse_from([
+            "x",
+            "--prometheus-url",
+            "http://127.0.0.1:9090",
+            "--deploy-name",
+            "m-decode",
+            "--selector",
+            r#"decode={job="a"}"#,
+            "--selector",
+            r#"prefill={job="b"}"#,
+            "--scrape-interval",
+            "500ms",
+            "--prometheus-timeout",
+            "1m30s",
+            "--metric",
+            "kv_cache_usage=x",
+        ])
+        .unwrap();
+        let a = cli.signals;
+        assert_eq!(a.selectors.len(), 2);
+        assert_eq!(a.scrape_interval, Duration::from_millis(500));
+        assert_eq!(a.prometheus_timeout, Duration::from_secs(90));
+        assert_eq!(a.settle_wait, SignalArgs::default().settle_wait);
+        assert_eq!(a.scrape_timeout, SignalArgs::default().scrape_timeout);
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("regexes"), "{help}");
+        assert!(Cli::try_parse_from(["x", "--settle", "soon"]).is_err());
+    }
+
     #[test]
     fn headers() {
         assert_eq!(

@@ -138,6 +138,11 @@ impl SignalSource {
                 }))
             }
             (None, false) => {
+                if args.deploy_name.is_some() || !args.selectors.is_empty() {
+                    tracing::warn!(
+                        "--deploy-name and --selector apply to --prometheus-url; with --scrape, roles come from ROLE=URL"
+                    );
+                }
                 for (flag, d) in [
                     ("scrape-interval", args.scrape_interval),
                     ("scrape-timeout", args.scrape_timeout),
