@@ -1,1 +1,261 @@
-//! A simulated vLLM engine: continuous batching, paged KV cache, preemption, OpenAI API and /metrics
+//! A simulated vLLM server whose congestion is real: continuous batching, a
+//! paged KV cache with preemption, a FIFO waiting queue, an OpenAI-compatible
+//! API and vLLM's `/metrics`. It is what `nyann-bench demo`, the tests and the
+//! benchmarks run against.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), nyann_sim::SimError> {
+//! let sim = nyann_sim::start(nyann_sim::SimArgs::for_tests()).await?;
+//! let base_url = format!("http://{}/v1", sim.endpoint());
+//! for (role, addr) in sim.metrics_endpoints() { println!("{role} http://{addr}/metrics"); }
+//! sim.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`engine`] (the deterministic scheduler, with its step-time
+//! formula), [`metrics`] (vLLM's exposition), [`backend`] (engines on the
+//! wall clock), `api` (HTTP), [`tokens`] (token counting), [`record`] (the
+//! per-request timing record), [`config`] (flags and profiles).
+
+mod api;
+pub mod backend;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+pub mod record;
+pub mod tokens;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::{Profile, SimArgs};
+pub use metrics::EngineMetrics;
+pub use record::{RequestLog, RequestRecord};
+
+use api::{App, Backend, Faults};
+use backend::{EngineHandle, FastBackend};
+use engine::Engine;
+
+/// How long [`RunningSim::shutdown`] lets open responses finish.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// The fast profile's context limit (it has no KV cache to bound it).
+const FAST_MAX_MODEL_LEN: u32 = 1 << 20;
+
+/// Why the simulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("invalid simulator settings: {0}")]
+    InvalidArgs(String),
+    #[error(
+        "cannot listen on {addr}: {source} (is the port in use? use port 0 for an ephemeral one)"
+    )]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A simulator serving in the background of the current tokio runtime.
+pub struct RunningSim {
+    endpoint: SocketAddr,
+    metrics: Vec<(String, SocketAddr)>,
+    log: RequestLog,
+    app: Arc<App>,
+    stop: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    engines: Vec<(EngineHandle, JoinHandle<()>)>,
+}
+
+impl RunningSim {
+    /// Address of the OpenAI API (base URL `http://ADDR/v1`).
+    pub fn endpoint(&self) -> SocketAddr {
+        self.endpoint
+    }
+
+    /// `http://ADDR/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.endpoint)
+    }
+
+    /// Role and address of each `/metrics`: `("aggregate", endpoint)`, or
+    /// `("prefill", ..)` and `("decode", ..)` in disaggregated mode.
+    pub fn metrics_endpoints(&self) -> Vec<(String, SocketAddr)> {
+        self.metrics.clone()
+    }
+
+    /// The per-request timing record (shared, live).
+    pub fn request_log(&self) -> RequestLog {
+        self.log.clone()
+    }
+
+    /// A copy of the timing record, oldest first.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.log.snapshot(None)
+    }
+
+    /// A copy of each engine's metric values, by role.
+    pub fn engine_metrics(&self) -> Vec<(String, EngineMetrics)> {
+        match &self.app.backend {
+            Backend::Aggregate(e) => vec![("aggregate".into(), e.metrics())],
+            Backend::Disaggregated { prefill, decode } => {
+                vec![
+                    ("prefill".into(), prefill.metrics()),
+                    ("decode".into(), decode.metrics()),
+                ]
+            }
+            Backend::Fast(f) => vec![("aggregate".into(), f.metrics_snapshot())],
+        }
+    }
+
+    /// Stop accepting connections, give open responses up to 2 s, then stop everything.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for mut server in self.servers {
+            if tokio::time::timeout(GRACE, &mut server).await.is_err() {
+                server.abort();
+                let _ = server.await;
+            }
+        }
+        for (handle, task) in self.engines {
+            handle.stop();
+            let _ = tokio::time::timeout(GRACE, task).await;
+        }
+    }
+}
+
+async fn bind(host: &str, port: u16) -> Result<TcpListener, SimError> {
+    TcpListener::bind((host, port))
+        .await
+        .map_err(|source| SimError::Bind {
+            addr: format!("{host}:{port}"),
+            source,
+        })
+}
+
+fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    stop: &watch::Sender<bool>,
+) -> JoinHandle<()> {
+    let mut rx = stop.subscribe();
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::warn!("simulator server stopped: {e}");
+        }
+    })
+}
+
+fn local_addr(l: &TcpListener, host: &str) -> Result<SocketAddr, SimError> {
+    l.local_addr().map_err(|source| SimError::Bind {
+        addr: host.to_string(),
+        source,
+    })
+}
+
+/// Start the simulator: bind every listener, spawn the engines and servers.
+pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
+    args.validate().map_err(SimError::InvalidArgs)?;
+    let (stop, _) = watch::channel(false);
+    let listener = bind(&args.host, args.port).await?;
+    let endpoint = local_addr(&listener, &args.host)?;
+
+    let mut engines = Vec::new();
+    let mut metrics = Vec::new();
+    let mut extra = Vec::new();
+    let new_engine = |role_seed: u64| {
+        let cfg = args.engine_config(role_seed);
+        let m = EngineMetrics::new(&args.model, "0", cfg.max_model_len())
+            .with_cache_config(cfg.kv_blocks, cfg.block_size);
+        Engine::new(cfg, m)
+    };
+    let (backend, max_model_len) = match (args.profile, args.disaggregated) {
+        (Profile::Fast, _) => {
+            let (ttft, per_token) = args.fast_timings();
+            let m = EngineMetrics::new(&args.model, "0", FAST_MAX_MODEL_LEN);
+            metrics.push(("aggregate".to_string(), endpoint));
+            (
+                Backend::Fast(Arc::new(FastBackend::new(ttft, per_token, m))),
+                FAST_MAX_MODEL_LEN,
+            )
+        }
+        (Profile::Default, false) => {
+            let engine = new_engine(0);
+            let len = engine.config().max_model_len();
+            let (h, task) = EngineHandle::spawn(engine, args.max_waiting);
+            engines.push((h.clone(), task));
+            metrics.push(("aggregate".to_string(), endpoint));
+            (Backend::Aggregate(h), len)
+        }
+        (Profile::Default, true) => {
+            let prefill = new_engine(1);
+            let len = prefill.config().max_model_len();
+            let (p, pt) = EngineHandle::spawn(prefill, args.max_waiting);
+            let (d, dt) = EngineHandle::spawn(new_engine(2), None);
+            engines.push((p.clone(), pt));
+            engines.push((d.clone(), dt));
+            for (role, port, h) in [
+                ("prefill", args.prefill_metrics_port, &p),
+                ("decode", args.decode_metrics_port, &d),
+            ] {
+                let l = bind(&args.host, port).await?;
+                metrics.push((role.to_string(), local_addr(&l, &args.host)?));
+                extra.push((l, api::metrics_router(h.clone())));
+            }
+            (
+                Backend::Disaggregated {
+                    prefill: p,
+                    decode: d,
+                },
+                len,
+            )
+        }
+    };
+    let log = RequestLog::new(args.record_capacity);
+    let app = Arc::new(App {
+        model_json: serde_json::Value::String(args.model.clone()).to_string(),
+        model: args.model.clone(),
+        max_model_len,
+        default_max_tokens: args.resolved_default_max_tokens(),
+        seed: args.seed,
+        created: record::unix_now() as u64,
+        next: AtomicU64::new(0),
+        backend,
+        faults: Faults {
+            seed: args.seed,
+            error_rate: args.fault_error_rate,
+            cut_rate: args.fault_cut_rate,
+            cut_after: args.fault_cut_after,
+            stall_rate: args.fault_stall_rate,
+            stall: args.fault_stall,
+            reset_rate: args.fault_reset_rate,
+        },
+        log: log.clone(),
+    });
+    let mut servers = vec![serve(listener, api::router(app.clone()), &stop)];
+    for (l, r) in extra {
+        servers.push(serve(l, r, &stop));
+    }
+    Ok(RunningSim {
+        endpoint,
+        metrics,
+        log,
+        app,
+        stop,
+        servers,
+        engines,
+    })
+}
