@@ -48,25 +48,25 @@ pub struct SignalArgs {
     pub scrape: Vec<String>,
 
     /// How often --scrape samples each URL.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
     pub scrape_interval: Duration,
 
     /// Timeout of one --scrape request.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
     pub scrape_timeout: Duration,
 
     /// Fixed delay after a stage before its signals are computed (on top of
     /// --settle-wait).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
     pub settle: Duration,
 
     /// Longest wait after a stage for samples covering its end to be
     /// ingested (Prometheus) or scraped (--scrape). 0s disables the wait.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
     pub settle_wait: Duration,
 
     /// Timeout of one Prometheus query.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
     pub prometheus_timeout: Duration,
 
     /// Bearer token sent to Prometheus (Authorization header).

@@ -274,6 +274,46 @@ impl PrometheusServer {
         self.child.id()
     }
 
+    /// Runs an instant PromQL query now and returns the `data.result` array
+    /// (`None` on any HTTP or API error). For assertions in tests.
+    pub async fn query(&self, promql: &str) -> Option<Vec<serde_json::Value>> {
+        let url = format!("{}/api/v1/query", self.url());
+        let body = reqwest::Client::new()
+            .get(&url)
+            .query(&[("query", promql)])
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        if v["status"] != "success" {
+            return None;
+        }
+        v["data"]["result"].as_array().cloned()
+    }
+
+    /// Waits until `promql` returns at least one series (e.g. until a first
+    /// scrape of a metric is ingested), bounded by `timeout`.
+    pub async fn wait_for_series(
+        &self,
+        promql: &str,
+        timeout: Duration,
+    ) -> Result<(), TestkitError> {
+        wait_until(
+            &format!("`{promql}` to return a series"),
+            timeout,
+            || async {
+                self.query(promql)
+                    .await
+                    .filter(|r| !r.is_empty())
+                    .map(|_| ())
+            },
+        )
+        .await
+    }
+
     /// Prometheus' own log so far (for failure messages).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()

@@ -29,6 +29,12 @@ async fn scrapes_a_target_with_job_and_labels_then_dies_on_drop() {
     let pid = prom.pid();
     assert!(prom.url().starts_with("http://127.0.0.1:"));
 
+    prom.wait_for_series("vllm:num_requests_waiting", Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let result = prom.query("sum(vllm:num_requests_waiting)").await.unwrap();
+    assert_eq!(result[0]["value"][1], "7");
+
     let http = reqwest::Client::new();
     let url = format!(
         "{}/api/v1/query?query=vllm:num_requests_waiting{{job=%22vllm-aggregate%22,pod=%22model-0%22}}",
