@@ -34,8 +34,15 @@ fn run() -> Result<(), String> {
     // Shared by debug and release outer builds (the guest is always built
     // in release) and by the tests that build more guests.
     let guest_target = guest_target_dir(&out_dir);
-    println!("cargo::rustc-env=NYANN_POLICY_GUEST_TARGET_DIR={}", guest_target.display());
-    println!("cargo::rustc-env=NYANN_POLICY_WORKSPACE_ROOT={}", root.display());
+    println!(
+        "cargo::rustc-env=NYANN_POLICY_GUEST_TARGET_DIR={}",
+        guest_target.display()
+    );
+    println!(
+        "cargo::rustc-env=NYANN_POLICY_WORKSPACE_ROOT={}",
+        root.display()
+    );
+    println!("cargo::rustc-env=NYANN_POLICY_RUSTC={}", env("RUSTC")?);
 
     let artifact = match std::env::var_os("NYANN_POLICY_BUILTIN_WASM") {
         Some(path) => PathBuf::from(path),

@@ -18,7 +18,11 @@ use wasmtime::component::Component;
 /// Compile `bytes`, or load the compiled code from `dir` when present.
 /// Cache problems (unwritable directory, stale or corrupt entry) never fail
 /// the load: they fall back to compiling, logged at debug level.
-pub(crate) fn load_or_compile(engine: &Engine, dir: Option<&Path>, bytes: &[u8]) -> wasmtime::Result<Component> {
+pub(crate) fn load_or_compile(
+    engine: &Engine,
+    dir: Option<&Path>,
+    bytes: &[u8],
+) -> wasmtime::Result<Component> {
     let Some(dir) = dir else {
         return Component::from_binary(engine, bytes);
     };
@@ -26,12 +30,18 @@ pub(crate) fn load_or_compile(engine: &Engine, dir: Option<&Path>, bytes: &[u8])
     if path.is_file() {
         match deserialize(engine, &path) {
             Ok(component) => return Ok(component),
-            Err(err) => tracing::debug!("ignoring policy code cache entry {}: {err:#}", path.display()),
+            Err(err) => tracing::debug!(
+                "ignoring policy code cache entry {}: {err:#}",
+                path.display()
+            ),
         }
     }
     let component = Component::from_binary(engine, bytes)?;
     if let Err(err) = store(&component, dir, &path) {
-        tracing::debug!("cannot write policy code cache entry {}: {err}", path.display());
+        tracing::debug!(
+            "cannot write policy code cache entry {}: {err}",
+            path.display()
+        );
     }
     Ok(component)
 }
@@ -60,7 +70,9 @@ fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
 
 fn store(component: &Component, dir: &Path, path: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let bytes = component.serialize().map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+    let bytes = component
+        .serialize()
+        .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
@@ -76,7 +88,11 @@ fn store(component: &Component, dir: &Path, path: &Path) -> std::io::Result<()> 
 /// `$XDG_CACHE_HOME/nyann-bench/policies`, else
 /// `$HOME/.cache/nyann-bench/policies`; `None` when none is set.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(dir) = env("NYANN_BENCH_CACHE_DIR") {
         return Some(dir.join("policies"));
     }

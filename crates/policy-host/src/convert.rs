@@ -25,7 +25,13 @@ pub(crate) fn value_from_wit(v: wit::Value) -> Value {
 }
 
 pub(crate) fn params_to_wit(params: &[Param]) -> Vec<wit::Param> {
-    params.iter().map(|p| wit::Param { name: p.name.clone(), value: value_to_wit(&p.value) }).collect()
+    params
+        .iter()
+        .map(|p| wit::Param {
+            name: p.name.clone(),
+            value: value_to_wit(&p.value),
+        })
+        .collect()
 }
 
 fn kind_from_wit(k: wit::ParamKind) -> ParamKind {
@@ -98,5 +104,8 @@ pub(crate) fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
 }
 
 pub(crate) fn verdict_from_wit(v: wit::Verdict) -> Verdict {
-    Verdict { congested: v.congested, reasons: v.reasons }
+    Verdict {
+        congested: v.congested,
+        reasons: v.reasons,
+    }
 }

@@ -49,7 +49,10 @@ pub enum PolicyError {
 }
 
 fn at_location(location: &Option<SourceLocation>) -> String {
-    location.as_ref().map(|l| format!("{l}: ")).unwrap_or_default()
+    location
+        .as_ref()
+        .map(|l| format!("{l}: "))
+        .unwrap_or_default()
 }
 
 fn at_stage(stage: Option<u32>) -> String {
@@ -114,12 +117,22 @@ impl fmt::Display for CallFailure {
                 }
             }
             CallFailure::Deadline(limit) => {
-                write!(f, "ran past its {} ms time limit and was stopped", limit.as_millis())
+                write!(
+                    f,
+                    "ran past its {} ms time limit and was stopped",
+                    limit.as_millis()
+                )
             }
             CallFailure::MemoryCap(cap) => {
-                write!(f, "hit its memory cap of {} and was stopped", human_bytes(*cap))
+                write!(
+                    f,
+                    "hit its memory cap of {} and was stopped",
+                    human_bytes(*cap)
+                )
             }
-            CallFailure::OversizedOutput(what) => write!(f, "returned an oversized output ({what})"),
+            CallFailure::OversizedOutput(what) => {
+                write!(f, "returned an oversized output ({what})")
+            }
             CallFailure::Rejected(msg) => write!(f, "returned an error: {msg}"),
             CallFailure::Internal(msg) => write!(f, "failed in the host: {msg}"),
         }
@@ -129,7 +142,12 @@ impl fmt::Display for CallFailure {
 /// Collapse stderr to one bounded line for a message.
 fn one_line(text: &str) -> String {
     const MAX: usize = 1000;
-    let joined = text.split('\n').map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" | ");
+    let joined = text
+        .split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ");
     truncate(&joined, MAX)
 }
 
@@ -147,9 +165,9 @@ pub(crate) fn truncate(text: &str, max: usize) -> String {
 
 /// `64 MiB`, `512 KiB`, `100 bytes`.
 pub(crate) fn human_bytes(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} bytes")
@@ -168,7 +186,10 @@ mod tests {
             stage: Some(3),
             failure: CallFailure::Deadline(Duration::from_millis(100)),
         };
-        assert_eq!(e.to_string(), "policy slow: ran past its 100 ms time limit and was stopped at stage 3");
+        assert_eq!(
+            e.to_string(),
+            "policy slow: ran past its 100 ms time limit and was stopped at stage 3"
+        );
         let e = PolicyError::Call {
             policy: "p".into(),
             function: "judge",
@@ -178,17 +199,27 @@ mod tests {
                 stderr: "\nthread '<unnamed>' panicked at src/lib.rs:3:5:\nboom\n".into(),
             },
         };
-        assert_eq!(e.to_string(), "policy p: panicked (panicked at src/lib.rs:3:5: | boom) at stage 1");
+        assert_eq!(
+            e.to_string(),
+            "policy p: panicked (panicked at src/lib.rs:3:5: | boom) at stage 1"
+        );
     }
 
     #[test]
     fn params_errors_point_at_the_scenario() {
         let e = PolicyError::Params {
             policy: "builtin".into(),
-            location: Some(SourceLocation { file: "s.star".into(), line: 3, column: 9 }),
+            location: Some(SourceLocation {
+                file: "s.star".into(),
+                line: 3,
+                column: 9,
+            }),
             message: "unknown parameter `foo`".into(),
         };
-        assert_eq!(e.to_string(), "s.star:3:9: until_congested(...): unknown parameter `foo` (policy builtin)");
+        assert_eq!(
+            e.to_string(),
+            "s.star:3:9: until_congested(...): unknown parameter `foo` (policy builtin)"
+        );
     }
 
     #[test]

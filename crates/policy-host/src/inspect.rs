@@ -14,7 +14,11 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["0.1"];
 
 /// `nyann:policy@0.1.x` (and more, comma-separated, when there are more).
 pub fn supported_versions() -> String {
-    SUPPORTED_VERSIONS.iter().map(|v| format!("{PACKAGE}@{v}.x")).collect::<Vec<_>>().join(", ")
+    SUPPORTED_VERSIONS
+        .iter()
+        .map(|v| format!("{PACKAGE}@{v}.x"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Interfaces a policy may import: the contract's own, and the WASI 0.2
@@ -48,12 +52,16 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
 pub fn check_bytes(bytes: &[u8]) -> Result<(), String> {
     const MAGIC: &[u8] = b"\0asm";
     if Engine::detect_precompiled(bytes).is_some() {
-        return Err("is precompiled wasmtime code, not a component; give the .wasm file instead".into());
+        return Err(
+            "is precompiled wasmtime code, not a component; give the .wasm file instead".into(),
+        );
     }
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err("is not a WebAssembly component (no \\0asm header); give the .wasm file built with \
+        return Err(
+            "is not a WebAssembly component (no \\0asm header); give the .wasm file built with \
              `cargo build --release --target wasm32-wasip2`"
-            .into());
+                .into(),
+        );
     }
     // Bytes 4..8: version and layer. Core modules are layer 0, components layer 1.
     match bytes[6..8] {
@@ -69,10 +77,17 @@ pub fn check_bytes(bytes: &[u8]) -> Result<(), String> {
 pub fn check_component(engine: &Engine, component: &Component) -> Result<(), String> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
-    let policy_exports: Vec<&str> =
-        exports.iter().copied().filter(|n| n.starts_with(&format!("{PACKAGE}/policy"))).collect();
+    let policy_exports: Vec<&str> = exports
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with(&format!("{PACKAGE}/policy")))
+        .collect();
     if policy_exports.is_empty() {
-        let shown = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
+        let shown = if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        };
         return Err(format!(
             "does not export {PACKAGE}/policy (it exports {shown}); is it a congestion policy? \
              This host supports {}",
@@ -82,7 +97,11 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<(), Str
     for name in &policy_exports {
         let version = name.split_once('@').map(|(_, v)| v).unwrap_or("");
         if !version_supported(version) {
-            let shown = if version.is_empty() { "an unversioned interface".to_string() } else { format!("{PACKAGE}@{version}") };
+            let shown = if version.is_empty() {
+                "an unversioned interface".to_string()
+            } else {
+                format!("{PACKAGE}@{version}")
+            };
             return Err(format!(
                 "is built for {shown}; this host supports {} (rebuild the policy against \
                  the WIT printed by `nyann-bench policy wit`)",
@@ -115,9 +134,15 @@ fn import_allowed(name: &str) -> bool {
     let Some((package, interface)) = path.split_once('/') else {
         return false;
     };
-    let version_ok = if package == PACKAGE { version_supported(version) } else { version.starts_with("0.2.") };
+    let version_ok = if package == PACKAGE {
+        version_supported(version)
+    } else {
+        version.starts_with("0.2.")
+    };
     version_ok
-        && ALLOWED_IMPORTS.iter().any(|(p, interfaces)| *p == package && interfaces.contains(&interface))
+        && ALLOWED_IMPORTS
+            .iter()
+            .any(|(p, interfaces)| *p == package && interfaces.contains(&interface))
 }
 
 #[cfg(test)]
@@ -149,8 +174,16 @@ mod tests {
     #[test]
     fn bytes() {
         assert!(check_bytes(b"\0asm\x0d\x00\x01\x00").is_ok());
-        assert!(check_bytes(b"\0asm\x01\x00\x00\x00").unwrap_err().contains("core WebAssembly module"));
-        assert!(check_bytes(b"hello world").unwrap_err().contains("not a WebAssembly component"));
+        assert!(
+            check_bytes(b"\0asm\x01\x00\x00\x00")
+                .unwrap_err()
+                .contains("core WebAssembly module")
+        );
+        assert!(
+            check_bytes(b"hello world")
+                .unwrap_err()
+                .contains("not a WebAssembly component")
+        );
         assert!(check_bytes(b"").is_err());
     }
 }

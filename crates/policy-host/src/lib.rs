@@ -113,15 +113,22 @@ impl PolicyHost {
     /// Set up the engine, its epoch ticker thread and the linker. Loads nothing.
     pub fn new(config: HostConfig) -> Result<Self, PolicyError> {
         if config.call_timeout.is_zero() {
-            return Err(PolicyError::Host("the policy call timeout must be > 0".into()));
+            return Err(PolicyError::Host(
+                "the policy call timeout must be > 0".into(),
+            ));
         }
         let mut wasm_config = Config::new();
-        wasm_config.wasm_component_model(true).epoch_interruption(true);
-        let engine = Engine::new(&wasm_config).map_err(|e| PolicyError::Host(format!("cannot create the engine: {e:#}")))?;
-        let linker = sandbox::linker(&engine).map_err(|e| PolicyError::Host(format!("cannot link WASI: {e:#}")))?;
+        wasm_config
+            .wasm_component_model(true)
+            .epoch_interruption(true);
+        let engine = Engine::new(&wasm_config)
+            .map_err(|e| PolicyError::Host(format!("cannot create the engine: {e:#}")))?;
+        let linker = sandbox::linker(&engine)
+            .map_err(|e| PolicyError::Host(format!("cannot link WASI: {e:#}")))?;
         // A tenth of the timeout, between 1 and 10 ms: deadlines land within
         // ~10% of the limit without waking the ticker needlessly often.
-        let epoch_tick = (config.call_timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
+        let epoch_tick =
+            (config.call_timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
         spawn_ticker(&engine, epoch_tick)?;
         let limits = Limits {
             timeout: config.call_timeout,
@@ -130,7 +137,14 @@ impl PolicyHost {
             stderr_bytes: config.max_stderr_bytes,
             log_bytes: config.max_log_bytes,
         };
-        Ok(PolicyHost { inner: Arc::new(HostInner { engine, linker, config, limits }) })
+        Ok(PolicyHost {
+            inner: Arc::new(HostInner {
+                engine,
+                linker,
+                config,
+                limits,
+            }),
+        })
     }
 
     /// The configuration the host runs with.
@@ -146,7 +160,10 @@ impl PolicyHost {
     /// Load a policy component from a `.wasm` file.
     pub fn load_file(&self, path: &Path) -> Result<Policy, PolicyError> {
         let origin = path.display().to_string();
-        let load_err = |message: String| PolicyError::Load { origin: origin.clone(), message };
+        let load_err = |message: String| PolicyError::Load {
+            origin: origin.clone(),
+            message,
+        };
         let meta = std::fs::metadata(path).map_err(|e| load_err(format!("cannot read it: {e}")))?;
         if meta.len() > MAX_COMPONENT_BYTES {
             return Err(load_err(format!(
@@ -162,11 +179,15 @@ impl PolicyHost {
     /// Load a policy component from bytes; `origin` names it in messages
     /// until `describe` gives its name.
     pub fn load_bytes(&self, origin: &str, bytes: &[u8]) -> Result<Policy, PolicyError> {
-        let load_err = |message: String| PolicyError::Load { origin: origin.to_string(), message };
+        let load_err = |message: String| PolicyError::Load {
+            origin: origin.to_string(),
+            message,
+        };
         let inner = &self.inner;
         inspect::check_bytes(bytes).map_err(load_err)?;
-        let component = cache::load_or_compile(&inner.engine, inner.config.cache_dir.as_deref(), bytes)
-            .map_err(|e| load_err(format!("is not a valid component: {e:#}")))?;
+        let component =
+            cache::load_or_compile(&inner.engine, inner.config.cache_dir.as_deref(), bytes)
+                .map_err(|e| load_err(format!("is not a valid component: {e:#}")))?;
         inspect::check_component(&inner.engine, &component).map_err(load_err)?;
         let instance_pre = inner
             .linker
@@ -181,7 +202,12 @@ impl PolicyHost {
         let mut policy = PolicyInner {
             engine: inner.engine.clone(),
             pre,
-            info: PolicyInfo { name: origin.to_string(), version: String::new(), summary: String::new(), params: Vec::new() },
+            info: PolicyInfo {
+                name: origin.to_string(),
+                version: String::new(),
+                summary: String::new(),
+                params: Vec::new(),
+            },
             name: Arc::from(origin),
             origin: origin.to_string(),
             limits: inner.limits.clone(),
@@ -189,14 +215,24 @@ impl PolicyHost {
             max_reason_bytes: inner.config.max_reason_bytes,
         };
         let info = off_runtime(|| {
-            policy.call("describe", None, |store, p| p.nyann_policy_policy().call_describe(store))
+            policy.call("describe", None, |store, p| {
+                p.nyann_policy_policy().call_describe(store)
+            })
         })
-        .map_err(|e| load_err(format!("describe() failed: {}", e.failure().map(ToString::to_string).unwrap_or_default())))?;
+        .map_err(|e| {
+            load_err(format!(
+                "describe() failed: {}",
+                e.failure().map(ToString::to_string).unwrap_or_default()
+            ))
+        })?;
         let info = convert::info_from_wit(info);
-        check_info(&info, inner.config.max_reason_bytes).map_err(|m| load_err(format!("describe() returned {m}")))?;
+        check_info(&info, inner.config.max_reason_bytes)
+            .map_err(|m| load_err(format!("describe() returned {m}")))?;
         policy.name = Arc::from(info.name.as_str());
         policy.info = info;
-        Ok(Policy { inner: Arc::new(policy) })
+        Ok(Policy {
+            inner: Arc::new(policy),
+        })
     }
 }
 
@@ -219,7 +255,10 @@ struct PolicyInner {
 
 impl std::fmt::Debug for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Policy").field("name", &self.inner.info.name).field("origin", &self.inner.origin).finish()
+        f.debug_struct("Policy")
+            .field("name", &self.inner.info.name)
+            .field("origin", &self.inner.origin)
+            .finish()
     }
 }
 
@@ -253,7 +292,9 @@ impl Policy {
         let params = params::check(&self.inner.info, &stop.params).map_err(params_err)?;
         let wit_params = convert::params_to_wit(&params);
         let result = off_runtime(|| {
-            self.inner.call("validate", None, |store, p| p.nyann_policy_policy().call_validate(store, &wit_params))
+            self.inner.call("validate", None, |store, p| {
+                p.nyann_policy_policy().call_validate(store, &wit_params)
+            })
         });
         match result {
             Ok(Ok(())) => Ok(params),
@@ -333,9 +374,11 @@ impl PolicyInner {
             failure,
         };
         let result = self.call("judge", Some(call.index), |store, p| {
-            p.nyann_policy_policy().call_judge(store, &call.params, &call.stage, &call.history)
+            p.nyann_policy_policy()
+                .call_judge(store, &call.params, &call.stage, &call.history)
         })?;
-        let verdict = result.map_err(|msg| fail(CallFailure::Rejected(truncate(&msg, self.max_reason_bytes))))?;
+        let verdict = result
+            .map_err(|msg| fail(CallFailure::Rejected(truncate(&msg, self.max_reason_bytes))))?;
         if verdict.reasons.len() > self.max_reasons {
             return Err(fail(CallFailure::OversizedOutput(format!(
                 "{} reasons; the limit is {}",
@@ -343,7 +386,12 @@ impl PolicyInner {
                 self.max_reasons
             ))));
         }
-        if let Some((i, r)) = verdict.reasons.iter().enumerate().find(|(_, r)| r.len() > self.max_reason_bytes) {
+        if let Some((i, r)) = verdict
+            .reasons
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.len() > self.max_reason_bytes)
+        {
             return Err(fail(CallFailure::OversizedOutput(format!(
                 "reason {} is {} bytes; the limit is {}",
                 i + 1,
@@ -359,10 +407,16 @@ impl PolicyInner {
         &self,
         function: &'static str,
         stage: Option<u32>,
-        f: impl FnOnce(&mut wasmtime::Store<HostState>, &sandbox::CongestionPolicy) -> wasmtime::Result<R>,
+        f: impl FnOnce(
+            &mut wasmtime::Store<HostState>,
+            &sandbox::CongestionPolicy,
+        ) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyError> {
         let mut cs = CallStore::new(&self.engine, self.name.clone(), &self.limits);
-        let result = self.pre.instantiate(&mut cs.store).and_then(|instance| f(&mut cs.store, &instance));
+        let result = self
+            .pre
+            .instantiate(&mut cs.store)
+            .and_then(|instance| f(&mut cs.store, &instance));
         let dropped = cs.dropped_log_lines();
         if dropped > 0 {
             tracing::warn!(
@@ -375,7 +429,11 @@ impl PolicyInner {
             Ok(value) => {
                 let stderr = cs.stderr();
                 if !stderr.trim().is_empty() {
-                    tracing::debug!(policy = &*self.name, "{function} wrote to stderr: {}", truncate(stderr.trim(), 4096));
+                    tracing::debug!(
+                        policy = &*self.name,
+                        "{function} wrote to stderr: {}",
+                        truncate(stderr.trim(), 4096)
+                    );
                 }
                 Ok(value)
             }
@@ -425,29 +483,47 @@ fn check_info(info: &PolicyInfo, max_text: usize) -> Result<(), String> {
         !s.is_empty()
             && s.len() <= 64
             && s.starts_with(|c: char| c.is_ascii_lowercase())
-            && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
     };
     if !ident(&info.name) {
-        return Err(format!("an invalid name {:?} (lowercase letters, digits, `-`, `_`; at most 64)", truncate(&info.name, 80)));
+        return Err(format!(
+            "an invalid name {:?} (lowercase letters, digits, `-`, `_`; at most 64)",
+            truncate(&info.name, 80)
+        ));
     }
     if info.version.len() > 64 || info.summary.len() > max_text {
-        return Err(format!("a version or summary over the limits (64 and {max_text} bytes)"));
+        return Err(format!(
+            "a version or summary over the limits (64 and {max_text} bytes)"
+        ));
     }
     if info.params.len() > MAX_PARAMS {
-        return Err(format!("{} parameters; the limit is {MAX_PARAMS}", info.params.len()));
+        return Err(format!(
+            "{} parameters; the limit is {MAX_PARAMS}",
+            info.params.len()
+        ));
     }
     for (i, spec) in info.params.iter().enumerate() {
         if !ident(&spec.name) || spec.name.contains('-') {
-            return Err(format!("an invalid parameter name {:?} (snake_case, at most 64)", truncate(&spec.name, 80)));
+            return Err(format!(
+                "an invalid parameter name {:?} (snake_case, at most 64)",
+                truncate(&spec.name, 80)
+            ));
         }
         if info.params[..i].iter().any(|s| s.name == spec.name) {
             return Err(format!("parameter `{}` twice", spec.name));
         }
         if spec.doc.len() > max_text {
-            return Err(format!("a doc of parameter `{}` over {max_text} bytes", spec.name));
+            return Err(format!(
+                "a doc of parameter `{}` over {max_text} bytes",
+                spec.name
+            ));
         }
         if spec.required && spec.default.is_some() {
-            return Err(format!("parameter `{}` both required and with a default", spec.name));
+            return Err(format!(
+                "parameter `{}` both required and with a default",
+                spec.name
+            ));
         }
         if let Some(default) = &spec.default {
             params::convert(spec, default).map_err(|e| format!("an invalid default: {e}"))?;

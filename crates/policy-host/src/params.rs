@@ -14,7 +14,12 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
             return Err(format!("parameter `{}` is given twice", p.name));
         }
         if !info.params.iter().any(|s| s.name == p.name) {
-            return Err(format!("unknown parameter `{}`; {} accepts {}", p.name, info.name, known(info)));
+            return Err(format!(
+                "unknown parameter `{}`; {} accepts {}",
+                p.name,
+                info.name,
+                known(info)
+            ));
         }
     }
     let mut out = Vec::with_capacity(info.params.len());
@@ -22,15 +27,23 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
         let value = match given.iter().find(|p| p.name == spec.name) {
             Some(p) => convert(spec, &p.value)?,
             None => match &spec.default {
-                Some(default) => convert(spec, default).map_err(|e| format!("the policy's default is invalid: {e}"))?,
+                Some(default) => convert(spec, default)
+                    .map_err(|e| format!("the policy's default is invalid: {e}"))?,
                 None if spec.required => {
-                    return Err(format!("missing required parameter `{}` ({})", spec.name, kind_help(spec.kind)));
+                    return Err(format!(
+                        "missing required parameter `{}` ({})",
+                        spec.name,
+                        kind_help(spec.kind)
+                    ));
                 }
                 // Optional without default: the policy handles its absence.
                 None => continue,
             },
         };
-        out.push(Param { name: spec.name.clone(), value });
+        out.push(Param {
+            name: spec.name.clone(),
+            value,
+        });
     }
     Ok(out)
 }
@@ -38,12 +51,22 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
 /// Check and convert one value to what the policy receives.
 pub(crate) fn convert(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
     let name = &spec.name;
-    let wrong = || format!("parameter `{name}` must be {}, got {}", kind_help(spec.kind), show(value));
+    let wrong = || {
+        format!(
+            "parameter `{name}` must be {}, got {}",
+            kind_help(spec.kind),
+            show(value)
+        )
+    };
     match (spec.kind, value) {
         (ParamKind::Number, Value::Number(n)) if n.is_finite() => Ok(Value::Number(*n)),
         (ParamKind::Fraction, Value::Number(n)) if (0.0..=1.0).contains(n) => Ok(Value::Number(*n)),
-        (ParamKind::Duration, Value::Number(n)) if n.is_finite() && *n >= 0.0 => Ok(Value::Number(*n)),
-        (ParamKind::Duration, Value::Text(t)) => parse_duration(t).map(Value::Number).map_err(|e| format!("{}: {e}", wrong())),
+        (ParamKind::Duration, Value::Number(n)) if n.is_finite() && *n >= 0.0 => {
+            Ok(Value::Number(*n))
+        }
+        (ParamKind::Duration, Value::Text(t)) => parse_duration(t)
+            .map(Value::Number)
+            .map_err(|e| format!("{}: {e}", wrong())),
         (ParamKind::Text, Value::Text(t)) => Ok(Value::Text(t.clone())),
         (ParamKind::Flag, Value::Flag(b)) => Ok(Value::Flag(*b)),
         _ => Err(wrong()),
@@ -55,11 +78,17 @@ pub(crate) fn convert(spec: &ParamSpec, value: &Value) -> Result<Value, String> 
 pub fn parse_duration(text: &str) -> Result<f64, String> {
     let t = text.trim();
     if let Ok(n) = t.parse::<f64>() {
-        return if n.is_finite() && n >= 0.0 { Ok(n) } else { Err(format!("`{text}` is not a duration")) };
+        return if n.is_finite() && n >= 0.0 {
+            Ok(n)
+        } else {
+            Err(format!("`{text}` is not a duration"))
+        };
     }
     humantime::parse_duration(t)
         .map(|d| d.as_secs_f64())
-        .map_err(|e| format!("`{text}` is not a duration ({e}); write e.g. \"750ms\", \"2s\" or \"1m30s\""))
+        .map_err(|e| {
+            format!("`{text}` is not a duration ({e}); write e.g. \"750ms\", \"2s\" or \"1m30s\"")
+        })
 }
 
 /// What a kind accepts, for messages.
@@ -67,7 +96,9 @@ pub fn kind_help(kind: ParamKind) -> &'static str {
     match kind {
         ParamKind::Number => "a number",
         ParamKind::Fraction => "a fraction between 0 and 1",
-        ParamKind::Duration => "a duration such as \"750ms\", \"2s\", \"1m30s\" or a number of seconds",
+        ParamKind::Duration => {
+            "a duration such as \"750ms\", \"2s\", \"1m30s\" or a number of seconds"
+        }
         ParamKind::Text => "a string",
         ParamKind::Flag => "True or False",
     }
@@ -77,7 +108,11 @@ fn known(info: &PolicyInfo) -> String {
     if info.params.is_empty() {
         return "no parameters".to_string();
     }
-    info.params.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+    info.params
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn show(value: &Value) -> String {
@@ -93,7 +128,13 @@ mod tests {
     use super::*;
 
     fn spec(name: &str, kind: ParamKind, required: bool, default: Option<Value>) -> ParamSpec {
-        ParamSpec { name: name.into(), kind, required, default, doc: String::new() }
+        ParamSpec {
+            name: name.into(),
+            kind,
+            required,
+            default,
+            doc: String::new(),
+        }
     }
 
     fn info() -> PolicyInfo {
@@ -104,8 +145,18 @@ mod tests {
             params: vec![
                 spec("waiting_requests_p50", ParamKind::Number, true, None),
                 spec("ttft_p99", ParamKind::Duration, true, None),
-                spec("kv_cache_usage", ParamKind::Fraction, false, Some(Value::Number(0.95))),
-                spec("preemptions", ParamKind::Number, false, Some(Value::Number(1.0))),
+                spec(
+                    "kv_cache_usage",
+                    ParamKind::Fraction,
+                    false,
+                    Some(Value::Number(0.95)),
+                ),
+                spec(
+                    "preemptions",
+                    ParamKind::Number,
+                    false,
+                    Some(Value::Number(1.0)),
+                ),
                 spec("label", ParamKind::Text, false, None),
                 spec("strict", ParamKind::Flag, false, Some(Value::Flag(false))),
             ],
@@ -113,14 +164,20 @@ mod tests {
     }
 
     fn p(name: &str, value: Value) -> Param {
-        Param { name: name.into(), value }
+        Param {
+            name: name.into(),
+            value,
+        }
     }
 
     #[test]
     fn fills_defaults_and_converts_durations() {
         let out = check(
             &info(),
-            &[p("ttft_p99", Value::Text("750ms".into())), p("waiting_requests_p50", Value::Number(32.0))],
+            &[
+                p("ttft_p99", Value::Text("750ms".into())),
+                p("waiting_requests_p50", Value::Number(32.0)),
+            ],
         )
         .unwrap();
         assert_eq!(
@@ -142,24 +199,46 @@ mod tests {
         assert_eq!(parse_duration("1m30s"), Ok(90.0));
         assert_eq!(parse_duration("90"), Ok(90.0));
         assert!(parse_duration("soon").unwrap_err().contains("\"750ms\""));
-        let out = check(&info(), &[p("waiting_requests_p50", Value::Number(1.0)), p("ttft_p99", Value::Number(2.0))]);
+        let out = check(
+            &info(),
+            &[
+                p("waiting_requests_p50", Value::Number(1.0)),
+                p("ttft_p99", Value::Number(2.0)),
+            ],
+        );
         assert_eq!(out.unwrap()[1], p("ttft_p99", Value::Number(2.0)));
     }
 
     #[test]
     fn refuses_unknown_duplicate_missing_and_wrong_kinds() {
-        let base = || vec![p("waiting_requests_p50", Value::Number(1.0)), p("ttft_p99", Value::Text("2s".into()))];
+        let base = || {
+            vec![
+                p("waiting_requests_p50", Value::Number(1.0)),
+                p("ttft_p99", Value::Text("2s".into())),
+            ]
+        };
         let mut unknown = base();
         unknown.push(p("kv_usage", Value::Number(0.9)));
         let e = check(&info(), &unknown).unwrap_err();
-        assert!(e.starts_with("unknown parameter `kv_usage`; builtin accepts waiting_requests_p50, ttft_p99"), "{e}");
+        assert!(
+            e.starts_with(
+                "unknown parameter `kv_usage`; builtin accepts waiting_requests_p50, ttft_p99"
+            ),
+            "{e}"
+        );
 
         let mut twice = base();
         twice.push(p("ttft_p99", Value::Text("3s".into())));
-        assert_eq!(check(&info(), &twice).unwrap_err(), "parameter `ttft_p99` is given twice");
+        assert_eq!(
+            check(&info(), &twice).unwrap_err(),
+            "parameter `ttft_p99` is given twice"
+        );
 
         let e = check(&info(), &base()[..1]).unwrap_err();
-        assert!(e.starts_with("missing required parameter `ttft_p99`"), "{e}");
+        assert!(
+            e.starts_with("missing required parameter `ttft_p99`"),
+            "{e}"
+        );
 
         let mut kind = base();
         kind.push(p("kv_cache_usage", Value::Number(95.0)));
@@ -170,11 +249,19 @@ mod tests {
 
         let mut text = base();
         text[0] = p("waiting_requests_p50", Value::Text("32".into()));
-        assert!(check(&info(), &text).unwrap_err().contains("must be a number, got \"32\""));
+        assert!(
+            check(&info(), &text)
+                .unwrap_err()
+                .contains("must be a number, got \"32\"")
+        );
 
         let mut flag = base();
         flag.push(p("strict", Value::Number(1.0)));
-        assert!(check(&info(), &flag).unwrap_err().contains("must be True or False"));
+        assert!(
+            check(&info(), &flag)
+                .unwrap_err()
+                .contains("must be True or False")
+        );
 
         let mut nan = base();
         nan[0] = p("waiting_requests_p50", Value::Number(f64::NAN));

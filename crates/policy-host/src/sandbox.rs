@@ -51,22 +51,38 @@ struct LogSink {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
 impl ResourceLimiter for HostState {
-    fn memory_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.memory_cap {
             // Trap rather than let the guest see a failed grow: a guest
             // allocator would abort anyway, and the flag names the cause.
             self.memory_cap_hit = true;
-            wasmtime::bail!("policy memory cap of {} reached (growing to {desired} bytes)", human_bytes(self.memory_cap));
+            wasmtime::bail!(
+                "policy memory cap of {} reached (growing to {desired} bytes)",
+                human_bytes(self.memory_cap)
+            );
         }
         Ok(maximum.is_none_or(|max| desired <= max))
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         const MAX_TABLE_ELEMENTS: usize = 1 << 20;
         if desired > MAX_TABLE_ELEMENTS {
             self.memory_cap_hit = true;
@@ -128,7 +144,11 @@ impl CallStore {
             table: ResourceTable::new(),
             memory_cap: limits.memory_bytes,
             memory_cap_hit: false,
-            log: LogSink { policy, budget: limits.log_bytes, dropped: 0 },
+            log: LogSink {
+                policy,
+                budget: limits.log_bytes,
+                dropped: 0,
+            },
         };
         let mut store = Store::new(engine, state);
         store.limiter(|s| s as &mut dyn ResourceLimiter);
@@ -152,18 +172,28 @@ impl CallStore {
         if self.store.data().memory_cap_hit {
             return CallFailure::MemoryCap(limits.memory_bytes);
         }
-        match err.downcast_ref::<wasmtime::Trap>() {
+        let trap = err.downcast_ref::<wasmtime::Trap>();
+        // A full stderr pipe makes the guest's next write fail (Rust's
+        // `eprintln!` then panics, unable to print why): the flood is the cause.
+        if trap != Some(&wasmtime::Trap::Interrupt)
+            && self.stderr.contents().len() >= limits.stderr_bytes
+        {
+            return CallFailure::OversizedOutput(format!(
+                "wrote more than {} to stderr",
+                human_bytes(limits.stderr_bytes)
+            ));
+        }
+        match trap {
             Some(wasmtime::Trap::Interrupt) => CallFailure::Deadline(limits.timeout),
-            Some(trap) => CallFailure::Crashed { trap: trap.to_string(), stderr: self.stderr() },
+            Some(trap) => CallFailure::Crashed {
+                trap: trap.to_string(),
+                stderr: self.stderr(),
+            },
             None => {
                 let text = format!("{err:#}");
-                if text.contains("write beyond capacity of MemoryOutputPipe") {
-                    CallFailure::OversizedOutput(format!(
-                        "wrote more than {} to stderr",
-                        human_bytes(limits.stderr_bytes)
-                    ))
-                } else {
-                    CallFailure::Crashed { trap: truncate(&text, 1000), stderr: self.stderr() }
+                CallFailure::Crashed {
+                    trap: truncate(&text, 1000),
+                    stderr: self.stderr(),
                 }
             }
         }
@@ -176,5 +206,7 @@ impl CallStore {
 fn deadline_ticks(limits: &Limits) -> u64 {
     let tick = limits.epoch_tick.as_nanos().max(1);
     let ticks = limits.timeout.as_nanos().div_ceil(tick);
-    u64::try_from(ticks).unwrap_or(u64::MAX - 1).saturating_add(1)
+    u64::try_from(ticks)
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
 }

@@ -47,7 +47,11 @@ impl Policy for Builtin {
         rules::Thresholds::from_params(params).map(|_| ())
     }
 
-    fn judge(params: &Params, stage: &StageObservation, _history: &[StageObservation]) -> Result<Verdict, String> {
+    fn judge(
+        params: &Params,
+        stage: &StageObservation,
+        _history: &[StageObservation],
+    ) -> Result<Verdict, String> {
         let thresholds = rules::Thresholds::from_params(params)?;
         Ok(Verdict::from_reasons(rules::reasons(&thresholds, stage)))
     }

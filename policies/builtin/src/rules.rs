@@ -45,8 +45,9 @@ pub fn reasons(t: &Thresholds, stage: &StageObservation) -> Vec<String> {
 fn queueing(t: &Thresholds, roles: &[RoleSignals]) -> Option<String> {
     let waiting = max_by(roles, |r| r.waiting_requests_p50)?;
     let ttft = max_by(roles, |r| r.ttft_p99_seconds)?;
-    (waiting.waiting_requests_p50 >= t.waiting_requests_p50 && ttft.ttft_p99_seconds >= t.ttft_p99_seconds).then(
-        || {
+    (waiting.waiting_requests_p50 >= t.waiting_requests_p50
+        && ttft.ttft_p99_seconds >= t.ttft_p99_seconds)
+        .then(|| {
             format!(
                 "queueing: waiting p50 {} on {} (threshold {}), TTFT p99 {}s on {} (threshold {}s)",
                 num(waiting.waiting_requests_p50),
@@ -56,8 +57,7 @@ fn queueing(t: &Thresholds, roles: &[RoleSignals]) -> Option<String> {
                 ttft.role,
                 num(t.ttft_p99_seconds),
             )
-        },
-    )
+        })
 }
 
 /// KV-cache pressure on one role: usage and preemptions both at or over
@@ -77,17 +77,23 @@ fn kv_pressure(t: &Thresholds, role: &RoleSignals) -> Option<String> {
 
 /// The role with the largest value (the first one on ties); `None` without roles.
 fn max_by(roles: &[RoleSignals], value: impl Fn(&RoleSignals) -> f64) -> Option<&RoleSignals> {
-    roles.iter().fold(None, |best: Option<&RoleSignals>, role| match best {
-        Some(b) if value(b) >= value(role) => Some(b),
-        _ => Some(role),
-    })
+    roles
+        .iter()
+        .fold(None, |best: Option<&RoleSignals>, role| match best {
+            Some(b) if value(b) >= value(role) => Some(b),
+            _ => Some(role),
+        })
 }
 
 /// A number as a person writes it: `40`, `2.5`, `0.125` (at most 3 decimals).
 fn num(v: f64) -> String {
     let s = format!("{v:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".to_string() } else { s.to_string() }
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -105,18 +111,29 @@ mod tests {
     }
 
     fn stage(roles: Vec<RoleSignals>) -> StageObservation {
-        StageObservation { roles, ..Default::default() }
+        StageObservation {
+            roles,
+            ..Default::default()
+        }
     }
 
     fn thresholds(waiting: f64, ttft: f64, kv: f64, preemptions: f64) -> Thresholds {
-        Thresholds { waiting_requests_p50: waiting, ttft_p99_seconds: ttft, kv_cache_usage: kv, preemptions }
+        Thresholds {
+            waiting_requests_p50: waiting,
+            ttft_p99_seconds: ttft,
+            kv_cache_usage: kv,
+            preemptions,
+        }
     }
 
     // The Go tool's cases.
 
     #[test]
     fn go_case_disaggregated_queueing_and_kv_pressure() {
-        let s = stage(vec![role("prefill", 40.0, 0.0, 0.0, 0.0), role("decode", 0.0, 2.5, 0.98, 3.0)]);
+        let s = stage(vec![
+            role("prefill", 40.0, 0.0, 0.0, 0.0),
+            role("decode", 0.0, 2.5, 0.98, 3.0),
+        ]);
         let r = reasons(&thresholds(32.0, 2.0, 0.95, 2.0), &s);
         assert_eq!(
             r,
@@ -135,7 +152,10 @@ mod tests {
 
     #[test]
     fn go_case_kv_and_preemptions_on_different_roles_is_not_congested() {
-        let s = stage(vec![role("prefill", 0.0, 0.0, 0.0, 10.0), role("decode", 0.0, 0.0, 0.99, 0.0)]);
+        let s = stage(vec![
+            role("prefill", 0.0, 0.0, 0.0, 10.0),
+            role("decode", 0.0, 0.0, 0.99, 0.0),
+        ]);
         assert!(reasons(&thresholds(32.0, 2.0, 0.95, 1.0), &s).is_empty());
     }
 
@@ -144,7 +164,10 @@ mod tests {
     #[test]
     fn waiting_threshold_is_inclusive() {
         let t = thresholds(32.0, 2.0, 0.95, 1.0);
-        assert_eq!(reasons(&t, &stage(vec![role("aggregate", 32.0, 2.0, 0.0, 0.0)])).len(), 1);
+        assert_eq!(
+            reasons(&t, &stage(vec![role("aggregate", 32.0, 2.0, 0.0, 0.0)])).len(),
+            1
+        );
         assert!(reasons(&t, &stage(vec![role("aggregate", 31.999, 2.0, 0.0, 0.0)])).is_empty());
     }
 
@@ -153,7 +176,9 @@ mod tests {
         let t = thresholds(32.0, 2.0, 0.95, 1.0);
         assert_eq!(
             reasons(&t, &stage(vec![role("aggregate", 32.0, 2.0, 0.0, 0.0)])),
-            vec!["queueing: waiting p50 32 on aggregate (threshold 32), TTFT p99 2s on aggregate (threshold 2s)"]
+            vec![
+                "queueing: waiting p50 32 on aggregate (threshold 32), TTFT p99 2s on aggregate (threshold 2s)"
+            ]
         );
         assert!(reasons(&t, &stage(vec![role("aggregate", 32.0, 1.999, 0.0, 0.0)])).is_empty());
     }
@@ -171,7 +196,10 @@ mod tests {
     #[test]
     fn preemptions_threshold_is_inclusive() {
         let t = thresholds(32.0, 2.0, 0.95, 2.0);
-        assert_eq!(reasons(&t, &stage(vec![role("decode", 0.0, 0.0, 0.95, 2.0)])).len(), 1);
+        assert_eq!(
+            reasons(&t, &stage(vec![role("decode", 0.0, 0.0, 0.95, 2.0)])).len(),
+            1
+        );
         assert!(reasons(&t, &stage(vec![role("decode", 0.0, 0.0, 0.95, 1.999)])).is_empty());
     }
 
@@ -192,10 +220,18 @@ mod tests {
         use nyann_policy::{Param, Value};
         let params = |w: f64, t: f64, kv: f64, p: f64| {
             Params::new(
-                [("waiting_requests_p50", w), ("ttft_p99", t), ("kv_cache_usage", kv), ("preemptions", p)]
-                    .into_iter()
-                    .map(|(n, v)| Param { name: n.into(), value: Value::Number(v) })
-                    .collect(),
+                [
+                    ("waiting_requests_p50", w),
+                    ("ttft_p99", t),
+                    ("kv_cache_usage", kv),
+                    ("preemptions", p),
+                ]
+                .into_iter()
+                .map(|(n, v)| Param {
+                    name: n.into(),
+                    value: Value::Number(v),
+                })
+                .collect(),
             )
         };
         assert!(Thresholds::from_params(&params(32.0, 2.0, 0.95, 1.0)).is_ok());
@@ -204,10 +240,26 @@ mod tests {
             Thresholds::from_params(&params(0.0, 2.0, 0.95, 1.0)),
             Err("waiting_requests_p50 must be > 0 (got 0)".into())
         );
-        assert!(Thresholds::from_params(&params(32.0, 0.0, 0.95, 1.0)).unwrap_err().starts_with("ttft_p99"));
-        assert!(Thresholds::from_params(&params(32.0, 2.0, 0.0, 1.0)).unwrap_err().starts_with("kv_cache_usage"));
-        assert!(Thresholds::from_params(&params(32.0, 2.0, 1.5, 1.0)).unwrap_err().starts_with("kv_cache_usage"));
-        assert!(Thresholds::from_params(&params(32.0, 2.0, 0.95, 0.0)).unwrap_err().starts_with("preemptions"));
+        assert!(
+            Thresholds::from_params(&params(32.0, 0.0, 0.95, 1.0))
+                .unwrap_err()
+                .starts_with("ttft_p99")
+        );
+        assert!(
+            Thresholds::from_params(&params(32.0, 2.0, 0.0, 1.0))
+                .unwrap_err()
+                .starts_with("kv_cache_usage")
+        );
+        assert!(
+            Thresholds::from_params(&params(32.0, 2.0, 1.5, 1.0))
+                .unwrap_err()
+                .starts_with("kv_cache_usage")
+        );
+        assert!(
+            Thresholds::from_params(&params(32.0, 2.0, 0.95, 0.0))
+                .unwrap_err()
+                .starts_with("preemptions")
+        );
     }
 
     #[test]

@@ -158,7 +158,10 @@ impl Params {
 
     /// The raw value of a parameter, if present.
     pub fn get(&self, name: &str) -> Option<&Value> {
-        self.params.iter().find(|p| p.name == name).map(|p| &p.value)
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| &p.value)
     }
 
     /// A `number`, `fraction` or `duration` parameter (durations in seconds).
@@ -471,18 +474,31 @@ mod tests {
 
     #[test]
     fn shipped_wit_is_the_repository_wit() {
-        let repo = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit/policy.wit"))
-            .expect("wit/policy.wit at the repository root");
-        assert_eq!(WIT, repo, "policies/sdk/wit/policy.wit must be a copy of wit/policy.wit");
+        let repo =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit/policy.wit"))
+                .expect("wit/policy.wit at the repository root");
+        assert_eq!(
+            WIT, repo,
+            "policies/sdk/wit/policy.wit must be a copy of wit/policy.wit"
+        );
         assert!(WIT.contains(&format!("package nyann:policy@{INTERFACE_VERSION};")));
     }
 
     #[test]
     fn params_helpers_read_values() {
         let params = Params::new(vec![
-            Param { name: "n".into(), value: Value::Number(2.5) },
-            Param { name: "t".into(), value: Value::Text("x".into()) },
-            Param { name: "f".into(), value: Value::Flag(true) },
+            Param {
+                name: "n".into(),
+                value: Value::Number(2.5),
+            },
+            Param {
+                name: "t".into(),
+                value: Value::Text("x".into()),
+            },
+            Param {
+                name: "f".into(),
+                value: Value::Flag(true),
+            },
         ]);
         assert_eq!(params.number("n"), Ok(2.5));
         assert_eq!(params.text("t"), Ok("x"));
@@ -509,7 +525,11 @@ mod tests {
         assert!(!Verdict::ok().congested);
         assert!(Verdict::when(true, || "r".into()).congested);
         assert!(!Verdict::from_reasons(vec![]).congested);
-        let c = ClientStats { requests_ok: 3, requests_failed: 1, ..Default::default() };
+        let c = ClientStats {
+            requests_ok: 3,
+            requests_failed: 1,
+            ..Default::default()
+        };
         assert_eq!(c.error_rate(), 0.25);
     }
 }

@@ -1,9 +1,7 @@
 //! describe/validate/judge round trips through the real embedded built-in
 //! component, on the Go tool's cases.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
+use crate::common;
 
 use nyann_model::observation::{ParamKind, RoleSignals, StageObservation};
 use nyann_model::scenario::{Param, SourceLocation, StopCondition, Value};
@@ -11,8 +9,18 @@ use nyann_policy_host::PolicyError;
 
 fn stop(params: &[(&str, Value)]) -> StopCondition {
     StopCondition {
-        params: params.iter().map(|(n, v)| Param { name: n.to_string(), value: v.clone() }).collect(),
-        location: Some(SourceLocation { file: "sweep.star".into(), line: 4, column: 13 }),
+        params: params
+            .iter()
+            .map(|(n, v)| Param {
+                name: n.to_string(),
+                value: v.clone(),
+            })
+            .collect(),
+        location: Some(SourceLocation {
+            file: "sweep.star".into(),
+            line: 4,
+            column: 13,
+        }),
     }
 }
 
@@ -28,7 +36,12 @@ fn role(name: &str, waiting: f64, ttft: f64, kv: f64, preemptions: f64) -> RoleS
 }
 
 fn stage(index: u32, roles: Vec<RoleSignals>) -> StageObservation {
-    StageObservation { index, name: format!("#{index}"), roles, ..Default::default() }
+    StageObservation {
+        index,
+        name: format!("#{index}"),
+        roles,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -36,14 +49,28 @@ fn describe_lists_the_four_parameters() {
     let policy = common::builtin();
     let info = policy.info();
     assert_eq!(info.name, "builtin");
-    let names: Vec<_> = info.params.iter().map(|p| (p.name.as_str(), p.kind, p.required, p.default.clone())).collect();
+    let names: Vec<_> = info
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), p.kind, p.required, p.default.clone()))
+        .collect();
     assert_eq!(
         names,
         vec![
             ("waiting_requests_p50", ParamKind::Number, true, None),
             ("ttft_p99", ParamKind::Duration, true, None),
-            ("kv_cache_usage", ParamKind::Fraction, false, Some(Value::Number(0.95))),
-            ("preemptions", ParamKind::Number, false, Some(Value::Number(1.0))),
+            (
+                "kv_cache_usage",
+                ParamKind::Fraction,
+                false,
+                Some(Value::Number(0.95))
+            ),
+            (
+                "preemptions",
+                ParamKind::Number,
+                false,
+                Some(Value::Number(1.0))
+            ),
         ]
     );
 }
@@ -52,9 +79,15 @@ fn describe_lists_the_four_parameters() {
 fn check_params_fills_defaults_and_converts_durations() {
     let policy = common::builtin();
     let params = policy
-        .check_params(&stop(&[("waiting_requests_p50", Value::Number(32.0)), ("ttft_p99", Value::Text("2s".into()))]))
+        .check_params(&stop(&[
+            ("waiting_requests_p50", Value::Number(32.0)),
+            ("ttft_p99", Value::Text("2s".into())),
+        ]))
         .unwrap();
-    let values: Vec<_> = params.iter().map(|p| (p.name.as_str(), p.value.clone())).collect();
+    let values: Vec<_> = params
+        .iter()
+        .map(|p| (p.name.as_str(), p.value.clone()))
+        .collect();
     assert_eq!(
         values,
         vec![
@@ -70,17 +103,33 @@ fn check_params_fills_defaults_and_converts_durations() {
 fn check_params_errors_point_at_the_scenario_line() {
     let policy = common::builtin();
     let err = policy
-        .check_params(&stop(&[("waiting_requests_p50", Value::Number(32.0)), ("ttft", Value::Text("2s".into()))]))
+        .check_params(&stop(&[
+            ("waiting_requests_p50", Value::Number(32.0)),
+            ("ttft", Value::Text("2s".into())),
+        ]))
         .unwrap_err();
     assert!(matches!(err, PolicyError::Params { .. }));
-    assert!(err.to_string().starts_with("sweep.star:4:13: until_congested(...): unknown parameter `ttft`"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("sweep.star:4:13: until_congested(...): unknown parameter `ttft`"),
+        "{err}"
+    );
 
-    let err = policy.check_params(&stop(&[("waiting_requests_p50", Value::Number(32.0))])).unwrap_err();
-    assert!(err.to_string().contains("missing required parameter `ttft_p99`"), "{err}");
+    let err = policy
+        .check_params(&stop(&[("waiting_requests_p50", Value::Number(32.0))]))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("missing required parameter `ttft_p99`"),
+        "{err}"
+    );
 
     // Refused by the policy's own validate(), inside the component.
     let err = policy
-        .check_params(&stop(&[("waiting_requests_p50", Value::Number(0.0)), ("ttft_p99", Value::Text("2s".into()))]))
+        .check_params(&stop(&[
+            ("waiting_requests_p50", Value::Number(0.0)),
+            ("ttft_p99", Value::Text("2s".into())),
+        ]))
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -93,7 +142,11 @@ fn check_params_errors_point_at_the_scenario_line() {
             ("kv_cache_usage", Value::Number(0.0)),
         ]))
         .unwrap_err();
-    assert!(err.to_string().contains("kv_cache_usage must be in (0, 1] (got 0)"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("kv_cache_usage must be in (0, 1] (got 0)"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -107,7 +160,13 @@ async fn go_case_disaggregated_is_congested_with_two_reasons() {
             ("preemptions", Value::Number(2.0)),
         ]))
         .unwrap();
-    let s = stage(3, vec![role("prefill", 40.0, 0.0, 0.0, 0.0), role("decode", 0.0, 2.5, 0.98, 3.0)]);
+    let s = stage(
+        3,
+        vec![
+            role("prefill", 40.0, 0.0, 0.0, 0.0),
+            role("decode", 0.0, 2.5, 0.98, 3.0),
+        ],
+    );
     let verdict = policy.judge(&params, &s, &[]).await.unwrap();
     assert!(verdict.congested);
     assert_eq!(
@@ -140,9 +199,18 @@ async fn go_case_low_signals_are_not_congested() {
 async fn go_case_kv_and_preemptions_on_different_roles_are_not_congested() {
     let policy = common::builtin();
     let params = policy
-        .check_params(&stop(&[("waiting_requests_p50", Value::Number(32.0)), ("ttft_p99", Value::Number(2.0))]))
+        .check_params(&stop(&[
+            ("waiting_requests_p50", Value::Number(32.0)),
+            ("ttft_p99", Value::Number(2.0)),
+        ]))
         .unwrap();
-    let s = stage(1, vec![role("prefill", 0.0, 0.0, 0.0, 10.0), role("decode", 0.0, 0.0, 0.99, 0.0)]);
+    let s = stage(
+        1,
+        vec![
+            role("prefill", 0.0, 0.0, 0.0, 10.0),
+            role("decode", 0.0, 0.0, 0.99, 0.0),
+        ],
+    );
     assert!(!policy.judge(&params, &s, &[]).await.unwrap().congested);
 }
 
@@ -150,11 +218,19 @@ async fn go_case_kv_and_preemptions_on_different_roles_are_not_congested() {
 fn thresholds_are_inclusive_through_the_component() {
     let policy = common::builtin();
     let params = policy
-        .check_params(&stop(&[("waiting_requests_p50", Value::Number(32.0)), ("ttft_p99", Value::Text("2s".into()))]))
+        .check_params(&stop(&[
+            ("waiting_requests_p50", Value::Number(32.0)),
+            ("ttft_p99", Value::Text("2s".into())),
+        ]))
         .unwrap();
     let equal = stage(0, vec![role("aggregate", 32.0, 2.0, 0.95, 1.0)]);
     let verdict = policy.judge_blocking(&params, &equal, &[]).unwrap();
     assert_eq!(verdict.reasons.len(), 2, "{:?}", verdict.reasons);
     let below = stage(0, vec![role("aggregate", 31.9, 1.99, 0.949, 0.9)]);
-    assert!(!policy.judge_blocking(&params, &below, &[]).unwrap().congested);
+    assert!(
+        !policy
+            .judge_blocking(&params, &below, &[])
+            .unwrap()
+            .congested
+    );
 }
