@@ -387,7 +387,9 @@ const SIGNATURES: &[(&str, &str)] = &[
 
 fn with_signature(message: String) -> String {
     for (name, signature) in SIGNATURES {
-        if message.ends_with(&format!("for call to `{name}`")) {
+        let plain = format!("for call to {name}");
+        let quoted = format!("for call to `{name}`");
+        if message.ends_with(&plain) || message.ends_with(&quoted) {
             return format!("{message}; expected {signature}");
         }
     }
