@@ -502,10 +502,14 @@ impl PrometheusSource {
 
     /// Waits (bounded by --settle-wait) until each role's latest waiting
     /// sample is at or after the stage end, so the window is fully ingested.
-    async fn settle(&self, end: f64) -> Vec<String> {
+    ///
+    /// Also returns the probe's error when Prometheus could not be reached
+    /// at all (timeout or transport failure): querying every signal would
+    /// then only wait out the same timeout a few dozen times.
+    async fn settle(&self, end: f64) -> (Vec<String>, Option<QueryError>) {
         tokio::time::sleep(self.settle).await;
         if self.settle_wait.is_zero() {
-            return Vec::new();
+            return (Vec::new(), None);
         }
         let deadline = Instant::now() + self.settle_wait;
         let names = self.names.get(Family::Waiting).join("|");
@@ -529,6 +533,9 @@ impl PrometheusSource {
                             Some(_) => {}
                         }
                     }
+                    Err(e @ (QueryError::Timeout(_) | QueryError::Transport { .. })) => {
+                        return (errors, Some(e));
+                    }
                     Err(e) => {
                         tracing::warn!("settle wait for role {}: {e}", role.role);
                         break;
@@ -545,12 +552,28 @@ impl PrometheusSource {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
-        errors
+        (errors, None)
     }
 
     pub(crate) async fn stage_signals(&self, start: f64, end: f64) -> StageSignals {
         let stage = Window::new(start, end);
-        let mut errors = self.settle(end).await;
+        let (mut errors, unreachable) = self.settle(end).await;
+        if let Some(e) = unreachable {
+            tracing::warn!("prometheus unreachable, every signal reads 0 for this stage: {e}");
+            for role in &self.roles {
+                for spec in &SPECS {
+                    errors.push(format!("{}: {}: {e} (not queried)", role.role, spec.name));
+                }
+            }
+            return StageSignals {
+                roles: self
+                    .roles
+                    .iter()
+                    .map(|r| spec::role_signals(&r.role, &[0.0; SPECS.len()]))
+                    .collect(),
+                errors,
+            };
+        }
         let jobs: Vec<(usize, usize)> = (0..self.roles.len())
             .flat_map(|r| (0..SPECS.len()).map(move |s| (r, s)))
             .collect();

@@ -519,3 +519,24 @@ async fn configuration_errors_are_typed() {
     a.prometheus_headers = vec!["bad header".into()];
     assert!(SignalSource::from_args(&a).await.is_err());
 }
+
+#[tokio::test]
+async fn unreachable_prometheus_is_probed_once_not_per_signal() {
+    let fake = FakeProm::start(|_req: &Req| Answer::Hang).await;
+    let mut a = args(&fake.url(), "m-decode");
+    a.prometheus_timeout = Duration::from_millis(300);
+    a.settle_wait = Duration::from_secs(5);
+    let out = signals(&a, 100.0, 160.0).await;
+    // One probe, then every signal of every role reported, none queried.
+    assert_eq!(fake.requests().len(), 1);
+    assert_eq!(out.errors.len(), 20, "{:?}", out.errors);
+    assert!(
+        out.errors[0]
+            .starts_with("prefill: waiting_requests_p50: prometheus: no answer within 300ms")
+    );
+    assert!(
+        out.roles
+            .iter()
+            .all(|r| r.waiting_requests_p50 == 0.0 && r.preemptions == 0.0)
+    );
+}
