@@ -5,9 +5,10 @@
 //! timestamps and OpenMetrics exemplars are read past. A malformed line is
 //! skipped and counted rather than failing the whole scrape, because one odd
 //! line from a newer server must not blind the congestion check. Written by
-//! hand because the crates available either mishandle quoted label values
-//! with commas/braces or pull in a grammar engine for a forty-line need; it is
-//! fuzz-tested (tests/parser_fuzz.rs).
+//! hand because `prometheus-parse` 0.2 matches metric names with `\w+` (so
+//! none of vLLM's `vllm:*` names) and splits label values on `,` and `=`,
+//! and the OpenMetrics parsers pull in a grammar engine for a small need; it
+//! is fuzz-tested (tests/parser_fuzz.rs).
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
