@@ -272,14 +272,15 @@ fn prompt_tokens(p: &Prompt) -> Result<(u32, Vec<u32>), String> {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Box<Response>> {
+    serde_json::from_slice(body)
+        .map_err(|e| Box::new(bad_request(format!("invalid request body: {e}"))))
 }
 
 async fn tokenize(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let req: TokenizeBody = match parse(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let (count, tokens) = match (&req.prompt, &req.messages) {
         (Some(p), _) => match prompt_tokens(p) {
@@ -312,44 +313,44 @@ struct Gen {
     include_usage: bool,
 }
 
-fn validate(app: &App, kind: Kind, prompt_tokens: u32, c: &Common) -> Result<Gen, Response> {
-    if let Some(m) = &c.model {
-        if *m != app.model {
-            return Err(error(
-                StatusCode::NOT_FOUND,
-                "NotFoundError",
-                format!(
-                    "The model `{m}` does not exist. This server serves `{}`.",
-                    app.model
-                ),
-            ));
-        }
+fn validate(app: &App, kind: Kind, prompt_tokens: u32, c: &Common) -> Result<Gen, Box<Response>> {
+    if let Some(m) = &c.model
+        && *m != app.model
+    {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            format!(
+                "The model `{m}` does not exist. This server serves `{}`.",
+                app.model
+            ),
+        )));
     }
     if c.n.is_some_and(|n| n != 1) {
-        return Err(bad_request(
+        return Err(Box::new(bad_request(
             "n must be 1: the simulator produces one choice per request",
-        ));
+        )));
     }
     let requested = c.max_completion_tokens.or(c.max_tokens);
     if requested == Some(0) {
-        return Err(bad_request("max_tokens must be at least 1"));
+        return Err(Box::new(bad_request("max_tokens must be at least 1")));
     }
     let max_tokens = requested.unwrap_or(app.default_max_tokens);
     if c.min_tokens.is_some_and(|m| m > max_tokens) {
-        return Err(bad_request(
+        return Err(Box::new(bad_request(
             "min_tokens must be less than or equal to max_tokens",
-        ));
+        )));
     }
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
-        return Err(bad_request(
+        return Err(Box::new(bad_request(
             "stream_options can only be given when stream is true",
-        ));
+        )));
     }
     let prompt_tokens = prompt_tokens.max(1);
     let needed = u64::from(prompt_tokens) + u64::from(max_tokens);
     if needed > u64::from(app.max_model_len) {
-        return Err(bad_request(
+        return Err(Box::new(bad_request(
             SubmitError::TooLong {
                 max_model_len: app.max_model_len,
                 needed,
@@ -357,7 +358,7 @@ fn validate(app: &App, kind: Kind, prompt_tokens: u32, c: &Common) -> Result<Gen
                 max_tokens,
             }
             .to_string(),
-        ));
+        )));
     }
     Ok(Gen {
         kind,
@@ -381,7 +382,7 @@ fn validate(app: &App, kind: Kind, prompt_tokens: u32, c: &Common) -> Result<Gen
 async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let req: ChatBody = match parse(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     if req.messages.is_empty() {
         return bad_request("messages must contain at least one message");
@@ -392,14 +393,14 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response 
     };
     match validate(&app, Kind::Chat, count_text(&text), &req.common) {
         Ok(g) => generate(app, g).await,
-        Err(resp) => resp,
+        Err(resp) => *resp,
     }
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let req: CompletionBody = match parse(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let (count, _) = match prompt_tokens(&req.prompt) {
         Ok(v) => v,
@@ -407,7 +408,7 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     };
     match validate(&app, Kind::Completion, count, &req.common) {
         Ok(g) => generate(app, g).await,
-        Err(resp) => resp,
+        Err(resp) => *resp,
     }
 }
 
@@ -656,7 +657,7 @@ impl StreamState {
                     break;
                 }
                 let last = p.finished && self.sent + 1 == target;
-                let finish = last.then(|| match self.g.finish {
+                let finish = last.then_some(match self.g.finish {
                     FinishedReason::Stop => "stop",
                     _ => "length",
                 });

@@ -392,14 +392,14 @@ impl TokenSource {
                 let Some(p) = stream.next().await else {
                     return Err(QueueError::ShuttingDown);
                 };
-                if p.finished {
-                    if let Some((decode, new)) = then.take() {
-                        *stream = decode.submit(new)?;
-                        return Ok(Progress {
-                            generated: p.generated,
-                            finished: false,
-                        });
-                    }
+                if p.finished
+                    && let Some((decode, new)) = then.take()
+                {
+                    *stream = decode.submit(new)?;
+                    return Ok(Progress {
+                        generated: p.generated,
+                        finished: false,
+                    });
                 }
                 Ok(p)
             }

@@ -508,15 +508,15 @@ pub fn format_value(v: f64) -> String {
     }
     // Rust's Debug is the shortest round-trip form with a ".0" on integers, like Python's repr.
     let s = format!("{v:?}");
-    if v > 0.0 && !s.contains('e') {
-        if let Some(dot) = s.find('.') {
-            if dot > 6 {
-                let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
-                let mantissa = format!("{}.{}", &s[..1], digits);
-                let mantissa = mantissa.trim_end_matches(['0', '.']);
-                return format!("{mantissa}e+0{}", dot - 1);
-            }
-        }
+    if v > 0.0
+        && !s.contains('e')
+        && let Some(dot) = s.find('.')
+        && dot > 6
+    {
+        let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+        let mantissa = format!("{}.{}", &s[..1], digits);
+        let mantissa = mantissa.trim_end_matches(['0', '.']);
+        return format!("{mantissa}e+0{}", dot - 1);
     }
     s
 }
