@@ -14,7 +14,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if let Ok(seconds) = text.parse::<f64>() {
         return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
     }
-    humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e} (examples: 750ms, 2s, 1m30s)"))
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?}: {e} (examples: 750ms, 2s, 1m30s)"))
 }
 
 /// How to reach the server and what to do on failures.
@@ -84,7 +85,9 @@ impl ClientArgs {
     pub fn to_options(&self) -> Result<RunOptions, HeaderError> {
         let mut headers = Vec::new();
         for header in &self.headers {
-            let (name, value) = header.split_once(':').ok_or_else(|| HeaderError(header.clone()))?;
+            let (name, value) = header
+                .split_once(':')
+                .ok_or_else(|| HeaderError(header.clone()))?;
             if name.trim().is_empty() {
                 return Err(HeaderError(header.clone()));
             }
@@ -130,9 +133,20 @@ mod tests {
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("soon").is_err());
-        let cli = Cli::parse_from(["x", "--header", "X-A: b: c", "--seed", "3", "--request-timeout", "2s"]);
+        let cli = Cli::parse_from([
+            "x",
+            "--header",
+            "X-A: b: c",
+            "--seed",
+            "3",
+            "--request-timeout",
+            "2s",
+        ]);
         let options = cli.client.to_options().unwrap();
-        assert_eq!(options.client.headers, vec![("X-A".to_string(), "b: c".to_string())]);
+        assert_eq!(
+            options.client.headers,
+            vec![("X-A".to_string(), "b: c".to_string())]
+        );
         assert_eq!(options.seed, 3);
         assert_eq!(options.client.request_timeout, Duration::from_secs(2));
         assert_eq!(options.max_consecutive_errors, 5);

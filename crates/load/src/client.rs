@@ -69,7 +69,11 @@ pub enum ClientError {
         "the server at {url} did not answer GET /models within {waited:?} (last error: {last}); \
          start it, check --target, or raise --ready-timeout"
     )]
-    NotReady { url: String, waited: Duration, last: String },
+    NotReady {
+        url: String,
+        waited: Duration,
+        last: String,
+    },
     #[error("GET {url} lists no model: pass --model")]
     NoModel { url: String },
 }
@@ -169,7 +173,10 @@ impl Client {
             .no_proxy()
             .build()
             .map_err(ClientError::Build)?;
-        Ok(Client { http, config: std::sync::Arc::new(config) })
+        Ok(Client {
+            http,
+            config: std::sync::Arc::new(config),
+        })
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -177,7 +184,11 @@ impl Client {
     }
 
     /// Polls `GET base/models` until it answers 2xx or `timeout` passes; returns the model ids.
-    pub async fn wait_ready(&self, base: &str, timeout: Duration) -> Result<Vec<String>, ClientError> {
+    pub async fn wait_ready(
+        &self,
+        base: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>, ClientError> {
         let url = format!("{base}/models");
         let start = Instant::now();
         let mut last;
@@ -187,7 +198,11 @@ impl Client {
                 Err(err) => last = err,
             }
             if start.elapsed() >= timeout {
-                return Err(ClientError::NotReady { url, waited: timeout, last });
+                return Err(ClientError::NotReady {
+                    url,
+                    waited: timeout,
+                    last,
+                });
             }
             tracing::debug!("waiting for {url}: {last}");
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -215,7 +230,8 @@ impl Client {
         if !status.is_success() {
             return Err(format!("HTTP {status}: {}", sse::excerpt(&body, 200)));
         }
-        let models: Models = serde_json::from_slice(&body).map_err(|e| format!("unreadable model list: {e}"))?;
+        let models: Models =
+            serde_json::from_slice(&body).map_err(|e| format!("unreadable model list: {e}"))?;
         Ok(models.data.into_iter().map(|m| m.id).collect())
     }
 
@@ -231,8 +247,15 @@ impl Client {
         }
         let root = base.strip_suffix("/v1").unwrap_or(base);
         for url in [format!("{root}/tokenize"), format!("{base}/tokenize")] {
-            let body = serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
-            let Ok(response) = self.http.post(&url).json_body(&body).timeout(Duration::from_secs(10)).send().await
+            let body =
+                serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
+            let Ok(response) = self
+                .http
+                .post(&url)
+                .json_body(&body)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
             else {
                 continue;
             };
@@ -240,7 +263,9 @@ impl Client {
                 let _ = response.bytes().await;
                 continue;
             }
-            let Ok(bytes) = response.bytes().await else { continue };
+            let Ok(bytes) = response.bytes().await else {
+                continue;
+            };
             if let Ok(t) = serde_json::from_slice::<Tokenized>(&bytes)
                 && let Some(count) = t.count.or(t.tokens.map(|v| v.len() as u64))
             {
@@ -269,7 +294,9 @@ impl Client {
             prompt,
             max_tokens: spec.max_tokens,
             stream: true,
-            stream_options: config.stream_usage.then_some(StreamOptions { include_usage: true }),
+            stream_options: config.stream_usage.then_some(StreamOptions {
+                include_usage: true,
+            }),
             ignore_eos: config.length_extensions.then_some(true),
             min_tokens: config.length_extensions.then_some(spec.max_tokens),
             cache_salt: spec.cache_salt,
@@ -291,7 +318,9 @@ impl Client {
         let sent = Instant::now();
         outcome.sent = Some(sent);
         let timeout = config.request_timeout;
-        match tokio::time::timeout(timeout, read_stream(request, spec.keep_reply, &mut outcome)).await {
+        match tokio::time::timeout(timeout, read_stream(request, spec.keep_reply, &mut outcome))
+            .await
+        {
             Ok(()) => {}
             Err(_) => {
                 outcome.ok = false;
@@ -310,7 +339,8 @@ trait JsonBody {
 
 impl JsonBody for reqwest::RequestBuilder {
     fn json_body(self, value: &serde_json::Value) -> Self {
-        self.header(reqwest::header::CONTENT_TYPE, "application/json").body(value.to_string())
+        self.header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(value.to_string())
     }
 }
 
@@ -350,7 +380,9 @@ async fn read_stream(request: reqwest::RequestBuilder, keep_reply: bool, out: &m
             }
             Ok(None) => break,
             Err(err) => {
-                state.error.get_or_insert(format!("stream broken: {}", error_chain(&err)));
+                state
+                    .error
+                    .get_or_insert(format!("stream broken: {}", error_chain(&err)));
                 break;
             }
         }
@@ -361,7 +393,8 @@ async fn read_stream(request: reqwest::RequestBuilder, keep_reply: bool, out: &m
     if let Some(error) = state.error {
         out.error = Some(error);
     } else if !out.ok {
-        out.error = Some("stream ended before [DONE] and without a finish reason (truncated)".into());
+        out.error =
+            Some("stream ended before [DONE] and without a finish reason (truncated)".into());
     }
 }
 

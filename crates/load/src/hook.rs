@@ -40,7 +40,9 @@ pub struct FinishedStage<'a> {
 pub enum HookDecision {
     Continue,
     /// Skip every later step; `reason` is recorded with each of them.
-    Stop { reason: String },
+    Stop {
+        reason: String,
+    },
 }
 
 /// The hook's answer: a decision plus an optional annotation stored with the
@@ -54,12 +56,20 @@ pub struct HookOutcome {
 impl HookOutcome {
     /// Go on, with nothing to record.
     pub fn proceed() -> Self {
-        HookOutcome { decision: HookDecision::Continue, annotation: None }
+        HookOutcome {
+            decision: HookDecision::Continue,
+            annotation: None,
+        }
     }
 
     /// Stop the sweep after this stage.
     pub fn stop(reason: impl Into<String>) -> Self {
-        HookOutcome { decision: HookDecision::Stop { reason: reason.into() }, annotation: None }
+        HookOutcome {
+            decision: HookDecision::Stop {
+                reason: reason.into(),
+            },
+            annotation: None,
+        }
     }
 
     pub fn with_annotation(mut self, annotation: serde_json::Value) -> Self {
@@ -82,7 +92,8 @@ impl HookOutcome {
 ///
 /// Ctrl-C or an abort while the hook runs drops its future.
 pub trait StageHook: Send {
-    fn after_stage(&mut self, done: &FinishedStage<'_>) -> impl Future<Output = HookOutcome> + Send;
+    fn after_stage(&mut self, done: &FinishedStage<'_>)
+    -> impl Future<Output = HookOutcome> + Send;
 }
 
 /// The hook that always continues.
@@ -96,7 +107,10 @@ impl StageHook for NoHook {
 }
 
 impl<H: StageHook> StageHook for &mut H {
-    fn after_stage(&mut self, done: &FinishedStage<'_>) -> impl Future<Output = HookOutcome> + Send {
+    fn after_stage(
+        &mut self,
+        done: &FinishedStage<'_>,
+    ) -> impl Future<Output = HookOutcome> + Send {
         (**self).after_stage(done)
     }
 }

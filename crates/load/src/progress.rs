@@ -51,20 +51,36 @@ async fn draw(live: Arc<Live>, stop: tokio_util::sync::CancellationToken) {
                 ProgressDrawTarget::stderr_with_hz(5),
             );
             pb.set_style(style.clone());
-            pb.set_prefix(if s.warmup { format!("{} (warm-up)", s.label) } else { s.label.clone() });
+            pb.set_prefix(if s.warmup {
+                format!("{} (warm-up)", s.label)
+            } else {
+                s.label.clone()
+            });
             bar = Some((index, pb));
         }
         if let Some((_, pb)) = &bar {
             pb.set_position(((s.elapsed_s.min(s.duration_s)) * 1000.0) as u64);
-            let rps = if s.elapsed_s > 0.0 { s.stage_ok as f64 / s.elapsed_s } else { 0.0 };
-            let phase = if s.elapsed_s > s.duration_s { " (holding)" } else { "" };
+            let rps = if s.elapsed_s > 0.0 {
+                s.stage_ok as f64 / s.elapsed_s
+            } else {
+                0.0
+            };
+            let phase = if s.elapsed_s > s.duration_s {
+                " (holding)"
+            } else {
+                ""
+            };
             pb.set_message(format!(
                 "{:.0}/{:.0}s{phase} {rps:.1} req/s, {} in flight, {} errors{}, TTFT p50 {:.0} ms",
                 s.elapsed_s.min(s.duration_s),
                 s.duration_s,
                 s.in_flight,
                 s.stage_failed,
-                if s.dropped > 0 { format!(", {} dropped", s.dropped) } else { String::new() },
+                if s.dropped > 0 {
+                    format!(", {} dropped", s.dropped)
+                } else {
+                    String::new()
+                },
                 s.ttft_p50_s * 1000.0
             ));
         }

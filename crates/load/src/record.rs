@@ -101,13 +101,25 @@ impl RecordSink {
     /// Opens `dir/requests.jsonl` (truncating it) and starts the writer.
     pub fn create(dir: Option<&Path>) -> std::io::Result<(RecordSink, RecordWriter)> {
         let Some(dir) = dir else {
-            return Ok((RecordSink { tx: None }, RecordWriter { task: None, path: None }));
+            return Ok((
+                RecordSink { tx: None },
+                RecordWriter {
+                    task: None,
+                    path: None,
+                },
+            ));
         };
         let path = dir.join("requests.jsonl");
         let file = std::fs::File::create(&path)?;
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
         let task = tokio::task::spawn_blocking(move || write_records(file, rx));
-        Ok((RecordSink { tx: Some(tx) }, RecordWriter { task: Some(task), path: Some(path) }))
+        Ok((
+            RecordSink { tx: Some(tx) },
+            RecordWriter {
+                task: Some(task),
+                path: Some(path),
+            },
+        ))
     }
 
     /// Queues a record (waits if the writer is [`RECORD_QUEUE`] records behind).
@@ -130,7 +142,10 @@ impl RecordWriter {
     }
 }
 
-fn write_records(file: std::fs::File, mut rx: mpsc::Receiver<RequestRecord>) -> std::io::Result<u64> {
+fn write_records(
+    file: std::fs::File,
+    mut rx: mpsc::Receiver<RequestRecord>,
+) -> std::io::Result<u64> {
     let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER, file);
     let mut written = 0u64;
     while let Some(record) = rx.blocking_recv() {

@@ -89,7 +89,9 @@ impl Default for RunOptions {
 /// Why a run could not start (no load has been sent when these occur).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("{at}mode `conversation_pool` is not supported yet: use `concurrent` with `turns` in the workload")]
+    #[error(
+        "{at}mode `conversation_pool` is not supported yet: use `concurrent` with `turns` in the workload"
+    )]
     ConversationPoolUnsupported { at: String },
     #[error("{at}{message}")]
     InvalidStage { at: String, message: String },
@@ -100,7 +102,10 @@ pub enum RunError {
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error("cannot write to output directory {path}: {source}")]
-    Output { path: PathBuf, source: std::io::Error },
+    Output {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Runs the scenario to its end (or stop, abort, interrupt) and writes the outputs.
@@ -113,11 +118,16 @@ pub async fn run<H: StageHook>(
     let client = Client::new(options.client.clone())?;
     let settings = prepare(scenario, &options, &client).await?;
     if let Some(dir) = &options.output_dir {
-        std::fs::create_dir_all(dir).map_err(|source| RunError::Output { path: dir.clone(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| RunError::Output {
+            path: dir.clone(),
+            source,
+        })?;
     }
-    let (sink, writer) = RecordSink::create(options.output_dir.as_deref()).map_err(|source| {
-        RunError::Output { path: options.output_dir.clone().unwrap_or_default(), source }
-    })?;
+    let (sink, writer) =
+        RecordSink::create(options.output_dir.as_deref()).map_err(|source| RunError::Output {
+            path: options.output_dir.clone().unwrap_or_default(),
+            source,
+        })?;
 
     let steps = &scenario.steps;
     let clock = Clock::now();
@@ -128,7 +138,12 @@ pub async fn run<H: StageHook>(
         clock,
         slots: (0..steps.len()).map(|_| Slot::default()).collect(),
         settings: settings.per_step.clone(),
-        current: Mutex::new(Current { stage: 0, phase: Phase::Hold, stopped: true, sent: vec![0; steps.len()] }),
+        current: Mutex::new(Current {
+            stage: 0,
+            phase: Phase::Hold,
+            stopped: true,
+            sent: vec![0; steps.len()],
+        }),
         inflight: Counter::default(),
         next_id: AtomicU64::new(0),
         next_conversation: AtomicU64::new(0),
@@ -150,7 +165,11 @@ pub async fn run<H: StageHook>(
             .collect(),
     });
 
-    let mut runner = Runner { shared: shared.clone(), level: Level::Idle, halt: halt.clone() };
+    let mut runner = Runner {
+        shared: shared.clone(),
+        level: Level::Idle,
+        halt: halt.clone(),
+    };
     let mut results: Vec<StageResult> = Vec::with_capacity(steps.len());
     let mut stop: Option<(usize, String)> = None;
     let last_stage = steps.iter().rposition(|s| matches!(s, Step::Stage(_)));
@@ -160,7 +179,11 @@ pub async fn run<H: StageHook>(
 
     for (index, step) in steps.iter().enumerate() {
         if halt.is_cancelled() {
-            results.push(skipped(index, step, halted_reason(&options.interrupt, &shared)));
+            results.push(skipped(
+                index,
+                step,
+                halted_reason(&options.interrupt, &shared),
+            ));
             continue;
         }
         if let Some((_, reason)) = &stop {
@@ -179,7 +202,11 @@ pub async fn run<H: StageHook>(
             Step::Stage(stage) => stage,
         };
         let label = stage.label(index);
-        let phase = if stage.warmup { Phase::Warmup } else { Phase::Measured };
+        let phase = if stage.warmup {
+            Phase::Warmup
+        } else {
+            Phase::Measured
+        };
         let start = Instant::now();
         runner.start_stage(index, stage, phase, start);
         if let Some(live) = &shared.live {
@@ -198,7 +225,13 @@ pub async fn run<H: StageHook>(
         let end = Instant::now();
         if !finished {
             interrupted_stage = Some(index);
-            results.push(stage_result(index, stage, StageStatus::Interrupted, Some((start, end)), &shared.clock));
+            results.push(stage_result(
+                index,
+                stage,
+                StageStatus::Interrupted,
+                Some((start, end)),
+                &shared.clock,
+            ));
             break;
         }
         if Some(index) == last_stage {
@@ -208,19 +241,41 @@ pub async fn run<H: StageHook>(
         }
         if stage.warmup {
             warmups.push(index);
-            results.push(stage_result(index, stage, StageStatus::Warmup, Some((start, end)), &shared.clock));
+            results.push(stage_result(
+                index,
+                stage,
+                StageStatus::Warmup,
+                Some((start, end)),
+                &shared.clock,
+            ));
             continue;
         }
         // Every request sent in the stage has to complete before its statistics exist.
-        if runner.interruptible(shared.slots[index].inflight.wait_zero()).await.is_none() {
+        if runner
+            .interruptible(shared.slots[index].inflight.wait_zero())
+            .await
+            .is_none()
+        {
             interrupted_stage = Some(index);
-            results.push(stage_result(index, stage, StageStatus::Interrupted, Some((start, end)), &shared.clock));
+            results.push(stage_result(
+                index,
+                stage,
+                StageStatus::Interrupted,
+                Some((start, end)),
+                &shared.clock,
+            ));
             break;
         }
         let duration = end.duration_since(start).as_secs_f64();
         measured_seconds += duration;
         let (client_stats, detail) = shared.slots[index].finish(duration);
-        let mut result = stage_result(index, stage, StageStatus::Measured, Some((start, end)), &shared.clock);
+        let mut result = stage_result(
+            index,
+            stage,
+            StageStatus::Measured,
+            Some((start, end)),
+            &shared.clock,
+        );
         result.client = Some(client_stats.clone());
         result.detail = Some(detail.clone());
         let outcome = {
@@ -263,7 +318,11 @@ pub async fn run<H: StageHook>(
     shared.tracker.wait().await;
     let first_missing = results.len();
     for (index, step) in steps.iter().enumerate().skip(first_missing) {
-        results.push(skipped(index, step, halted_reason(&options.interrupt, &shared)));
+        results.push(skipped(
+            index,
+            step,
+            halted_reason(&options.interrupt, &shared),
+        ));
     }
 
     // Statistics of warm-up and interrupted stages, now that their requests ended.
@@ -297,7 +356,11 @@ pub async fn run<H: StageHook>(
     // Every task has ended: this is the last handle on the record channel.
     drop(shared);
     let requests_recorded = writer.finish().await.map_err(|source| RunError::Output {
-        path: options.output_dir.clone().unwrap_or_default().join("requests.jsonl"),
+        path: options
+            .output_dir
+            .clone()
+            .unwrap_or_default()
+            .join("requests.jsonl"),
         source,
     })?;
     let result = RunResult {
@@ -313,7 +376,10 @@ pub async fn run<H: StageHook>(
         stages: results,
     };
     if let Some(dir) = &options.output_dir {
-        result.write_files(dir).map_err(|source| RunError::Output { path: dir.clone(), source })?;
+        result.write_files(dir).map_err(|source| RunError::Output {
+            path: dir.clone(),
+            source,
+        })?;
     }
     Ok(result)
 }
@@ -343,7 +409,12 @@ fn validate(scenario: &Scenario) -> Result<(), RunError> {
         let Step::Stage(stage) = step else { continue };
         any = true;
         let at = where_(stage, index);
-        let invalid = |message: &str| Err(RunError::InvalidStage { at: at.clone(), message: message.into() });
+        let invalid = |message: &str| {
+            Err(RunError::InvalidStage {
+                at: at.clone(),
+                message: message.into(),
+            })
+        };
         if !stage.duration_s.is_finite() || stage.duration_s <= 0.0 {
             return invalid("duration must be a positive number of seconds");
         }
@@ -393,7 +464,11 @@ struct Prepared {
 
 /// Waits for each target, resolves models, builds generators and calibrates
 /// characters per token (once per workload, target and model).
-async fn prepare(scenario: &Scenario, options: &RunOptions, client: &Client) -> Result<Prepared, RunError> {
+async fn prepare(
+    scenario: &Scenario,
+    options: &RunOptions,
+    client: &Client,
+) -> Result<Prepared, RunError> {
     let mut ready: HashMap<String, Vec<String>> = HashMap::new();
     let mut generators: Vec<(Workload, Arc<PromptGen>)> = Vec::new();
     let mut cpt: HashMap<(String, String, String), f64> = HashMap::new();
@@ -413,18 +488,28 @@ async fn prepare(scenario: &Scenario, options: &RunOptions, client: &Client) -> 
             .unwrap_or_else(|| DEFAULT_TARGET.to_string());
         let base = base.trim_end_matches('/').to_string();
         if !ready.contains_key(&base) {
-            tracing::info!("waiting for {base}/models (up to {:?})", options.ready_timeout);
+            tracing::info!(
+                "waiting for {base}/models (up to {:?})",
+                options.ready_timeout
+            );
             let listed = client.wait_ready(&base, options.ready_timeout).await?;
             ready.insert(base.clone(), listed);
             targets.push(base.clone());
         }
-        let model = match stage.model.clone().or_else(|| options.model.clone()).or_else(|| scenario.model.clone()) {
+        let model = match stage
+            .model
+            .clone()
+            .or_else(|| options.model.clone())
+            .or_else(|| scenario.model.clone())
+        {
             Some(model) => model,
             None => {
                 let listed = ready.get(&base).map(Vec::as_slice).unwrap_or(&[]);
                 let first = listed
                     .first()
-                    .ok_or_else(|| ClientError::NoModel { url: format!("{base}/models") })?
+                    .ok_or_else(|| ClientError::NoModel {
+                        url: format!("{base}/models"),
+                    })?
                     .clone();
                 if models.is_empty() {
                     tracing::info!("model: {first} (auto-detected from {base}/models)");
@@ -435,7 +520,10 @@ async fn prepare(scenario: &Scenario, options: &RunOptions, client: &Client) -> 
         if !models.contains(&model) {
             models.push(model.clone());
         }
-        let workload = stage.workload.clone().unwrap_or_else(|| scenario.workload.clone());
+        let workload = stage
+            .workload
+            .clone()
+            .unwrap_or_else(|| scenario.workload.clone());
         let prompts = match generators.iter().find(|(w, _)| same_text(w, &workload)) {
             Some((_, prompts)) => prompts.clone(),
             None => {
@@ -448,7 +536,15 @@ async fn prepare(scenario: &Scenario, options: &RunOptions, client: &Client) -> 
         let chars_per_token = match cpt.get(&key) {
             Some(v) => *v,
             None => {
-                let v = calibrate(client, &base, &model, &prompts, &workload, &stage.label(index)).await;
+                let v = calibrate(
+                    client,
+                    &base,
+                    &model,
+                    &prompts,
+                    &workload,
+                    &stage.label(index),
+                )
+                .await;
                 cpt.insert(key, v);
                 v
             }
@@ -465,7 +561,11 @@ async fn prepare(scenario: &Scenario, options: &RunOptions, client: &Client) -> 
             cache_salt: workload.cache_salt.clone(),
         })));
     }
-    Ok(Prepared { per_step, models, targets })
+    Ok(Prepared {
+        per_step,
+        models,
+        targets,
+    })
 }
 
 /// Workloads that produce the same text share a generator and a calibration.
@@ -474,7 +574,12 @@ fn same_text(a: &Workload, b: &Workload) -> bool {
 }
 
 fn text_key(w: &Workload) -> String {
-    format!("{:?}:{}:{}", w.kind, w.corpus_path.as_deref().unwrap_or(""), w.chars_per_token)
+    format!(
+        "{:?}:{}:{}",
+        w.kind,
+        w.corpus_path.as_deref().unwrap_or(""),
+        w.chars_per_token
+    )
 }
 
 /// Characters per token: measured with the server's `/tokenize` when it has
@@ -533,8 +638,14 @@ struct Clock {
 
 impl Clock {
     fn now() -> Self {
-        let unix_start = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-        Clock { instant: Instant::now(), unix_start }
+        let unix_start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        Clock {
+            instant: Instant::now(),
+            unix_start,
+        }
     }
 
     fn unix(&self, t: Instant) -> f64 {
@@ -592,7 +703,9 @@ struct Slot {
 impl Slot {
     /// The accumulator is created on first use: skipped stages cost no histogram memory.
     fn add(&self, record: &RequestRecord) {
-        lock(&self.acc).get_or_insert_with(StageAccumulator::new).add(record);
+        lock(&self.acc)
+            .get_or_insert_with(StageAccumulator::new)
+            .add(record);
     }
 
     fn finish(&self, duration: f64) -> (ClientStats, StageDetail) {
@@ -677,7 +790,13 @@ impl Shared {
         if let Some(live) = &self.live {
             live.sent.fetch_add(1, Ordering::Relaxed);
         }
-        Some(Claim { id, stage, phase, scheduled_at, settings })
+        Some(Claim {
+            id,
+            stage,
+            phase,
+            scheduled_at,
+            settings,
+        })
     }
 
     /// Records an open-loop arrival that found `max_inflight` requests in flight.
@@ -725,21 +844,34 @@ impl Shared {
         let salt = match &settings.cache_salt {
             None => None,
             Some(CacheSalt::Fixed(s)) => Some(s.clone()),
-            Some(CacheSalt::Random) => {
-                Some(format!("{:016x}", crate::workload::mix(self.seed ^ 0x5a17, id, 0)))
-            }
+            Some(CacheSalt::Random) => Some(format!(
+                "{:016x}",
+                crate::workload::mix(self.seed ^ 0x5a17, id, 0)
+            )),
         };
-        Conversation { id, turn: 0, messages: Vec::new(), salt }
+        Conversation {
+            id,
+            turn: 0,
+            messages: Vec::new(),
+            salt,
+        }
     }
 
     /// Sends one turn of `conv` and records it; returns whether it succeeded.
     async fn run_turn(&self, claim: Claim, conv: &mut Conversation) -> bool {
         let s = &claim.settings;
         conv.turn += 1;
-        let chars = if conv.turn == 1 { s.first_chars } else { s.later_chars };
+        let chars = if conv.turn == 1 {
+            s.first_chars
+        } else {
+            s.later_chars
+        };
         let text = s.prompts.text(conv.id, conv.turn, chars);
         let prompt_chars = text.len();
-        conv.messages.push(Message { role: "user", content: text });
+        conv.messages.push(Message {
+            role: "user",
+            content: text,
+        });
         let keep_reply = conv.turn < s.turns;
         let spec = RequestSpec {
             base: &s.base,
@@ -758,7 +890,10 @@ impl Shared {
         let record = self.make_record(&claim, conv, prompt_chars, &outcome, cancelled, before);
         let ok = record.status == Status::Ok;
         if ok && keep_reply {
-            conv.messages.push(Message { role: "assistant", content: outcome.reply });
+            conv.messages.push(Message {
+                role: "assistant",
+                content: outcome.reply,
+            });
         }
         self.finish(claim, record).await;
         ok
@@ -784,7 +919,9 @@ impl Shared {
         let end = o.end.unwrap_or_else(Instant::now);
         let (output_tokens, source) = match o.usage.and_then(|u| u.completion_tokens) {
             Some(n) => (Some(n), Some(TokenSource::Usage)),
-            None if o.chunks_with_text > 0 || o.ok => (Some(o.chunks_with_text), Some(TokenSource::Chunks)),
+            None if o.chunks_with_text > 0 || o.ok => {
+                (Some(o.chunks_with_text), Some(TokenSource::Chunks))
+            }
             None => (None, None),
         };
         RequestRecord {
@@ -933,8 +1070,10 @@ impl Runner {
                 let streams = if let Level::Closed(streams) = &self.level {
                     streams.clone()
                 } else {
-                    let streams =
-                        Arc::new(Streams { set: Mutex::new(StreamSet::default()), stop: CancellationToken::new() });
+                    let streams = Arc::new(Streams {
+                        set: Mutex::new(StreamSet::default()),
+                        stop: CancellationToken::new(),
+                    });
                     self.level = Level::Closed(streams.clone());
                     streams
                 };
@@ -959,7 +1098,9 @@ impl Runner {
                     let start_at = start + secs(offset);
                     let shared = self.shared.clone();
                     let streams2 = streams.clone();
-                    self.shared.tracker.spawn(stream_task(shared, streams2, i, start_at));
+                    self.shared
+                        .tracker
+                        .spawn(stream_task(shared, streams2, i, start_at));
                 }
             }
             Mode::Constant | Mode::Poisson => {
@@ -968,14 +1109,22 @@ impl Runner {
                 let schedule = if stage.mode == Mode::Constant {
                     Schedule::constant(rate, rampup)
                 } else {
-                    Schedule::poisson(rate, rampup, self.shared.seed ^ (index as u64).wrapping_mul(0x9E37_79B9))
+                    Schedule::poisson(
+                        rate,
+                        rampup,
+                        self.shared.seed ^ (index as u64).wrapping_mul(0x9E37_79B9),
+                    )
                 };
                 let stop = CancellationToken::new();
                 self.level = Level::Open(stop.clone());
                 let shared = self.shared.clone();
-                self.shared
-                    .tracker
-                    .spawn(scheduler_task(shared, schedule, start, stage.max_inflight as u64, stop));
+                self.shared.tracker.spawn(scheduler_task(
+                    shared,
+                    schedule,
+                    start,
+                    stage.max_inflight as u64,
+                    stop,
+                ));
             }
             // Rejected by validate().
             Mode::ConversationPool => {}
@@ -1038,7 +1187,9 @@ async fn scheduler_task(
 ) {
     let start = tokio::time::Instant::from_std(start);
     for offset in schedule {
-        let Ok(offset) = Duration::try_from_secs_f64(offset) else { break };
+        let Ok(offset) = Duration::try_from_secs_f64(offset) else {
+            break;
+        };
         let due = start + offset;
         tokio::select! {
             biased;
@@ -1051,7 +1202,9 @@ async fn scheduler_task(
             shared.record_drop(scheduled_at).await;
             continue;
         }
-        let Some(claim) = shared.claim(Some(scheduled_at)) else { return };
+        let Some(claim) = shared.claim(Some(scheduled_at)) else {
+            return;
+        };
         let task_shared = shared.clone();
         shared.tracker.spawn(conversation_task(task_shared, claim));
     }
@@ -1129,4 +1282,3 @@ fn stage_result(
         skip_reason: None,
     }
 }
-

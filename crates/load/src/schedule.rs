@@ -25,13 +25,21 @@ pub struct Schedule {
 enum Kind {
     Constant,
     /// Unit-rate Poisson process: cumulative sum of Exp(1) draws.
-    Poisson { rng: SmallRng, cumulative: f64 },
+    Poisson {
+        rng: SmallRng,
+        cumulative: f64,
+    },
 }
 
 impl Schedule {
     /// Evenly spaced arrivals at `rate` per second after a linear ramp of `rampup_s`.
     pub fn constant(rate: f64, rampup_s: f64) -> Self {
-        Schedule { rate, rampup: rampup_s.max(0.0), kind: Kind::Constant, next: 0 }
+        Schedule {
+            rate,
+            rampup: rampup_s.max(0.0),
+            kind: Kind::Constant,
+            next: 0,
+        }
     }
 
     /// Poisson arrivals at `rate` per second after a linear ramp, reproducible from `seed`.
@@ -39,7 +47,10 @@ impl Schedule {
         Schedule {
             rate,
             rampup: rampup_s.max(0.0),
-            kind: Kind::Poisson { rng: SmallRng::seed_from_u64(seed), cumulative: 0.0 },
+            kind: Kind::Poisson {
+                rng: SmallRng::seed_from_u64(seed),
+                cumulative: 0.0,
+            },
             next: 0,
         }
     }
@@ -127,10 +138,14 @@ mod tests {
 
     #[test]
     fn poisson_counts_match_rate_times_duration() {
-        let count = Schedule::poisson(200.0, 0.0, 7).take_while(|&t| t < 60.0).count();
+        let count = Schedule::poisson(200.0, 0.0, 7)
+            .take_while(|&t| t < 60.0)
+            .count();
         // Mean 12000, standard deviation ~110: 5 sigma bounds.
         assert!((11_450..=12_550).contains(&count), "{count}");
-        let ramped = Schedule::poisson(200.0, 20.0, 8).take_while(|&t| t < 60.0).count();
+        let ramped = Schedule::poisson(200.0, 20.0, 8)
+            .take_while(|&t| t < 60.0)
+            .count();
         // Expected 200*20/2 + 200*40 = 10000.
         assert!((9_500..=10_500).contains(&ramped), "{ramped}");
     }

@@ -194,11 +194,17 @@ pub fn parse_chunk(payload: &[u8]) -> Event {
     if let Some(error) = raw.error {
         return Event::Error(format!("server error in stream: {}", error_message(&error)));
     }
-    let mut chunk = Chunk { usage: raw.usage, ..Chunk::default() };
+    let mut chunk = Chunk {
+        usage: raw.usage,
+        ..Chunk::default()
+    };
     if let Some(choice) = raw.choices.into_iter().next() {
         if let Some(delta) = choice.delta {
             chunk.content = delta.content.unwrap_or_default();
-            chunk.reasoning = delta.reasoning_content.or(delta.reasoning).unwrap_or_default();
+            chunk.reasoning = delta
+                .reasoning_content
+                .or(delta.reasoning)
+                .unwrap_or_default();
         }
         if let Some(text) = choice.text {
             chunk.content.push_str(&text);
@@ -224,7 +230,11 @@ pub fn excerpt(bytes: &[u8], max: usize) -> String {
     if bytes.len() <= max {
         String::from_utf8_lossy(bytes).into_owned()
     } else {
-        format!("{}… ({} bytes)", String::from_utf8_lossy(&bytes[..max]), bytes.len())
+        format!(
+            "{}… ({} bytes)",
+            String::from_utf8_lossy(&bytes[..max]),
+            bytes.len()
+        )
     }
 }
 
@@ -249,7 +259,10 @@ mod tests {
 
     #[test]
     fn multi_line_events_are_joined_with_newlines() {
-        assert_eq!(events(&[b"data: {\"a\":\ndata: 1}\n\n"]), vec!["{\"a\":\n1}"]);
+        assert_eq!(
+            events(&[b"data: {\"a\":\ndata: 1}\n\n"]),
+            vec!["{\"a\":\n1}"]
+        );
     }
 
     #[test]
@@ -262,7 +275,10 @@ mod tests {
 
     #[test]
     fn crlf_and_cr_line_ends() {
-        assert_eq!(events(&[b"data: a\r\n\r\ndata: b\r\rdata: c\n\n"]), vec!["a", "b", "c"]);
+        assert_eq!(
+            events(&[b"data: a\r\n\r\ndata: b\r\rdata: c\n\n"]),
+            vec!["a", "b", "c"]
+        );
     }
 
     #[test]
@@ -272,7 +288,11 @@ mod tests {
         assert_eq!(whole.len(), 2);
         let bytes = body.as_bytes();
         for split in 0..bytes.len() {
-            assert_eq!(events(&[&bytes[..split], &bytes[split..]]), whole, "split at {split}");
+            assert_eq!(
+                events(&[&bytes[..split], &bytes[split..]]),
+                whole,
+                "split at {split}"
+            );
         }
         let singles: Vec<&[u8]> = bytes.chunks(1).collect();
         assert_eq!(events(&singles), whole);

@@ -57,7 +57,11 @@ fn micros(seconds: f64) -> u64 {
 }
 
 fn quantile(h: &Histogram<u64>, q: f64) -> f64 {
-    if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1e6 }
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(q) as f64 / 1e6
+    }
 }
 
 fn mean(h: &Histogram<u64>) -> f64 {
@@ -107,7 +111,13 @@ impl StageAccumulator {
 
     /// The statistics over a stage that lasted `duration_s` seconds.
     pub fn finish(&self, duration_s: f64) -> (ClientStats, StageDetail) {
-        let per_second = |n: u64| if duration_s > 0.0 { n as f64 / duration_s } else { 0.0 };
+        let per_second = |n: u64| {
+            if duration_s > 0.0 {
+                n as f64 / duration_s
+            } else {
+                0.0
+            }
+        };
         let client = ClientStats {
             requests_ok: self.ok,
             requests_failed: self.failed,
@@ -178,7 +188,11 @@ mod tests {
         assert_eq!(detail.sent, 101);
         assert!((client.requests_per_second - 10.0).abs() < 1e-9);
         assert!((client.output_tokens_per_second - 100.0).abs() < 1e-9);
-        assert!((client.ttft_p50_seconds - 0.050).abs() < 0.0001, "{}", client.ttft_p50_seconds);
+        assert!(
+            (client.ttft_p50_seconds - 0.050).abs() < 0.0001,
+            "{}",
+            client.ttft_p50_seconds
+        );
         assert!((client.ttft_p99_seconds - 0.099).abs() < 0.0001);
         assert!((client.itl_p99_seconds - 0.02).abs() < 0.0001);
         assert!((detail.ttft_mean_seconds - 0.0505).abs() < 0.0001);

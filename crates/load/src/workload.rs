@@ -21,7 +21,10 @@ pub enum WorkloadError {
     #[error("workload `corpus` needs `corpus_path` (a text file or a directory of text files)")]
     NoCorpusPath,
     #[error("cannot read corpus {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("corpus {0} holds no text (no readable UTF-8 .txt/.md files, or all empty)")]
     Empty(PathBuf),
     #[error("corpus {path} is larger than {max} bytes: point corpus_path at a smaller file")]
@@ -50,7 +53,10 @@ impl PromptGen {
             WorkloadType::Synthetic => Kind::Synthetic,
             WorkloadType::Faker => Kind::Faker,
             WorkloadType::Corpus => {
-                let path = workload.corpus_path.as_deref().ok_or(WorkloadError::NoCorpusPath)?;
+                let path = workload
+                    .corpus_path
+                    .as_deref()
+                    .ok_or(WorkloadError::NoCorpusPath)?;
                 Kind::Corpus(load_corpus(Path::new(path))?)
             }
         };
@@ -147,7 +153,10 @@ pub(crate) fn mix(seed: u64, conversation: u64, turn: u32) -> u64 {
 }
 
 fn load_corpus(path: &Path) -> Result<Arc<str>, WorkloadError> {
-    let read_err = |source| WorkloadError::Read { path: path.to_owned(), source };
+    let read_err = |source| WorkloadError::Read {
+        path: path.to_owned(),
+        source,
+    };
     let meta = std::fs::metadata(path).map_err(read_err)?;
     let mut files = Vec::new();
     if meta.is_dir() {
@@ -168,9 +177,15 @@ fn load_corpus(path: &Path) -> Result<Arc<str>, WorkloadError> {
         let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
         total += size;
         if total > MAX_CORPUS_BYTES {
-            return Err(WorkloadError::TooLarge { path: path.to_owned(), max: MAX_CORPUS_BYTES });
+            return Err(WorkloadError::TooLarge {
+                path: path.to_owned(),
+                max: MAX_CORPUS_BYTES,
+            });
         }
-        let bytes = std::fs::read(&file).map_err(|source| WorkloadError::Read { path: file.clone(), source })?;
+        let bytes = std::fs::read(&file).map_err(|source| WorkloadError::Read {
+            path: file.clone(),
+            source,
+        })?;
         // A directory may hold binaries: skip files that are not UTF-8 text.
         let Ok(content) = String::from_utf8(bytes) else {
             tracing::debug!("corpus: skipping {} (not UTF-8)", file.display());
@@ -250,57 +265,262 @@ fn capitalise(out: &mut String, start: usize) {
     }
 }
 
-const DETERMINERS: &[&str] = &["the", "a", "every", "that", "one", "our", "their", "some", "this"];
+const DETERMINERS: &[&str] = &[
+    "the", "a", "every", "that", "one", "our", "their", "some", "this",
+];
 const ADJECTIVES: &[&str] = &[
     "quiet", "ancient", "restless", "bright", "careful", "hollow", "distant", "patient", "curious",
     "narrow", "golden", "stubborn", "gentle", "frozen", "crowded", "silver", "tired", "sudden",
     "modest", "wild", "polished", "fragile", "heavy", "honest", "late", "rusty", "vivid", "humble",
 ];
 const NOUNS: &[&str] = &[
-    "engineer", "river", "lantern", "committee", "harbor", "notebook", "garden", "compiler",
-    "village", "mountain", "library", "signal", "merchant", "bicycle", "window", "orchard",
-    "satellite", "teacher", "kettle", "bridge", "archive", "storm", "violin", "market", "server",
-    "painter", "letter", "forest", "clock", "ferry", "recipe", "question", "tower", "neighbor",
+    "engineer",
+    "river",
+    "lantern",
+    "committee",
+    "harbor",
+    "notebook",
+    "garden",
+    "compiler",
+    "village",
+    "mountain",
+    "library",
+    "signal",
+    "merchant",
+    "bicycle",
+    "window",
+    "orchard",
+    "satellite",
+    "teacher",
+    "kettle",
+    "bridge",
+    "archive",
+    "storm",
+    "violin",
+    "market",
+    "server",
+    "painter",
+    "letter",
+    "forest",
+    "clock",
+    "ferry",
+    "recipe",
+    "question",
+    "tower",
+    "neighbor",
 ];
 const VERBS: &[&str] = &[
-    "found", "carried", "ignored", "repaired", "followed", "described", "painted", "measured",
-    "questioned", "borrowed", "watched", "remembered", "opened", "counted", "sold", "noticed",
-    "crossed", "replaced", "welcomed", "studied", "moved", "answered", "delayed", "built",
+    "found",
+    "carried",
+    "ignored",
+    "repaired",
+    "followed",
+    "described",
+    "painted",
+    "measured",
+    "questioned",
+    "borrowed",
+    "watched",
+    "remembered",
+    "opened",
+    "counted",
+    "sold",
+    "noticed",
+    "crossed",
+    "replaced",
+    "welcomed",
+    "studied",
+    "moved",
+    "answered",
+    "delayed",
+    "built",
 ];
 const ADVERBS: &[&str] = &[
-    "slowly", "again", "without a word", "before dawn", "every morning", "in silence",
-    "with great care", "at last", "almost by accident", "twice", "for no reason", "quickly",
+    "slowly",
+    "again",
+    "without a word",
+    "before dawn",
+    "every morning",
+    "in silence",
+    "with great care",
+    "at last",
+    "almost by accident",
+    "twice",
+    "for no reason",
+    "quickly",
 ];
 const PLACES: &[&str] = &[
-    "near the station", "behind the old mill", "in the northern valley", "across the square",
-    "under the bridge", "at the edge of town", "on the third floor", "beside the harbor",
-    "in the back room", "along the coast", "by the river", "after the meeting",
+    "near the station",
+    "behind the old mill",
+    "in the northern valley",
+    "across the square",
+    "under the bridge",
+    "at the edge of town",
+    "on the third floor",
+    "beside the harbor",
+    "in the back room",
+    "along the coast",
+    "by the river",
+    "after the meeting",
 ];
 const OPENERS: &[&str] = &[
-    "In the morning", "Long ago", "Without warning", "By the end of the week", "Every winter",
-    "Later that night", "As expected", "Meanwhile", "Despite the rain", "For a while",
+    "In the morning",
+    "Long ago",
+    "Without warning",
+    "By the end of the week",
+    "Every winter",
+    "Later that night",
+    "As expected",
+    "Meanwhile",
+    "Despite the rain",
+    "For a while",
 ];
 const NAMES: &[&str] = &[
     "Maria", "Tomasz", "Aiko", "Daniel", "Fatima", "Lars", "Priya", "Omar", "Elena", "Kwame",
     "Sofia", "Hiro", "Nadia", "Pablo", "Ingrid", "Wei", "Amara", "Jonas",
 ];
 const GERUNDS: &[&str] = &[
-    "moving", "changing", "waiting", "humming", "drifting", "failing", "growing", "returning",
+    "moving",
+    "changing",
+    "waiting",
+    "humming",
+    "drifting",
+    "failing",
+    "growing",
+    "returning",
 ];
 const WORDS: &[&str] = &[
-    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world",
-    "school", "state", "family", "student", "group", "country", "problem", "hand", "part",
-    "place", "case", "week", "company", "system", "program", "question", "work", "government",
-    "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story",
-    "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue",
-    "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game",
-    "line", "end", "member", "law", "car", "city", "community", "name", "president", "team",
-    "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level",
-    "office", "door", "health", "person", "art", "war", "history", "party", "result", "change",
-    "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force",
-    "education", "blue", "green", "quick", "small", "large", "early", "young", "important",
-    "few", "public", "bad", "same", "able", "run", "make", "take", "see", "know", "think",
-    "look", "want", "give", "use", "find", "tell", "ask", "seem", "feel", "try", "leave", "call",
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+    "blue",
+    "green",
+    "quick",
+    "small",
+    "large",
+    "early",
+    "young",
+    "important",
+    "few",
+    "public",
+    "bad",
+    "same",
+    "able",
+    "run",
+    "make",
+    "take",
+    "see",
+    "know",
+    "think",
+    "look",
+    "want",
+    "give",
+    "use",
+    "find",
+    "tell",
+    "ask",
+    "seem",
+    "feel",
+    "try",
+    "leave",
+    "call",
 ];
 
 #[cfg(test)]
@@ -308,7 +528,10 @@ mod tests {
     use super::*;
 
     fn workload(kind: WorkloadType) -> Workload {
-        Workload { kind, ..Workload::default() }
+        Workload {
+            kind,
+            ..Workload::default()
+        }
     }
 
     #[test]
@@ -333,7 +556,13 @@ mod tests {
         let t = g.text(0, 1, 2000);
         let sentences: Vec<&str> = t.split_inclusive(['.', '?']).map(str::trim).collect();
         assert!(sentences.len() > 10);
-        assert!(sentences.iter().filter(|s| s.len() > 3).all(|s| s.chars().next().unwrap().is_uppercase()));
+        assert!(
+            sentences.iter().filter(|s| s.len() > 3).all(|s| s
+                .chars()
+                .next()
+                .unwrap()
+                .is_uppercase())
+        );
         let distinct: std::collections::HashSet<&str> = t.split_whitespace().collect();
         assert!(distinct.len() > 60, "{}", distinct.len());
     }
@@ -341,8 +570,16 @@ mod tests {
     #[test]
     fn corpus_windows_slide_over_files_of_a_directory() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.txt"), "alpha beta gamma delta epsilon ".repeat(50)).unwrap();
-        std::fs::write(dir.path().join("b.txt"), "uno dos tres\ncuatro   cinco ".repeat(50)).unwrap();
+        std::fs::write(
+            dir.path().join("a.txt"),
+            "alpha beta gamma delta epsilon ".repeat(50),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("b.txt"),
+            "uno dos tres\ncuatro   cinco ".repeat(50),
+        )
+        .unwrap();
         std::fs::write(dir.path().join("c.bin"), [0xff, 0xfe, 0x00]).unwrap();
         let w = Workload {
             kind: WorkloadType::Corpus,
@@ -354,21 +591,35 @@ mod tests {
         let b = g.text(1, 1, 300);
         assert_eq!(a.len(), 300);
         assert_ne!(a, b);
-        assert!(!a.contains('\n') && !a.contains("  "), "whitespace normalised: {a:?}");
+        assert!(
+            !a.contains('\n') && !a.contains("  "),
+            "whitespace normalised: {a:?}"
+        );
         // Long windows wrap around the corpus.
         assert_eq!(g.text(2, 1, 20_000).len(), 20_000);
     }
 
     #[test]
     fn corpus_errors_say_what_to_fix() {
-        let w = Workload { kind: WorkloadType::Corpus, ..Workload::default() };
-        assert!(PromptGen::new(&w, 0).unwrap_err().to_string().contains("corpus_path"));
+        let w = Workload {
+            kind: WorkloadType::Corpus,
+            ..Workload::default()
+        };
+        assert!(
+            PromptGen::new(&w, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("corpus_path")
+        );
         let dir = tempfile::tempdir().unwrap();
         let w = Workload {
             kind: WorkloadType::Corpus,
             corpus_path: Some(dir.path().display().to_string()),
             ..Workload::default()
         };
-        assert!(matches!(PromptGen::new(&w, 0), Err(WorkloadError::Empty(_))));
+        assert!(matches!(
+            PromptGen::new(&w, 0),
+            Err(WorkloadError::Empty(_))
+        ));
     }
 }

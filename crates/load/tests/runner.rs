@@ -36,19 +36,37 @@ fn stage(duration_s: f64, mode: Mode) -> Stage {
 }
 
 fn concurrent(duration_s: f64, c: u32) -> Step {
-    Step::Stage(Stage { concurrency: Some(c), ..stage(duration_s, Mode::Concurrent) })
+    Step::Stage(Stage {
+        concurrency: Some(c),
+        ..stage(duration_s, Mode::Concurrent)
+    })
 }
 
 fn open(duration_s: f64, mode: Mode, rate: f64) -> Step {
-    Step::Stage(Stage { rate: Some(rate), ..stage(duration_s, mode) })
+    Step::Stage(Stage {
+        rate: Some(rate),
+        ..stage(duration_s, mode)
+    })
 }
 
 fn workload() -> Workload {
-    Workload { kind: WorkloadType::Synthetic, isl: 16, osl: 4, turns: 1, chars_per_token: 4.0, ..Workload::default() }
+    Workload {
+        kind: WorkloadType::Synthetic,
+        isl: 16,
+        osl: 4,
+        turns: 1,
+        chars_per_token: 4.0,
+        ..Workload::default()
+    }
 }
 
 fn scenario(steps: Vec<Step>) -> Scenario {
-    Scenario { target: None, model: None, workload: workload(), steps }
+    Scenario {
+        target: None,
+        model: None,
+        workload: workload(),
+        steps,
+    }
 }
 
 fn options(server: &TestServer, dir: &Path) -> RunOptions {
@@ -79,7 +97,12 @@ struct Recorder {
 
 impl StageHook for Recorder {
     async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
-        self.seen.push((done.index, done.client.requests_ok, done.start_unix, done.end_unix));
+        self.seen.push((
+            done.index,
+            done.client.requests_ok,
+            done.start_unix,
+            done.end_unix,
+        ));
         let annotation = serde_json::json!({ "seen": done.index });
         if Some(done.index) == self.stop_at {
             HookOutcome::stop("enough").with_annotation(annotation)
@@ -91,51 +114,102 @@ impl StageHook for Recorder {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_stages_grow_and_shrink_without_aborting_requests() {
-    let server = TestServer::start(Behaviour { token_delay: Duration::from_millis(20), ..Behaviour::default() }).await;
+    let server = TestServer::start(Behaviour {
+        token_delay: Duration::from_millis(20),
+        ..Behaviour::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
-    let sc = scenario(vec![concurrent(0.6, 2), concurrent(0.6, 6), concurrent(0.6, 3)]);
+    let sc = scenario(vec![
+        concurrent(0.6, 2),
+        concurrent(0.6, 6),
+        concurrent(0.6, 3),
+    ]);
     let mut hook = Recorder::default();
-    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook).await.unwrap();
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
 
     assert_eq!(result.outcome, RunOutcome::Completed);
     assert_eq!(result.exit_code(), 0);
     // The hook saw every measured stage, in order, with its statistics.
-    assert_eq!(hook.seen.iter().map(|s| s.0).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(
+        hook.seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
     assert!(hook.seen.iter().all(|s| s.1 > 0));
     let recs = records(dir.path());
     assert_eq!(recs.len() as u64, result.requests_recorded);
     // No request was aborted by a stage change.
-    assert!(recs.iter().all(|r| r.status == Status::Ok), "{:?}", recs.iter().find(|r| r.status != Status::Ok));
+    assert!(
+        recs.iter().all(|r| r.status == Status::Ok),
+        "{:?}",
+        recs.iter().find(|r| r.status != Status::Ok)
+    );
     // Each measured request was sent inside its stage's window.
     for r in recs.iter().filter(|r| r.phase == Phase::Measured) {
         let st = &result.stages[r.stage];
         let sent = r.sent_at.unwrap();
-        assert!(sent >= st.start_unix.unwrap() - 1e-3 && sent <= st.end_unix.unwrap() + 1e-3, "{r:?}");
+        assert!(
+            sent >= st.start_unix.unwrap() - 1e-3 && sent <= st.end_unix.unwrap() + 1e-3,
+            "{r:?}"
+        );
     }
     // Stage statistics are exactly the measured records of the stage.
     for st in &result.stages {
-        let n = recs.iter().filter(|r| r.stage == st.index && r.phase == Phase::Measured).count() as u64;
+        let n = recs
+            .iter()
+            .filter(|r| r.stage == st.index && r.phase == Phase::Measured)
+            .count() as u64;
         assert_eq!(st.client.as_ref().unwrap().requests_ok, n);
         assert_eq!(st.status, StageStatus::Measured);
         assert_eq!(st.annotation, Some(serde_json::json!({ "seen": st.index })));
     }
     // The server never saw more streams than the largest stage.
-    assert!(server.state.max_in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 6);
+    assert!(
+        server
+            .state
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+            <= 6
+    );
     // The outputs are on disk and agree with the result.
     let stages: Vec<nyann_load::StageResult> =
         serde_json::from_slice(&std::fs::read(dir.path().join("stages.json")).unwrap()).unwrap();
     assert_eq!(stages.len(), result.stages.len());
     for (file, mem) in stages.iter().zip(&result.stages) {
-        assert_eq!((file.index, file.status, &file.client.as_ref().unwrap().requests_ok), (mem.index, mem.status, &mem.client.as_ref().unwrap().requests_ok));
+        assert_eq!(
+            (
+                file.index,
+                file.status,
+                &file.client.as_ref().unwrap().requests_ok
+            ),
+            (
+                mem.index,
+                mem.status,
+                &mem.client.as_ref().unwrap().requests_ok
+            )
+        );
     }
     let summary: nyann_load::RunResult =
         serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary.totals.requests_ok, result.stages.iter().map(|s| s.client.as_ref().unwrap().requests_ok).sum::<u64>());
+    assert_eq!(
+        summary.totals.requests_ok,
+        result
+            .stages
+            .iter()
+            .map(|s| s.client.as_ref().unwrap().requests_ok)
+            .sum::<u64>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_holds_between_stages_and_hold_requests_count_nowhere() {
-    let server = TestServer::start(Behaviour { token_delay: Duration::from_millis(10), ..Behaviour::default() }).await;
+    let server = TestServer::start(Behaviour {
+        token_delay: Duration::from_millis(10),
+        ..Behaviour::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
 
     /// Takes its time, as a policy querying Prometheus would.
@@ -147,14 +221,27 @@ async fn load_holds_between_stages_and_hold_requests_count_nowhere() {
         }
     }
     let sc = scenario(vec![concurrent(0.4, 3), concurrent(0.4, 3)]);
-    let result = nyann_load::run(&sc, options(&server, dir.path()), Slow).await.unwrap();
+    let result = nyann_load::run(&sc, options(&server, dir.path()), Slow)
+        .await
+        .unwrap();
     let recs = records(dir.path());
     let hold: Vec<_> = recs.iter().filter(|r| r.phase == Phase::Hold).collect();
     // Load went on while the hook ran: tagged hold, with the finished stage's index.
     assert!(hold.len() > 10, "{}", hold.len());
-    assert!(hold.iter().all(|r| r.stage == 0 && r.sent_at.unwrap() >= result.stages[0].end_unix.unwrap() - 1e-3));
-    let total_measured: u64 = result.stages.iter().map(|s| s.client.as_ref().unwrap().requests_ok).sum();
-    assert_eq!(total_measured as usize, recs.iter().filter(|r| r.phase == Phase::Measured).count());
+    assert!(
+        hold.iter().all(
+            |r| r.stage == 0 && r.sent_at.unwrap() >= result.stages[0].end_unix.unwrap() - 1e-3
+        )
+    );
+    let total_measured: u64 = result
+        .stages
+        .iter()
+        .map(|s| s.client.as_ref().unwrap().requests_ok)
+        .sum();
+    assert_eq!(
+        total_measured as usize,
+        recs.iter().filter(|r| r.phase == Phase::Measured).count()
+    );
     // The next stage started only after the hook returned.
     assert!(result.stages[1].start_unix.unwrap() >= result.stages[0].end_unix.unwrap() + 0.39);
 }
@@ -163,14 +250,40 @@ async fn load_holds_between_stages_and_hold_requests_count_nowhere() {
 async fn hook_stop_skips_later_stages_and_keeps_the_stopping_stage() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let sc = scenario(vec![concurrent(0.3, 2), Step::Barrier { drain: false }, concurrent(0.3, 4), concurrent(0.3, 8)]);
-    let mut hook = Recorder { stop_at: Some(2), ..Recorder::default() };
-    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook).await.unwrap();
-    assert!(matches!(&result.outcome, RunOutcome::Stopped { stage: 2, reason } if reason.contains("enough")));
+    let sc = scenario(vec![
+        concurrent(0.3, 2),
+        Step::Barrier { drain: false },
+        concurrent(0.3, 4),
+        concurrent(0.3, 8),
+    ]);
+    let mut hook = Recorder {
+        stop_at: Some(2),
+        ..Recorder::default()
+    };
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&result.outcome, RunOutcome::Stopped { stage: 2, reason } if reason.contains("enough"))
+    );
     assert_eq!(result.exit_code(), 0);
     let statuses: Vec<_> = result.stages.iter().map(|s| s.status).collect();
-    assert_eq!(statuses, vec![StageStatus::Measured, StageStatus::Barrier, StageStatus::Measured, StageStatus::Skipped]);
-    assert!(result.stages[3].skip_reason.as_deref().unwrap().contains("enough"));
+    assert_eq!(
+        statuses,
+        vec![
+            StageStatus::Measured,
+            StageStatus::Barrier,
+            StageStatus::Measured,
+            StageStatus::Skipped
+        ]
+    );
+    assert!(
+        result.stages[3]
+            .skip_reason
+            .as_deref()
+            .unwrap()
+            .contains("enough")
+    );
     assert!(result.stages[2].client.as_ref().unwrap().requests_ok > 0);
     // Nothing was sent for the skipped stage.
     assert!(records(dir.path()).iter().all(|r| r.stage != 3));
@@ -180,57 +293,109 @@ async fn hook_stop_skips_later_stages_and_keeps_the_stopping_stage() {
 async fn warmup_is_sent_tagged_and_excluded() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let warm = Step::Stage(Stage { concurrency: Some(2), warmup: true, ..stage(0.3, Mode::Concurrent) });
+    let warm = Step::Stage(Stage {
+        concurrency: Some(2),
+        warmup: true,
+        ..stage(0.3, Mode::Concurrent)
+    });
     let sc = scenario(vec![warm, concurrent(0.3, 2)]);
     let mut hook = Recorder::default();
-    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook).await.unwrap();
-    assert_eq!(hook.seen.iter().map(|s| s.0).collect::<Vec<_>>(), vec![1], "warm-up is never judged");
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+    assert_eq!(
+        hook.seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![1],
+        "warm-up is never judged"
+    );
     assert_eq!(result.stages[0].status, StageStatus::Warmup);
     let recs = records(dir.path());
-    let warm_n = recs.iter().filter(|r| r.phase == Phase::Warmup && r.stage == 0).count();
+    let warm_n = recs
+        .iter()
+        .filter(|r| r.phase == Phase::Warmup && r.stage == 0)
+        .count();
     assert!(warm_n > 0);
     let measured_n = recs.iter().filter(|r| r.phase == Phase::Measured).count() as u64;
     assert_eq!(result.totals.requests_ok, measured_n);
-    assert!(recs.iter().filter(|r| r.phase == Phase::Measured).all(|r| r.stage == 1));
+    assert!(
+        recs.iter()
+            .filter(|r| r.phase == Phase::Measured)
+            .all(|r| r.stage == 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_requests_ends_the_stage_early() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = Step::Stage(Stage { concurrency: Some(3), max_requests: 7, ..stage(60.0, Mode::Concurrent) });
+    let s = Step::Stage(Stage {
+        concurrency: Some(3),
+        max_requests: 7,
+        ..stage(60.0, Mode::Concurrent)
+    });
     let sc = scenario(vec![s, concurrent(0.2, 1)]);
     let started = std::time::Instant::now();
-    let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook).await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(30), "the 60 s stage ended on max_requests");
+    let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the 60 s stage ended on max_requests"
+    );
     let recs = records(dir.path());
-    assert_eq!(recs.iter().filter(|r| r.stage == 0 && r.phase == Phase::Measured).count(), 7);
+    assert_eq!(
+        recs.iter()
+            .filter(|r| r.stage == 0 && r.phase == Phase::Measured)
+            .count(),
+        7
+    );
     assert_eq!(result.stages[0].client.as_ref().unwrap().requests_ok, 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consecutive_errors_abort_with_every_result_written() {
-    let server = TestServer::start(Behaviour { fault: Fault::Http500, ..Behaviour::default() }).await;
+    let server = TestServer::start(Behaviour {
+        fault: Fault::Http500,
+        ..Behaviour::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let sc = scenario(vec![concurrent(30.0, 2), concurrent(30.0, 2)]);
-    let opts = RunOptions { max_consecutive_errors: 4, ..options(&server, dir.path()) };
+    let opts = RunOptions {
+        max_consecutive_errors: 4,
+        ..options(&server, dir.path())
+    };
     let result = nyann_load::run(&sc, opts, NoHook).await.unwrap();
-    let RunOutcome::Aborted { reason } = &result.outcome else { panic!("{:?}", result.outcome) };
-    assert!(reason.contains("4 consecutive") && reason.contains("HTTP 500") && reason.contains("engine dead"), "{reason}");
+    let RunOutcome::Aborted { reason } = &result.outcome else {
+        panic!("{:?}", result.outcome)
+    };
+    assert!(
+        reason.contains("4 consecutive")
+            && reason.contains("HTTP 500")
+            && reason.contains("engine dead"),
+        "{reason}"
+    );
     assert_eq!(result.exit_code(), 1);
     assert_eq!(result.stages[0].status, StageStatus::Interrupted);
     assert_eq!(result.stages[1].status, StageStatus::Skipped);
     let recs = records(dir.path());
     assert_eq!(recs.len() as u64, result.requests_recorded);
     assert!(recs.len() >= 4);
-    assert!(recs.iter().all(|r| r.status == Status::Failed && r.http_status == Some(500)));
+    assert!(
+        recs.iter()
+            .all(|r| r.status == Status::Failed && r.http_status == Some(500))
+    );
     assert!(dir.path().join("summary.json").exists() && dir.path().join("stages.json").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupt_keeps_completed_records_and_cancels_the_rest() {
     // Slow tokens: requests are still in flight when the interrupt comes.
-    let server = TestServer::start(Behaviour { token_delay: Duration::from_millis(200), ..Behaviour::default() }).await;
+    let server = TestServer::start(Behaviour {
+        token_delay: Duration::from_millis(200),
+        ..Behaviour::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let mut w = workload();
     w.osl = 40; // 8 s per request: longer than the grace period
@@ -248,7 +413,9 @@ async fn interrupt_keeps_completed_records_and_cancels_the_rest() {
     assert_eq!(result.exit_code(), 130);
     let recs = records(dir.path());
     assert_eq!(recs.len(), 3);
-    assert!(recs.iter().all(|r| r.status == Status::Cancelled && r.error.as_deref().unwrap().contains("cancelled")));
+    assert!(recs.iter().all(
+        |r| r.status == Status::Cancelled && r.error.as_deref().unwrap().contains("cancelled")
+    ));
     assert_eq!(result.stages[0].detail.as_ref().unwrap().cancelled, 3);
 }
 
@@ -257,7 +424,9 @@ async fn constant_rate_sends_rate_times_duration_with_schedule_times() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let sc = scenario(vec![open(2.0, Mode::Constant, 40.0)]);
-    let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook).await.unwrap();
+    let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
     let recs = records(dir.path());
     let measured: Vec<_> = recs.iter().filter(|r| r.phase == Phase::Measured).collect();
     // 40/s for 2 s = 80 arrivals (+1 for the one at t=0); timer granularity only.
@@ -266,7 +435,11 @@ async fn constant_rate_sends_rate_times_duration_with_schedule_times() {
     for (k, r) in measured.iter().enumerate() {
         let due = r.scheduled_at.unwrap();
         // Arrivals are on the absolute timeline: k/rate after the start.
-        assert!((due - start - k as f64 / 40.0).abs() < 0.01, "arrival {k} due {}", due - start);
+        assert!(
+            (due - start - k as f64 / 40.0).abs() < 0.01,
+            "arrival {k} due {}",
+            due - start
+        );
         assert!(r.sent_at.unwrap() >= due - 1e-3);
     }
 }
@@ -276,37 +449,71 @@ async fn poisson_rate_count_within_tolerance() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let sc = scenario(vec![open(3.0, Mode::Poisson, 100.0)]);
-    nyann_load::run(&sc, options(&server, dir.path()), NoHook).await.unwrap();
-    let n = records(dir.path()).iter().filter(|r| r.phase == Phase::Measured).count();
+    nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
+    let n = records(dir.path())
+        .iter()
+        .filter(|r| r.phase == Phase::Measured)
+        .count();
     // Mean 300, sd ~17: 5 sd.
     assert!((215..=385).contains(&n), "{n}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_inflight_drops_arrivals_instead_of_delaying_them() {
-    let server = TestServer::start(Behaviour { token_delay: Duration::from_millis(100), ..Behaviour::default() }).await;
+    let server = TestServer::start(Behaviour {
+        token_delay: Duration::from_millis(100),
+        ..Behaviour::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     // 100/s with requests of ~0.4 s would need ~40 in flight; the cap is 5.
-    let s = Step::Stage(Stage { rate: Some(100.0), max_inflight: 5, ..stage(1.0, Mode::Constant) });
-    let result = nyann_load::run(&scenario(vec![s]), options(&server, dir.path()), NoHook).await.unwrap();
+    let s = Step::Stage(Stage {
+        rate: Some(100.0),
+        max_inflight: 5,
+        ..stage(1.0, Mode::Constant)
+    });
+    let result = nyann_load::run(&scenario(vec![s]), options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
     let recs = records(dir.path());
     let dropped = recs.iter().filter(|r| r.status == Status::Dropped).count();
     let sent = recs.iter().filter(|r| r.status == Status::Ok).count();
     assert!(dropped > 50, "{dropped}");
     assert!(sent >= 5, "{sent}");
-    assert_eq!(result.stages[0].detail.as_ref().unwrap().dropped as usize, dropped);
-    assert!(server.state.max_in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 5);
+    assert_eq!(
+        result.stages[0].detail.as_ref().unwrap().dropped as usize,
+        dropped
+    );
+    assert!(
+        server
+            .state
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+            <= 5
+    );
     // Every arrival is accounted for on schedule: sent or dropped, none delayed.
     assert!((99..=102).contains(&(dropped + sent)), "{}", dropped + sent);
-    assert!(recs.iter().filter(|r| r.status == Status::Dropped).all(|r| r.sent_at.is_none() && r.scheduled_at.is_some()));
+    assert!(
+        recs.iter()
+            .filter(|r| r.status == Status::Dropped)
+            .all(|r| r.sent_at.is_none() && r.scheduled_at.is_some())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_pool_is_refused_before_any_load() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = Step::Stage(Stage { concurrency: Some(4), conversation_pool_size: 8, ..stage(1.0, Mode::ConversationPool) });
-    let err = nyann_load::run(&scenario(vec![s]), options(&server, dir.path()), NoHook).await.unwrap_err();
+    let s = Step::Stage(Stage {
+        concurrency: Some(4),
+        conversation_pool_size: 8,
+        ..stage(1.0, Mode::ConversationPool)
+    });
+    let err = nyann_load::run(&scenario(vec![s]), options(&server, dir.path()), NoHook)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("not supported yet"), "{err}");
     assert!(server.requests().is_empty());
 }
@@ -315,11 +522,17 @@ async fn conversation_pool_is_refused_before_any_load() {
 async fn multi_turn_replays_the_real_replies() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut sc = scenario(vec![Step::Stage(Stage { concurrency: Some(1), max_requests: 3, ..stage(30.0, Mode::Concurrent) })]);
+    let mut sc = scenario(vec![Step::Stage(Stage {
+        concurrency: Some(1),
+        max_requests: 3,
+        ..stage(30.0, Mode::Concurrent)
+    })]);
     sc.workload.turns = 3;
     sc.workload.subsequent_isl = Some(4);
     sc.workload.cache_salt = Some(CacheSalt::Fixed("abc".into()));
-    nyann_load::run(&sc, options(&server, dir.path()), NoHook).await.unwrap();
+    nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
     let reqs = server.requests();
     let first = &reqs[0]["messages"];
     let third = &reqs[2]["messages"];
@@ -330,47 +543,98 @@ async fn multi_turn_replays_the_real_replies() {
     assert_eq!(third[1]["content"], "m1t0 m1t1 m1t2 m1t3 ");
     assert_eq!(third[3]["content"], "m3t0 m3t1 m3t2 m3t3 ");
     assert_eq!(third[0], first[0], "history is kept verbatim");
-    assert_eq!(third[4]["content"].as_str().unwrap().len(), 16, "subsequent_isl 4 tokens x 4.0 chars");
-    assert!(reqs.iter().all(|r| r["cache_salt"] == "abc" && r["ignore_eos"] == true && r["min_tokens"] == 4));
+    assert_eq!(
+        third[4]["content"].as_str().unwrap().len(),
+        16,
+        "subsequent_isl 4 tokens x 4.0 chars"
+    );
+    assert!(
+        reqs.iter()
+            .all(|r| r["cache_salt"] == "abc" && r["ignore_eos"] == true && r["min_tokens"] == 4)
+    );
     let recs = records(dir.path());
-    assert_eq!(recs.iter().filter(|r| r.phase == Phase::Measured).map(|r| r.turn).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(
+        recs.iter()
+            .filter(|r| r.phase == Phase::Measured)
+            .map(|r| r.turn)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isl_is_calibrated_with_tokenize_when_the_server_has_it() {
-    let server = TestServer::start(Behaviour { tokenize_chars_per_token: Some(3.0), ..Behaviour::default() }).await;
+    let server = TestServer::start(Behaviour {
+        tokenize_chars_per_token: Some(3.0),
+        ..Behaviour::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
-    let mut sc = scenario(vec![Step::Stage(Stage { concurrency: Some(1), max_requests: 1, ..stage(30.0, Mode::Concurrent) })]);
+    let mut sc = scenario(vec![Step::Stage(Stage {
+        concurrency: Some(1),
+        max_requests: 1,
+        ..stage(30.0, Mode::Concurrent)
+    })]);
     sc.workload.isl = 100;
     sc.workload.chars_per_token = 0.0;
-    nyann_load::run(&sc, options(&server, dir.path()), NoHook).await.unwrap();
-    let prompt = server.requests()[0]["messages"][0]["content"].as_str().unwrap().len();
-    assert!((297..=303).contains(&prompt), "100 tokens x 3.0 chars: {prompt}");
+    nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
+    let prompt = server.requests()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .len();
+    assert!(
+        (297..=303).contains(&prompt),
+        "100 tokens x 3.0 chars: {prompt}"
+    );
 
     // Without /tokenize: the workload's chars_per_token, else 4.0.
     let plain = TestServer::start(Behaviour::default()).await;
     for (cpt, want) in [(2.5, 250), (0.0, 400)] {
         sc.workload.chars_per_token = cpt;
-        nyann_load::run(&sc, options(&plain, dir.path()), NoHook).await.unwrap();
-        let len = plain.requests().last().unwrap()["messages"][0]["content"].as_str().unwrap().len();
+        nyann_load::run(&sc, options(&plain, dir.path()), NoHook)
+            .await
+            .unwrap();
+        let len = plain.requests().last().unwrap()["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .len();
         assert_eq!(len, want, "chars_per_token {cpt}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_faults_are_failed_requests_with_reasons() {
-    for (fault, reason) in [(Fault::ErrorEvent, "out of memory"), (Fault::Truncate, "unreadable stream event")] {
-        let server = TestServer::start(Behaviour { fault, ..Behaviour::default() }).await;
+    for (fault, reason) in [
+        (Fault::ErrorEvent, "out of memory"),
+        (Fault::Truncate, "unreadable stream event"),
+    ] {
+        let server = TestServer::start(Behaviour {
+            fault,
+            ..Behaviour::default()
+        })
+        .await;
         let dir = tempfile::tempdir().unwrap();
-        let mut sc = scenario(vec![Step::Stage(Stage { concurrency: Some(1), max_requests: 2, ..stage(30.0, Mode::Concurrent) })]);
+        let mut sc = scenario(vec![Step::Stage(Stage {
+            concurrency: Some(1),
+            max_requests: 2,
+            ..stage(30.0, Mode::Concurrent)
+        })]);
         sc.workload.osl = 6;
-        let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook).await.unwrap();
+        let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+            .await
+            .unwrap();
         let recs = records(dir.path());
         let measured: Vec<_> = recs.iter().filter(|r| r.phase == Phase::Measured).collect();
         assert_eq!(measured.len(), 2);
         for r in measured {
             assert_eq!(r.status, Status::Failed);
-            assert!(r.error.as_deref().unwrap().contains(reason), "{fault:?}: {:?}", r.error);
+            assert!(
+                r.error.as_deref().unwrap().contains(reason),
+                "{fault:?}: {:?}",
+                r.error
+            );
         }
         assert_eq!(result.stages[0].client.as_ref().unwrap().requests_failed, 2);
     }
@@ -380,7 +644,11 @@ async fn stream_faults_are_failed_requests_with_reasons() {
 async fn usage_tokens_completions_api_and_model_autodetect() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let sc = scenario(vec![Step::Stage(Stage { concurrency: Some(1), max_requests: 2, ..stage(30.0, Mode::Concurrent) })]);
+    let sc = scenario(vec![Step::Stage(Stage {
+        concurrency: Some(1),
+        max_requests: 2,
+        ..stage(30.0, Mode::Concurrent)
+    })]);
     let mut opts = options(&server, dir.path());
     opts.client.api = nyann_load::Api::Completions;
     opts.client.stream_usage = true;
@@ -409,6 +677,12 @@ async fn ready_timeout_says_what_to_do() {
         ready_timeout: Duration::from_millis(600),
         ..RunOptions::default()
     };
-    let err = nyann_load::run(&sc, opts, NoHook).await.unwrap_err().to_string();
-    assert!(err.contains("--ready-timeout") && err.contains(&addr.to_string()), "{err}");
+    let err = nyann_load::run(&sc, opts, NoHook)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--ready-timeout") && err.contains(&addr.to_string()),
+        "{err}"
+    );
 }

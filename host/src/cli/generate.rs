@@ -1,10 +1,189 @@
-//! `nyann-bench generate` (scaffold: being built).
+//! `nyann-bench generate`: run a scenario (or a single stage described by
+//! flags) against an OpenAI-compatible server, print the per-stage table on
+//! stderr and the JSON summary on stdout, and write `--output-dir` files.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use nyann_load::{ClientArgs, Live, NoHook, parse_duration};
+use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
+
+use crate::report;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Scenario file: Starlark (`.star`) or the IR as JSON (`.json`). Without
+    /// it, one stage is described by --mode/--concurrency/--rate/--duration.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 
-pub async fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`nyann-bench generate` is not built yet")
+    /// Directory for requests.jsonl (streamed), stages.json and summary.json.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub single: SingleStageArgs,
+    // SEAM (lead): the signal-source flags (--prometheus-url, --scrape,
+    // --deploy-name, ...) and the policy flags (--policy, --on-policy-error)
+    // go here; `run` below builds the congestion hook from them and passes it
+    // to `nyann_load::run` in place of `NoHook`.
+}
+
+/// A one-stage scenario from flags (only without --config).
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Single stage (without --config)")]
+pub struct SingleStageArgs {
+    /// Load mode [default: concurrent, or constant when --rate is given].
+    #[arg(long, value_parser = ["concurrent", "constant", "poisson"])]
+    pub mode: Option<String>,
+    /// Closed-loop streams (concurrent mode) [default: 1].
+    #[arg(long)]
+    pub concurrency: Option<u32>,
+    /// Arrivals per second (constant and poisson modes).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Stage duration [default: 60s].
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// End the stage after this many requests [default: no limit].
+    #[arg(long)]
+    pub max_requests: Option<u64>,
+    /// Open loop: at most this many requests in flight; later arrivals are dropped.
+    #[arg(long)]
+    pub max_inflight: Option<u32>,
+    /// Prompt generator [default: faker].
+    #[arg(long, value_parser = ["synthetic", "faker", "corpus"])]
+    pub workload: Option<String>,
+    /// Corpus file or directory (workload corpus).
+    #[arg(long, value_name = "PATH")]
+    pub corpus: Option<String>,
+    /// Input length in tokens [default: 128].
+    #[arg(long)]
+    pub isl: Option<u32>,
+    /// Output length in tokens [default: 256].
+    #[arg(long)]
+    pub osl: Option<u32>,
+    /// Turns per conversation [default: 1].
+    #[arg(long)]
+    pub turns: Option<u32>,
+}
+
+impl SingleStageArgs {
+    fn any(&self) -> bool {
+        self.mode.is_some()
+            || self.concurrency.is_some()
+            || self.rate.is_some()
+            || self.duration.is_some()
+            || self.max_requests.is_some()
+            || self.max_inflight.is_some()
+            || self.workload.is_some()
+            || self.corpus.is_some()
+            || self.isl.is_some()
+            || self.osl.is_some()
+            || self.turns.is_some()
+    }
+
+    fn scenario(&self) -> anyhow::Result<Scenario> {
+        let mode = match (self.mode.as_deref(), self.rate) {
+            (Some("constant"), _) | (None, Some(_)) => Mode::Constant,
+            (Some("poisson"), _) => Mode::Poisson,
+            _ => Mode::Concurrent,
+        };
+        if mode != Mode::Concurrent && self.rate.is_none() {
+            anyhow::bail!("--mode constant/poisson needs --rate");
+        }
+        let kind = match self.workload.as_deref() {
+            Some("synthetic") => WorkloadType::Synthetic,
+            Some("corpus") => WorkloadType::Corpus,
+            _ => WorkloadType::Faker,
+        };
+        let defaults = Workload::default();
+        let workload = Workload {
+            kind,
+            isl: self.isl.unwrap_or(defaults.isl),
+            osl: self.osl.unwrap_or(defaults.osl),
+            turns: self.turns.unwrap_or(1),
+            corpus_path: self.corpus.clone(),
+            ..defaults
+        };
+        let stage = Stage {
+            name: None,
+            duration_s: self
+                .duration
+                .unwrap_or(Duration::from_secs(60))
+                .as_secs_f64(),
+            mode,
+            concurrency: (mode == Mode::Concurrent).then(|| self.concurrency.unwrap_or(1)),
+            rate: if mode == Mode::Concurrent {
+                None
+            } else {
+                self.rate
+            },
+            max_inflight: self.max_inflight.unwrap_or(0),
+            max_requests: self.max_requests.unwrap_or(0),
+            rampup_s: None,
+            workload: None,
+            target: None,
+            model: None,
+            warmup: false,
+            conversation_pool_size: 0,
+            stop: None,
+            location: None,
+        };
+        Ok(Scenario {
+            target: None,
+            model: None,
+            workload,
+            steps: vec![Step::Stage(stage)],
+        })
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let scenario = match &args.config {
+        Some(path) => {
+            if args.single.any() {
+                anyhow::bail!(
+                    "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
+                );
+            }
+            nyann_scenario::load_file(path)
+                .with_context(|| format!("loading scenario {}", path.display()))?
+        }
+        None => args.single.scenario()?,
+    };
+    if let Some(limit) = nyann_load::raise_fd_limit() {
+        tracing::debug!("open-files limit: {limit}");
+    }
+    let mut options = args.client.to_options()?;
+    options.output_dir = args.output_dir.clone();
+    let live = Arc::new(Live::new());
+    options.live = Some(live.clone());
+    let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
+    tracing::info!("seed {}", options.seed);
+
+    // SEAM (lead): build the congestion hook here from the policy and signal
+    // flags; it implements `nyann_load::StageHook`.
+    let hook = NoHook;
+
+    let progress = nyann_load::progress::Progress::start(live);
+    let result = nyann_load::run(&scenario, options, hook).await;
+    progress.finish().await;
+    let result = result?;
+
+    eprint!("{}", report::stage_table(&result));
+    if let Some(dir) = &args.output_dir {
+        eprintln!("results: {}", dir.display());
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&result).context("encoding the summary")?
+    );
+    Ok(ExitCode::from(result.exit_code()))
 }

@@ -30,7 +30,11 @@ pub struct Behaviour {
 
 impl Default for Behaviour {
     fn default() -> Self {
-        Behaviour { tokenize_chars_per_token: None, token_delay: Duration::from_millis(2), fault: Fault::None }
+        Behaviour {
+            tokenize_chars_per_token: None,
+            token_delay: Duration::from_millis(2),
+            fault: Fault::None,
+        }
     }
 }
 
@@ -56,18 +60,27 @@ impl TestServer {
     pub async fn start(behaviour: Behaviour) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = Arc::new(State { behaviour: Mutex::new(behaviour), ..State::default() });
+        let state = Arc::new(State {
+            behaviour: Mutex::new(behaviour),
+            ..State::default()
+        });
         let st = state.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((conn, _)) = listener.accept().await else { return };
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
                 let st = st.clone();
                 tokio::spawn(async move {
                     let _ = handle(conn, st).await;
                 });
             }
         });
-        TestServer { addr, base: format!("http://{addr}/v1"), state }
+        TestServer {
+            addr,
+            base: format!("http://{addr}/v1"),
+            state,
+        }
     }
 
     pub fn requests(&self) -> Vec<serde_json::Value> {
@@ -97,7 +110,8 @@ async fn read_request(conn: &mut TcpStream) -> std::io::Result<Option<(String, V
         .lines()
         .find_map(|l| {
             let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
         })
         .unwrap_or(0);
     let mut body = buf[head_end..].to_vec();
@@ -111,7 +125,12 @@ async fn read_request(conn: &mut TcpStream) -> std::io::Result<Option<(String, V
     Ok(Some((head, body)))
 }
 
-async fn respond(conn: &mut TcpStream, status: &str, content_type: &str, body: &str) -> std::io::Result<()> {
+async fn respond(
+    conn: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let text = format!(
         "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -120,25 +139,51 @@ async fn respond(conn: &mut TcpStream, status: &str, content_type: &str, body: &
 }
 
 async fn handle(mut conn: TcpStream, st: Arc<State>) -> std::io::Result<()> {
-    let Some((head, body)) = read_request(&mut conn).await? else { return Ok(()) };
+    let Some((head, body)) = read_request(&mut conn).await? else {
+        return Ok(());
+    };
     let request_line = head.lines().next().unwrap_or("").to_string();
     let behaviour = st.behaviour.lock().unwrap().clone();
     if request_line.starts_with("GET /v1/models") {
-        return respond(&mut conn, "200 OK", "application/json", r#"{"object":"list","data":[{"id":"test-model","object":"model"}]}"#).await;
+        return respond(
+            &mut conn,
+            "200 OK",
+            "application/json",
+            r#"{"object":"list","data":[{"id":"test-model","object":"model"}]}"#,
+        )
+        .await;
     }
     if request_line.starts_with("POST /tokenize") {
         st.tokenize_calls.fetch_add(1, Ordering::SeqCst);
         let Some(cpt) = behaviour.tokenize_chars_per_token else {
-            return respond(&mut conn, "404 Not Found", "application/json", r#"{"detail":"Not Found"}"#).await;
+            return respond(
+                &mut conn,
+                "404 Not Found",
+                "application/json",
+                r#"{"detail":"Not Found"}"#,
+            )
+            .await;
         };
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let chars = json["prompt"].as_str().unwrap_or("").len();
         let count = (chars as f64 / cpt).round() as u64;
-        return respond(&mut conn, "200 OK", "application/json", &format!(r#"{{"count":{count},"max_model_len":4096,"tokens":[]}}"#)).await;
+        return respond(
+            &mut conn,
+            "200 OK",
+            "application/json",
+            &format!(r#"{{"count":{count},"max_model_len":4096,"tokens":[]}}"#),
+        )
+        .await;
     }
     let chat = request_line.starts_with("POST /v1/chat/completions");
     if !chat && !request_line.starts_with("POST /v1/completions") {
-        return respond(&mut conn, "404 Not Found", "application/json", r#"{"detail":"Not Found"}"#).await;
+        return respond(
+            &mut conn,
+            "404 Not Found",
+            "application/json",
+            r#"{"detail":"Not Found"}"#,
+        )
+        .await;
     }
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     st.requests.lock().unwrap().push(json.clone());
@@ -150,22 +195,38 @@ async fn handle(mut conn: TcpStream, st: Arc<State>) -> std::io::Result<()> {
     result
 }
 
-async fn stream(conn: &mut TcpStream, json: &serde_json::Value, chat: bool, b: &Behaviour) -> std::io::Result<()> {
+async fn stream(
+    conn: &mut TcpStream,
+    json: &serde_json::Value,
+    chat: bool,
+    b: &Behaviour,
+) -> std::io::Result<()> {
     if b.fault == Fault::Http500 {
-        return respond(conn, "500 Internal Server Error", "application/json", r#"{"error":{"message":"engine dead"}}"#).await;
+        return respond(
+            conn,
+            "500 Internal Server Error",
+            "application/json",
+            r#"{"error":{"message":"engine dead"}}"#,
+        )
+        .await;
     }
-    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n").await?;
+    conn.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+    )
+    .await?;
     let n = json["max_tokens"].as_u64().unwrap_or(4);
     // The reply names the turn so multi-turn tests can check replay.
     let messages = json["messages"].as_array().map(|m| m.len()).unwrap_or(0);
     for i in 0..n {
         tokio::time::sleep(b.token_delay).await;
         if b.fault == Fault::Truncate && i == n / 2 {
-            conn.write_all(b"data: {\"choices\":[{\"delta\":{\"content\":\"cut").await?;
+            conn.write_all(b"data: {\"choices\":[{\"delta\":{\"content\":\"cut")
+                .await?;
             return Ok(());
         }
         if b.fault == Fault::ErrorEvent && i == n / 2 {
-            conn.write_all(b"data: {\"error\":{\"message\":\"out of memory\",\"code\":500}}\n\n").await?;
+            conn.write_all(b"data: {\"error\":{\"message\":\"out of memory\",\"code\":500}}\n\n")
+                .await?;
             return Ok(());
         }
         let text = format!("m{messages}t{i} ");
@@ -174,13 +235,18 @@ async fn stream(conn: &mut TcpStream, json: &serde_json::Value, chat: bool, b: &
         } else {
             serde_json::json!({"choices":[{"index":0,"text":text,"finish_reason":serde_json::Value::Null}]})
         };
-        conn.write_all(format!("data: {chunk}\n\n").as_bytes()).await?;
+        conn.write_all(format!("data: {chunk}\n\n").as_bytes())
+            .await?;
     }
-    let finish = serde_json::json!({"choices":[{"index":0,"delta":{},"text":"","finish_reason":"length"}]});
-    conn.write_all(format!("data: {finish}\n\n").as_bytes()).await?;
+    let finish =
+        serde_json::json!({"choices":[{"index":0,"delta":{},"text":"","finish_reason":"length"}]});
+    conn.write_all(format!("data: {finish}\n\n").as_bytes())
+        .await?;
     if json["stream_options"]["include_usage"].as_bool() == Some(true) {
-        let usage = serde_json::json!({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":n}});
-        conn.write_all(format!("data: {usage}\n\n").as_bytes()).await?;
+        let usage =
+            serde_json::json!({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":n}});
+        conn.write_all(format!("data: {usage}\n\n").as_bytes())
+            .await?;
     }
     conn.write_all(b"data: [DONE]\n\n").await?;
     Ok(())
