@@ -4,7 +4,7 @@
 //! sees: waiting p50 (sampled every 250 ms), KV usage max, preemptions and
 //! the server TTFT p99.
 //!
-//! `cargo run -p nyann-sim --release --example curve -- [virtual|live] [STAGE_SECS] [ISL] [OSL]`
+//! `cargo run -p nyann-sim --release --example curve -- [virtual|live] [STAGE_SECS] [ISL] [OSL] [KV_BLOCKS]`
 //!
 //! `virtual` (default) steps the engine on a virtual clock (deterministic,
 //! instant); `live` runs the HTTP server in process and real streaming clients.
@@ -57,8 +57,13 @@ fn ttft_p99(samples: &[f64]) -> f64 {
     f64::NAN
 }
 
+fn sim_args() -> SimArgs {
+    let kv_blocks = std::env::args().nth(5).and_then(|s| s.parse().ok());
+    SimArgs { kv_blocks, ..SimArgs::for_tests() }
+}
+
 fn virtual_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64, f64, usize) {
-    let args = SimArgs::for_tests();
+    let args = sim_args();
     let cfg = args.engine_config(0);
     let mut e = Engine::new(
         cfg.clone(),
@@ -126,7 +131,7 @@ fn virtual_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64, f6
 }
 
 async fn live_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64, f64, usize) {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(sim_args()).await.unwrap();
     let url = format!("{}/completions", sim.base_url());
     let client = reqwest::Client::new();
     let prompt = "x".repeat(isl as usize * 4);

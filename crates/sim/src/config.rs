@@ -10,7 +10,8 @@ use crate::engine::{EngineConfig, StepCost};
 pub enum Profile {
     /// A small GPU deployment scaled to run fast: 16 running sequences, 224 KV
     /// blocks of 16 tokens, steps of ~1-4 ms. With the default workload (isl
-    /// 128, osl 256) the KV cache saturates around concurrency 12-16.
+    /// 128, osl 256) the KV cache saturates around concurrency 12-16 (for isl
+    /// 64, osl 128, --kv-blocks 112 gives the same curve).
     Default,
     /// A server that is never the bottleneck: 1 ms to the first token, 0.5 ms
     /// per token, 32 tokens by default, no queue, no KV limit.

@@ -116,17 +116,31 @@ impl RunningSim {
     }
 
     /// Stop accepting connections, give open responses up to 2 s, then stop everything.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
-        for mut server in self.servers {
+        for mut server in std::mem::take(&mut self.servers) {
             if tokio::time::timeout(GRACE, &mut server).await.is_err() {
                 server.abort();
                 let _ = server.await;
             }
         }
-        for (handle, task) in self.engines {
+        for (handle, task) in std::mem::take(&mut self.engines) {
             handle.stop();
             let _ = tokio::time::timeout(GRACE, task).await;
+        }
+    }
+}
+
+impl Drop for RunningSim {
+    /// Dropped without `shutdown` (e.g. a failing test): stop at once rather than serve on.
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for server in &self.servers {
+            server.abort();
+        }
+        for (handle, task) in &self.engines {
+            handle.stop();
+            task.abort();
         }
     }
 }
