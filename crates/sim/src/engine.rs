@@ -662,6 +662,7 @@ mod tests {
         // Submissions land between steps; none stays queued past a step.
         assert_eq!(o.completed, 40);
         assert_eq!(o.preemptions, 0);
+        assert_eq!(o.max_waiting, 0, "a request never waits past the next step");
         let mut e = Engine::new(cfg(8, 10_000), EngineMetrics::new("m", "0", 4096));
         for id in 0..8 {
             e.submit(

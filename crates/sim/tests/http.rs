@@ -549,9 +549,11 @@ async fn disaggregated_prefill_then_decode_with_two_metrics_endpoints() {
 
 #[tokio::test]
 async fn max_waiting_gives_429() {
+    // Slowed down 5x so the first request holds its slot for ~20 s, far longer than the test needs.
     let args = SimArgs {
         max_num_seqs: Some(1),
         max_waiting: Some(1),
+        time_scale: 5.0,
         ..SimArgs::for_tests()
     };
     let sim = start(args).await.unwrap();
