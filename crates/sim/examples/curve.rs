@@ -59,7 +59,10 @@ fn ttft_p99(samples: &[f64]) -> f64 {
 
 fn sim_args() -> SimArgs {
     let kv_blocks = std::env::args().nth(5).and_then(|s| s.parse().ok());
-    SimArgs { kv_blocks, ..SimArgs::for_tests() }
+    SimArgs {
+        kv_blocks,
+        ..SimArgs::for_tests()
+    }
 }
 
 fn virtual_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64, f64, usize) {
