@@ -7,7 +7,9 @@
 //! `cargo run -p nyann-sim --release --example curve -- [virtual|live] [STAGE_SECS] [ISL] [OSL] [KV_BLOCKS]`
 //!
 //! `virtual` (default) steps the engine on a virtual clock (deterministic,
-//! instant); `live` runs the HTTP server in process and real streaming clients.
+//! instant); `live` runs the HTTP server in process and real streaming clients;
+//! `live-disagg` does the same in disaggregated mode and shows the decode
+//! engine's waiting, KV and preemptions (TTFT stays the client-visible one).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -133,8 +135,21 @@ fn virtual_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64, f6
     )
 }
 
-async fn live_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64, f64, usize) {
-    let sim = start(sim_args()).await.unwrap();
+/// `disaggregated`: waiting, KV and preemptions are the decode engine's.
+async fn live_stage(
+    c: usize,
+    stage: f64,
+    isl: u32,
+    osl: u32,
+    disaggregated: bool,
+) -> (f64, f64, u64, f64, usize) {
+    let sim = start(SimArgs {
+        disaggregated,
+        ..sim_args()
+    })
+    .await
+    .unwrap();
+    let role = usize::from(disaggregated);
     let url = format!("{}/completions", sim.base_url());
     let client = reqwest::Client::new();
     let prompt = "x".repeat(isl as usize * 4);
@@ -161,7 +176,7 @@ async fn live_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64,
     while start_t.elapsed().as_secs_f64() < stage {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let t = start_t.elapsed().as_secs_f64();
-        let (_, m) = sim.engine_metrics().remove(0);
+        let (_, m) = sim.engine_metrics().remove(role);
         let mut text = String::new();
         m.render(&mut text);
         let val = |name: &str| -> f64 {
@@ -193,7 +208,7 @@ async fn live_stage(c: usize, stage: f64, isl: u32, osl: u32) -> (f64, f64, u64,
         .filter(|r| r.arrival - t0 >= lo && r.arrival - t0 <= hi)
         .filter_map(|r| r.first_token.map(|f| f - r.arrival))
         .collect();
-    let pre = sim.engine_metrics()[0].1.preemptions() - pre0;
+    let pre = sim.engine_metrics()[role].1.preemptions() - pre0;
     sim.shutdown().await;
     (p(&mut waiting, 0.5), kv_max, pre, p(&mut ttfts, 0.99), done)
 }
@@ -211,8 +226,8 @@ async fn main() {
         "c", "waiting_p50", "kv_max", "preemptions", "ttft_p99_s", "requests"
     );
     for &c in LEVELS {
-        let (w, kv, pre, ttft, done) = if mode == "live" {
-            live_stage(c, stage, isl, osl).await
+        let (w, kv, pre, ttft, done) = if mode == "live" || mode == "live-disagg" {
+            live_stage(c, stage, isl, osl, mode == "live-disagg").await
         } else {
             virtual_stage(c, stage, isl, osl)
         };
