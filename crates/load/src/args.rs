@@ -74,6 +74,10 @@ pub struct ClientArgs {
     /// finish before they are cancelled.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub grace: Duration,
+
+    /// Serve client-side Prometheus metrics (`nyann_*`) on this address, e.g. 127.0.0.1:9400.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -109,6 +109,9 @@ pub struct Outcome {
     pub itl: Vec<f64>,
     pub reply: String,
     pub chunks_with_text: u64,
+    /// Tokens per text chunk, when the server reports usage in every chunk
+    /// (vLLM's `continuous_usage_stats`): deltas of `completion_tokens`.
+    pub chunk_tokens: Vec<u32>,
     pub usage: Option<Usage>,
     pub finish_reason: Option<String>,
     pub http_status: Option<u16>,
@@ -414,7 +417,8 @@ impl StreamState {
             Event::Done => self.done = true,
             Event::Error(message) => self.error = Some(message),
             Event::Chunk(chunk) => {
-                if chunk.has_text() {
+                let has_text = chunk.has_text();
+                if has_text {
                     match self.last_text {
                         None => out.first_token = Some(now),
                         Some(last) => out.itl.push(now.duration_since(last).as_secs_f64()),
@@ -428,8 +432,12 @@ impl StreamState {
                 if chunk.finish_reason.is_some() {
                     out.finish_reason = chunk.finish_reason;
                 }
-                if chunk.usage.is_some() {
-                    out.usage = chunk.usage;
+                if let Some(usage) = chunk.usage {
+                    if has_text && let Some(total) = usage.completion_tokens {
+                        let before = out.usage.and_then(|u| u.completion_tokens).unwrap_or(0);
+                        out.chunk_tokens.push(total.saturating_sub(before) as u32);
+                    }
+                    out.usage = Some(usage);
                 }
             }
         }

@@ -11,6 +11,7 @@ pub mod args;
 pub mod client;
 pub mod hook;
 pub mod live;
+pub mod metrics;
 pub mod progress;
 pub mod record;
 pub mod result;

@@ -17,8 +17,75 @@ pub struct Live {
     pub failed: AtomicU64,
     pub dropped: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Client-side latency histograms (Prometheus buckets) since the start.
+    pub ttft: Buckets,
+    pub itl: Buckets,
+    pub e2e: Buckets,
     stage: Mutex<StageView>,
 }
+
+/// A Prometheus-style cumulative histogram with fixed bounds and atomic counts.
+#[derive(Debug)]
+pub struct Buckets {
+    pub bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Buckets {
+    fn new(bounds: &'static [f64]) -> Self {
+        Buckets {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        // Non-cumulative per bucket; `snapshot` accumulates.
+        if let Some(i) = self.bounds.iter().position(|&b| seconds <= b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound, then the sum (seconds) and the total count.
+    pub fn snapshot(&self) -> (Vec<u64>, f64, u64) {
+        let mut running = 0;
+        let cumulative = self
+            .counts
+            .iter()
+            .map(|c| {
+                running += c.load(Ordering::Relaxed);
+                running
+            })
+            .collect();
+        (
+            cumulative,
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            self.count.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// vLLM's bucket bounds for the same quantities (with finer low ends), so
+/// client and server histograms can be compared side by side.
+const TTFT_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0,
+];
+const E2E_BOUNDS: &[f64] = &[
+    0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+];
 
 #[derive(Debug)]
 struct StageView {
@@ -64,6 +131,9 @@ impl Live {
             failed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            ttft: Buckets::new(TTFT_BOUNDS),
+            itl: Buckets::new(ITL_BOUNDS),
+            e2e: Buckets::new(E2E_BOUNDS),
             stage: Mutex::new(StageView {
                 index: None,
                 label: String::new(),
@@ -97,6 +167,15 @@ impl Live {
         match record.status {
             Status::Ok => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
+                if let Some(ttft) = record.ttft_s {
+                    self.ttft.observe(ttft);
+                }
+                if let Some(e2e) = record.e2e_s {
+                    self.e2e.observe(e2e);
+                }
+                for &gap in &record.itl_s {
+                    self.itl.observe(gap);
+                }
                 if let Some(ttft) = record.ttft_s
                     && let Some(h) = self.view().ttft.as_mut()
                 {

@@ -75,6 +75,9 @@ pub struct RequestRecord {
     pub e2e_s: Option<f64>,
     /// Gaps between consecutive chunks that carried text.
     pub itl_s: Vec<f64>,
+    /// Tokens in each text chunk, when the server reports usage per chunk.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunk_tokens: Vec<u32>,
     pub prompt_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
     pub output_tokens_source: Option<TokenSource>,

@@ -106,6 +106,8 @@ pub enum RunError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("interrupted before any load was sent")]
+    Interrupted,
 }
 
 /// Runs the scenario to its end (or stop, abort, interrupt) and writes the outputs.
@@ -116,7 +118,11 @@ pub async fn run<H: StageHook>(
 ) -> Result<RunResult, RunError> {
     validate(scenario)?;
     let client = Client::new(options.client.clone())?;
-    let settings = prepare(scenario, &options, &client).await?;
+    // Waiting for the server can take a while: Ctrl-C must work here too.
+    let settings = tokio::select! {
+        settings = prepare(scenario, &options, &client) => settings?,
+        _ = options.interrupt.cancelled() => return Err(RunError::Interrupted),
+    };
     if let Some(dir) = &options.output_dir {
         std::fs::create_dir_all(dir).map_err(|source| RunError::Output {
             path: dir.clone(),
@@ -822,6 +828,7 @@ impl Shared {
             ttft_s: None,
             e2e_s: None,
             itl_s: Vec::new(),
+            chunk_tokens: Vec::new(),
             prompt_tokens: None,
             output_tokens: None,
             output_tokens_source: None,
@@ -887,7 +894,8 @@ impl Shared {
             outcome = self.client.send(&spec) => (outcome, false),
             _ = self.hard_cancel.cancelled() => (Outcome::default(), true),
         };
-        let record = self.make_record(&claim, conv, prompt_chars, &outcome, cancelled, before);
+        let mut outcome = outcome;
+        let record = self.make_record(&claim, conv, prompt_chars, &mut outcome, cancelled, before);
         let ok = record.status == Status::Ok;
         if ok && keep_reply {
             conv.messages.push(Message {
@@ -904,7 +912,7 @@ impl Shared {
         claim: &Claim,
         conv: &Conversation,
         prompt_chars: usize,
-        o: &Outcome,
+        o: &mut Outcome,
         cancelled: bool,
         before: Instant,
     ) -> RequestRecord {
@@ -937,7 +945,8 @@ impl Shared {
             end_at: Some(self.clock.unix(end)),
             ttft_s: o.first_token.map(|t| t.duration_since(sent).as_secs_f64()),
             e2e_s: Some(end.duration_since(sent).as_secs_f64()),
-            itl_s: o.itl.clone(),
+            itl_s: std::mem::take(&mut o.itl),
+            chunk_tokens: std::mem::take(&mut o.chunk_tokens),
             prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
             output_tokens,
             output_tokens_source: source,

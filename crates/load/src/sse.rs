@@ -9,6 +9,8 @@
 //! [`parse_chunk`] then reads one payload as an OpenAI chat or completions
 //! chunk, keeping reasoning text apart from content.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 
 /// Splits a byte stream into SSE event payloads.
@@ -107,28 +109,29 @@ fn memchr_line_end(bytes: &[u8]) -> Option<usize> {
 
 /// What one event payload says.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub enum Event {
+pub enum Event<'a> {
     /// `[DONE]`: the stream is complete.
     #[default]
     Done,
     /// A chunk of the completion.
-    Chunk(Chunk),
+    Chunk(Chunk<'a>),
     /// The server reported an error inside the stream.
     Error(String),
 }
 
-/// The parts of a streamed chunk the client measures.
+/// The parts of a streamed chunk the client measures (text borrowed from
+/// the payload unless it had escapes: no allocation per chunk in the common case).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Chunk {
+pub struct Chunk<'a> {
     /// Answer text (`delta.content` for chat, `text` for completions).
-    pub content: String,
+    pub content: Cow<'a, str>,
     /// Reasoning text (`delta.reasoning_content` or `delta.reasoning`).
-    pub reasoning: String,
+    pub reasoning: Cow<'a, str>,
     pub finish_reason: Option<String>,
     pub usage: Option<Usage>,
 }
 
-impl Chunk {
+impl Chunk<'_> {
     /// Whether this chunk carries generated text (content or reasoning): it
     /// counts for TTFT, inter-chunk latency and counted tokens.
     pub fn has_text(&self) -> bool {
@@ -146,9 +149,9 @@ pub struct Usage {
 }
 
 #[derive(Deserialize)]
-struct RawChunk {
-    #[serde(default)]
-    choices: Vec<RawChoice>,
+struct RawChunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<RawChoice<'a>>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -156,28 +159,28 @@ struct RawChunk {
 }
 
 #[derive(Deserialize)]
-struct RawChoice {
-    #[serde(default)]
-    delta: Option<RawDelta>,
-    #[serde(default)]
-    text: Option<String>,
+struct RawChoice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<RawDelta<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
     #[serde(default)]
     finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct RawDelta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    reasoning_content: Option<String>,
-    #[serde(default)]
-    reasoning: Option<String>,
+struct RawDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
 }
 
 /// Reads one event payload. A payload that is not JSON is an error (it is
 /// what a truncated or corrupted stream looks like).
-pub fn parse_chunk(payload: &[u8]) -> Event {
+pub fn parse_chunk(payload: &[u8]) -> Event<'_> {
     let trimmed = payload.trim_ascii();
     if trimmed == b"[DONE]" {
         return Event::Done;
@@ -206,8 +209,14 @@ pub fn parse_chunk(payload: &[u8]) -> Event {
                 .or(delta.reasoning)
                 .unwrap_or_default();
         }
-        if let Some(text) = choice.text {
-            chunk.content.push_str(&text);
+        if let Some(text) = choice.text
+            && !text.is_empty()
+        {
+            if chunk.content.is_empty() {
+                chunk.content = text;
+            } else {
+                chunk.content.to_mut().push_str(&text);
+            }
         }
         chunk.finish_reason = choice.finish_reason;
     }
@@ -307,11 +316,11 @@ mod tests {
     fn chat_chunk_keeps_reasoning_apart() {
         let e = parse_chunk(br#"{"choices":[{"delta":{"reasoning_content":"think"}}]}"#);
         let Event::Chunk(c) = e else { panic!("{e:?}") };
-        assert_eq!((c.content.as_str(), c.reasoning.as_str()), ("", "think"));
+        assert_eq!((&*c.content, &*c.reasoning), ("", "think"));
         assert!(c.has_text());
         let e = parse_chunk(br#"{"choices":[{"delta":{"reasoning":"r","content":"x"}}]}"#);
         let Event::Chunk(c) = e else { panic!("{e:?}") };
-        assert_eq!((c.content.as_str(), c.reasoning.as_str()), ("x", "r"));
+        assert_eq!((&*c.content, &*c.reasoning), ("x", "r"));
     }
 
     #[test]

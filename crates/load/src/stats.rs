@@ -163,6 +163,7 @@ mod tests {
             ttft_s: Some(ttft),
             e2e_s: Some(ttft * 2.0),
             itl_s: vec![0.01, 0.02],
+            chunk_tokens: Vec::new(),
             prompt_tokens: None,
             output_tokens: Some(tokens),
             output_tokens_source: None,

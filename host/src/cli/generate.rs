@@ -25,10 +25,10 @@ pub struct Args {
     pub output_dir: Option<PathBuf>,
 
     #[command(flatten)]
-    pub client: ClientArgs,
+    pub client: Box<ClientArgs>,
 
     #[command(flatten)]
-    pub single: SingleStageArgs,
+    pub single: Box<SingleStageArgs>,
     // SEAM (lead): the signal-source flags (--prometheus-url, --scrape,
     // --deploy-name, ...) and the policy flags (--policy, --on-policy-error)
     // go here; `run` below builds the congestion hook from them and passes it
@@ -165,6 +165,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     options.output_dir = args.output_dir.clone();
     let live = Arc::new(Live::new());
     options.live = Some(live.clone());
+    if let Some(addr) = args.client.metrics {
+        let bound = nyann_load::metrics::serve(addr, live.clone())
+            .await
+            .with_context(|| format!("serving --metrics on {addr}"))?;
+        tracing::info!("client metrics: http://{bound}/metrics");
+    }
     let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
     tracing::info!("seed {}", options.seed);
 
@@ -175,7 +181,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let progress = nyann_load::progress::Progress::start(live);
     let result = nyann_load::run(&scenario, options, hook).await;
     progress.finish().await;
-    let result = result?;
+    let result = match result {
+        Ok(result) => result,
+        Err(nyann_load::RunError::Interrupted) => {
+            eprintln!("interrupted before any load was sent");
+            return Ok(ExitCode::from(130));
+        }
+        Err(err) => return Err(err.into()),
+    };
 
     eprint!("{}", report::stage_table(&result));
     if let Some(dir) = &args.output_dir {

@@ -1,0 +1,145 @@
+//! Client-side Prometheus metrics (`--metrics ADDR`): a minimal HTTP/1.1
+//! responder serving the live counters in the text exposition format.
+//! Names are prefixed `nyann_`.
+
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::live::{Buckets, Live};
+
+/// Serves `GET /metrics` on `addr` until the runtime ends; returns the bound address.
+pub async fn serve(addr: SocketAddr, live: Arc<Live>) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let live = live.clone();
+            tokio::spawn(async move {
+                // Read the request head (bounded); only the path matters.
+                let mut head = Vec::with_capacity(1024);
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let ok = head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ");
+                let (status, body) = if ok {
+                    ("200 OK", render(&live))
+                } else {
+                    ("404 Not Found", "try /metrics\n".to_string())
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// The exposition text of the current counters.
+pub fn render(live: &Live) -> String {
+    let mut out = String::with_capacity(4096);
+    let snap = live.snapshot();
+    let _ = writeln!(out, "# HELP nyann_requests_total Requests by final status.");
+    let _ = writeln!(out, "# TYPE nyann_requests_total counter");
+    for (status, counter) in [
+        ("ok", &live.ok),
+        ("failed", &live.failed),
+        ("cancelled", &live.cancelled),
+        ("dropped", &live.dropped),
+    ] {
+        let _ = writeln!(
+            out,
+            "nyann_requests_total{{status=\"{status}\"}} {}",
+            counter.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP nyann_requests_in_flight Requests sent and not yet finished."
+    );
+    let _ = writeln!(out, "# TYPE nyann_requests_in_flight gauge");
+    let _ = writeln!(out, "nyann_requests_in_flight {}", snap.in_flight);
+    let _ = writeln!(
+        out,
+        "# HELP nyann_stage_index Index of the current stage (-1 before the first)."
+    );
+    let _ = writeln!(out, "# TYPE nyann_stage_index gauge");
+    let _ = writeln!(
+        out,
+        "nyann_stage_index {}",
+        snap.stage_index.map(|i| i as i64).unwrap_or(-1)
+    );
+    histogram(
+        &mut out,
+        "nyann_time_to_first_token_seconds",
+        "Client-side time to first token.",
+        &live.ttft,
+    );
+    histogram(
+        &mut out,
+        "nyann_inter_chunk_latency_seconds",
+        "Client-side gaps between text chunks.",
+        &live.itl,
+    );
+    histogram(
+        &mut out,
+        "nyann_e2e_request_latency_seconds",
+        "Client-side request latency.",
+        &live.e2e,
+    );
+    out
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, buckets: &Buckets) {
+    let (cumulative, sum, count) = buckets.snapshot();
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (bound, n) in buckets.bounds.iter().zip(&cumulative) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {count}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn serves_counters_and_histograms() {
+        let live = Arc::new(Live::new());
+        live.ttft.observe(0.003);
+        live.ttft.observe(0.5);
+        live.ok.fetch_add(2, Ordering::Relaxed);
+        let addr = serve("127.0.0.1:0".parse().unwrap(), live).await.unwrap();
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        conn.read_to_string(&mut text).await.unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK"));
+        assert!(text.contains("nyann_requests_total{status=\"ok\"} 2"));
+        assert!(text.contains("nyann_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(text.contains("nyann_time_to_first_token_seconds_bucket{le=\"0.5\"} 2"));
+        assert!(text.contains("nyann_time_to_first_token_seconds_count 2"));
+        assert!(text.contains("nyann_stage_index -1"));
+    }
+}
