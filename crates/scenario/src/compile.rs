@@ -153,9 +153,11 @@ fn compile_here(file: &str, source: &str) -> Result<Scenario, ScenarioError> {
             // Only fails when called twice; this is the first call.
             let _ = eval.set_max_heap_size(MAX_HEAP_BYTES);
             let result = eval.eval_module(ast, &globals).map(|_| ());
-            if result.is_err()
+            if let Err(e) = &result
                 && state.budget_exceeded.get().is_none()
-                && module.heap().peak_allocated_bytes() > MAX_HEAP_BYTES
+                && (module.heap().peak_allocated_bytes() > MAX_HEAP_BYTES
+                    // starlark's own periodic check also counts the frozen heap.
+                    || e.without_diagnostic().to_string().starts_with("Heap memory limit of"))
             {
                 state.budget_exceeded.set(Some(Budget::Memory));
             }
