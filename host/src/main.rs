@@ -6,6 +6,7 @@
 
 mod cli;
 mod report;
+mod sweep;
 
 use std::process::ExitCode;
 

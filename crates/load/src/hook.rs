@@ -106,6 +106,16 @@ impl StageHook for NoHook {
     }
 }
 
+/// An optional hook: `None` always continues.
+impl<H: StageHook> StageHook for Option<H> {
+    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+        match self {
+            Some(hook) => hook.after_stage(done).await,
+            None => HookOutcome::proceed(),
+        }
+    }
+}
+
 impl<H: StageHook> StageHook for &mut H {
     fn after_stage(
         &mut self,

@@ -97,6 +97,7 @@ pub struct SignalArgs {
     /// Repeatable.
     #[arg(
         long = "metric",
+        id = "metric_names",
         value_name = "SIGNAL=NAME[,NAME...]",
         help_heading = "Server signals"
     )]

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nyann_load::{ClientArgs, Live, NoHook, parse_duration};
+use nyann_load::{ClientArgs, Live, parse_duration};
+use nyann_signals::SignalArgs;
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 
 use crate::report;
+use crate::sweep::{CongestionCheck, PolicyArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -29,10 +31,12 @@ pub struct Args {
 
     #[command(flatten)]
     pub single: Box<SingleStageArgs>,
-    // SEAM (lead): the signal-source flags (--prometheus-url, --scrape,
-    // --deploy-name, ...) and the policy flags (--policy, --on-policy-error)
-    // go here; `run` below builds the congestion hook from them and passes it
-    // to `nyann_load::run` in place of `NoHook`.
+
+    #[command(flatten)]
+    pub signals: Box<SignalArgs>,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// A one-stage scenario from flags (only without --config).
@@ -158,6 +162,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => args.single.scenario()?,
     };
+    run_scenario(&scenario, &args).await
+}
+
+/// Run a compiled scenario with the flags of `args` (its `--config` and
+/// single-stage flags are not looked at): check everything that can fail
+/// before load is sent, run the stages with the congestion check, and report.
+pub async fn run_scenario(scenario: &Scenario, args: &Args) -> anyhow::Result<ExitCode> {
+    let check = CongestionCheck::prepare(scenario, &args.signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
     }
@@ -173,13 +185,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
     tracing::info!("seed {}", options.seed);
-
-    // SEAM (lead): build the congestion hook here from the policy and signal
-    // flags; it implements `nyann_load::StageHook`.
-    let hook = NoHook;
+    if let Some(check) = &check {
+        check.start();
+    }
 
     let progress = nyann_load::progress::Progress::start(live);
-    let result = nyann_load::run(&scenario, options, hook).await;
+    let result = nyann_load::run(scenario, options, check).await;
     progress.finish().await;
     let result = match result {
         Ok(result) => result,

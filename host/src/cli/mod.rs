@@ -69,3 +69,15 @@ pub fn init_logging(verbose: u8) {
         .with_target(false)
         .init();
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Clap's own consistency checks (unique argument ids across flattened
+    /// structs, valid defaults, ...) for every command.
+    #[test]
+    fn command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,311 @@
+//! The congestion check: after each measured stage that carries an
+//! `until_congested(...)` stop condition, read the server signals of the
+//! stage, ask the policy for a verdict, and stop the sweep when it says
+//! "congested".
+//!
+//! It plugs into the stage runner as its [`StageHook`], so it runs after the
+//! stage's requests completed and before the next stage starts, while the
+//! load holds the finished stage's level. Everything it can check up front
+//! (a signal source is configured, the policy loads, every stop condition's
+//! parameters pass the policy's `describe`/`validate`) is checked by
+//! [`CongestionCheck::prepare`] before any request is sent.
+//!
+//! Failures never stop a sweep by themselves unless asked to: a failed
+//! signal query reads as zero and is recorded with the stage (SEED.md's
+//! fail-open rule); a failed policy call is recorded and, by default, the
+//! sweep goes on (`--on-policy-error stop` changes that).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nyann_load::{FinishedStage, HookOutcome, StageHook};
+use nyann_model::{Param, RoleSignals, Scenario, StageObservation, Step, Verdict};
+use nyann_policy_host::{HostConfig, Policy, PolicyHost};
+use nyann_signals::{SignalArgs, SignalSource};
+use serde::{Deserialize, Serialize};
+
+/// How the verdicts are used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyMode {
+    /// A congested verdict stops the sweep.
+    Enforce,
+    /// Record every verdict, never stop.
+    Monitor,
+}
+
+/// What a failed policy call (trap, deadline, memory cap, error result) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnPolicyError {
+    /// Record the error and go on with the sweep (fail-open).
+    Continue,
+    /// Record the error and stop the sweep.
+    Stop,
+}
+
+/// Flags of the congestion policy.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Congestion policy")]
+pub struct PolicyArgs {
+    /// The policy judging `until_congested` stages: `builtin`, or a
+    /// WebAssembly component file implementing nyann:policy
+    /// (see `nyann-bench policy wit`).
+    #[arg(long, value_name = "FILE|builtin", default_value = "builtin")]
+    pub policy: String,
+
+    /// `enforce` stops the sweep at the first congested stage; `monitor`
+    /// records every verdict and never stops.
+    #[arg(long, value_enum, default_value_t = PolicyMode::Enforce)]
+    pub policy_mode: PolicyMode,
+
+    /// What a failed policy call does (it is always recorded).
+    #[arg(long, value_enum, default_value_t = OnPolicyError::Continue)]
+    pub on_policy_error: OnPolicyError,
+
+    /// Time limit of one policy call.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub policy_timeout: Duration,
+}
+
+impl PolicyArgs {
+    /// Load the policy these flags name.
+    pub fn load(&self) -> anyhow::Result<Policy> {
+        let config = HostConfig { call_timeout: self.policy_timeout, ..HostConfig::default() };
+        let host = PolicyHost::new(config)?;
+        let policy = if self.policy == nyann_policy_host::BUILTIN {
+            host.load_builtin()?
+        } else {
+            host.load_file(&PathBuf::from(&self.policy))?
+        };
+        Ok(policy)
+    }
+}
+
+/// What the check recorded for one judged stage: stored with the stage's
+/// result (`stages.json`, the summary) under the annotation key
+/// [`ANNOTATION_KEY`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CongestionRecord {
+    pub policy: PolicyRef,
+    pub mode: PolicyMode,
+    /// The server signals per role the policy was shown.
+    pub roles: Vec<RoleSignals>,
+    /// Signal queries that failed (those signals read as zero).
+    pub signal_errors: Vec<String>,
+    /// The policy's answer; `None` when the call failed.
+    pub verdict: Option<Verdict>,
+    /// Why the policy call failed, if it did.
+    pub policy_error: Option<String>,
+    /// Time taken by the whole check: signals (including the settle wait) and judge.
+    pub check_seconds: f64,
+}
+
+/// Which policy judged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRef {
+    pub name: String,
+    pub version: String,
+    /// `builtin` or the component file.
+    pub origin: String,
+}
+
+/// The key of a [`CongestionRecord`] in a stage result's annotation.
+pub const ANNOTATION_KEY: &str = "congestion";
+
+impl CongestionRecord {
+    /// The record stored with a stage result, if the stage was judged.
+    pub fn of(annotation: Option<&serde_json::Value>) -> Option<CongestionRecord> {
+        serde_json::from_value(annotation?.get(ANNOTATION_KEY)?.clone()).ok()
+    }
+
+    /// True when the policy said "congested".
+    pub fn congested(&self) -> bool {
+        self.verdict.as_ref().is_some_and(|v| v.congested)
+    }
+}
+
+/// The stage hook that judges congestion.
+pub struct CongestionCheck {
+    source: SignalSource,
+    policy: Policy,
+    mode: PolicyMode,
+    on_error: OnPolicyError,
+    /// Checked parameters (defaults filled, durations in seconds) of each
+    /// step that carries a stop condition, by step index.
+    params: BTreeMap<usize, Vec<Param>>,
+    /// The stages judged so far, oldest first: the policy's `history`.
+    history: Vec<StageObservation>,
+}
+
+impl CongestionCheck {
+    /// Everything that can fail before load is sent: `Ok(None)` when no stage
+    /// carries a stop condition; otherwise a signal source must be configured,
+    /// the policy must load, and every `until_congested(...)` call's
+    /// parameters must pass the policy's checks (all errors reported at once).
+    pub async fn prepare(
+        scenario: &Scenario,
+        signal_args: &SignalArgs,
+        policy_args: &PolicyArgs,
+    ) -> anyhow::Result<Option<CongestionCheck>> {
+        let stops: Vec<_> = scenario
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(index, step)| match step {
+                Step::Stage(stage) => stage.stop.as_ref().map(|stop| (index, stop)),
+                Step::Barrier { .. } => None,
+            })
+            .collect();
+        let Some((_, first)) = stops.first() else {
+            return Ok(None);
+        };
+        let Some(source) = SignalSource::from_args(signal_args).await? else {
+            let at = first.location.as_ref().map(|l| format!(" (until_congested at {l})")).unwrap_or_default();
+            bail!(
+                "the scenario stops on congestion{at} but no server signals are configured: \
+                 give --prometheus-url URL with --deploy-name NAME (or --selector ROLE='{{...}}'), \
+                 or --scrape [ROLE=]URL to sample the servers' /metrics directly"
+            );
+        };
+        let policy = policy_args.load().with_context(|| format!("loading policy {}", policy_args.policy))?;
+        let mut params = BTreeMap::new();
+        let mut errors = Vec::new();
+        for (index, stop) in stops {
+            match policy.check_params(stop) {
+                Ok(checked) => {
+                    params.insert(index, checked);
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    // One until_congested(...) call marks many stages: say its error once.
+                    if !errors.contains(&message) {
+                        errors.push(message);
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            bail!("{}", errors.join("\n"));
+        }
+        let info = policy.info();
+        tracing::info!(
+            "congestion policy {} {} ({}, mode {:?}); server signals: {source}",
+            info.name,
+            info.version,
+            policy.origin(),
+            policy_args.policy_mode
+        );
+        Ok(Some(CongestionCheck {
+            source,
+            policy,
+            mode: policy_args.policy_mode,
+            on_error: policy_args.on_policy_error,
+            params,
+            history: Vec::new(),
+        }))
+    }
+
+    /// Starts sampling the servers' `/metrics` (for `--scrape`; a no-op for
+    /// Prometheus). Call it before the first stage.
+    pub fn start(&self) {
+        self.source.start();
+    }
+
+    async fn judge(&mut self, done: &FinishedStage<'_>, params: &[Param]) -> HookOutcome {
+        let started = Instant::now();
+        let signals = self.source.stage_signals(done.start_unix, done.end_unix).await;
+        let observation = StageObservation {
+            index: u32::try_from(done.index).unwrap_or(u32::MAX),
+            name: done.label.to_string(),
+            concurrency: done.stage.concurrency,
+            rate: done.stage.rate,
+            start_unix_seconds: done.start_unix,
+            end_unix_seconds: done.end_unix,
+            roles: signals.roles,
+            client: done.client.clone(),
+            signal_errors: signals.errors,
+        };
+        for error in &observation.signal_errors {
+            tracing::warn!("stage {}: {error} (reads as 0)", done.label);
+        }
+        for role in &observation.roles {
+            tracing::info!("stage {}: {}", done.label, describe_role(role));
+        }
+        let judged = self.policy.judge(params, &observation, &self.history).await;
+        let info = self.policy.info();
+        let mut record = CongestionRecord {
+            policy: PolicyRef {
+                name: info.name.clone(),
+                version: info.version.clone(),
+                origin: self.policy.origin().to_string(),
+            },
+            mode: self.mode,
+            roles: observation.roles.clone(),
+            signal_errors: observation.signal_errors.clone(),
+            verdict: None,
+            policy_error: None,
+            check_seconds: 0.0,
+        };
+        self.history.push(observation);
+
+        let outcome = match judged {
+            Ok(verdict) => {
+                log_verdict(done.label, &verdict);
+                let stop = verdict.congested && self.mode == PolicyMode::Enforce;
+                let reason = format!("congested: {}", verdict.reasons.join("; "));
+                record.verdict = Some(verdict);
+                if stop { HookOutcome::stop(reason) } else { HookOutcome::proceed() }
+            }
+            Err(err) => {
+                let message = err.to_string();
+                record.policy_error = Some(message.clone());
+                match self.on_error {
+                    OnPolicyError::Continue => {
+                        tracing::warn!("{message}; going on (--on-policy-error continue)");
+                        HookOutcome::proceed()
+                    }
+                    OnPolicyError::Stop => {
+                        tracing::error!("{message}; stopping (--on-policy-error stop)");
+                        HookOutcome::stop(format!("policy error at stage {}: {message}", done.label))
+                    }
+                }
+            }
+        };
+        record.check_seconds = started.elapsed().as_secs_f64();
+        let annotation = serde_json::json!({ ANNOTATION_KEY: record });
+        outcome.with_annotation(annotation)
+    }
+}
+
+impl StageHook for CongestionCheck {
+    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+        match self.params.get(&done.index).cloned() {
+            Some(params) => self.judge(done, &params).await,
+            None => HookOutcome::proceed(),
+        }
+    }
+}
+
+/// `[decode] waiting_p50=40 ttft_p99=2.500s kv_usage_max=98.0% preemptions=3`
+fn describe_role(role: &RoleSignals) -> String {
+    format!(
+        "[{}] waiting_p50={} ttft_p99={:.3}s kv_usage_max={:.1}% preemptions={}",
+        role.role,
+        role.waiting_requests_p50,
+        role.ttft_p99_seconds,
+        role.kv_cache_usage_max * 100.0,
+        role.preemptions
+    )
+}
+
+fn log_verdict(label: &str, verdict: &Verdict) {
+    if verdict.congested {
+        tracing::warn!("stage {label}: CONGESTED: {}", verdict.reasons.join("; "));
+    } else if verdict.reasons.is_empty() {
+        tracing::info!("stage {label}: not congested");
+    } else {
+        tracing::info!("stage {label}: not congested ({})", verdict.reasons.join("; "));
+    }
+}
