@@ -446,7 +446,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
     /// stage stops the sweep once the active congestion policy judges it
     /// congested. The keyword parameters go to that policy as written.
     fn until_congested<'v>(
-        #[starlark(require = pos)] stages: Value<'v>,
+        stages: Value<'v>,
         #[starlark(kwargs)] params: SmallMap<String, Value<'v>>,
         eval: &mut Evaluator<'v, '_, '_>,
     ) -> starlark::Result<Value<'v>> {

@@ -306,7 +306,7 @@ def level(c):
 warm = [stage("30s", concurrency = 8, warmup = True), barrier(drain = True)]
 sweep = until_congested([level(c) for c in [16, 32]], policy_flag = True, ttft_p99 = "2s")
 # The result is a plain list: filter and extend it like any other.
-sweep = [s for s in sweep] + until_congested([level(64)], ttft_p99 = 3)
+sweep = [s for s in sweep] + until_congested(stages = [level(64)], ttft_p99 = 3)
 scenario(stages = warm + sweep)
 "#,
     );
@@ -367,21 +367,19 @@ scenario(workload = w, target = "http://t/v1", stages = [
 
 #[test]
 fn json_ir_unknown_fields_are_rejected_with_their_path() {
+    // Built from a compiled scenario so the test does not depend on how
+    // steps are tagged in JSON.
+    let s = compile("scenario(stages = [stage(\"1.5s\", concurrency = 2)])");
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(json.contains("\"warmup\":false"));
+    let json = json.replace("\"warmup\":false", "\"warmup\":false,\"warmpu\":true");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("typo.json");
-    let ir = r#"{"workload": {"type": "faker", "isl": 1, "osl": 1, "turns": 1},
-        "steps": [{"kind": "stage", "duration_s": 1.5, "mode": "concurrent", "concurrency": 2,
-                   "warmpu": true}]}"#;
-    std::fs::write(&path, ir).unwrap();
+    std::fs::write(&path, json).unwrap();
     let err = load_file(&path).unwrap_err();
     let text = err.to_string();
-    assert!(
-        text.starts_with(&format!(
-            "{}: invalid scenario IR at steps[0]",
-            path.display()
-        )),
-        "{text}"
-    );
+    let prefix = format!("{}: invalid scenario IR at steps[0]", path.display());
+    assert!(text.starts_with(&prefix), "{text}");
     assert!(text.contains("unknown field `warmpu`"), "{text}");
 }
 
@@ -401,15 +399,24 @@ fn json_ir_syntax_errors_have_a_line_and_column() {
 fn json_ir_accepts_numbers_in_any_json_spelling() {
     // Non-shortest spellings (0.950, 1e2) must parse despite starlark turning
     // on serde_json's arbitrary_precision for the whole build.
-    let ir = r#"{"workload": {"type": "faker", "isl": 1, "osl": 1, "turns": 1},
-        "steps": [{"kind": "stage", "duration_s": 1e2, "mode": "poisson", "rate": 0.950,
-                   "stop": {"params": [{"name": "kv", "value": 0.950}, {"name": "n", "value": 3}]}}]}"#;
-    let s = nyann_scenario::parse_ir("x.json", ir).unwrap();
-    let st = stages(&s)[0];
-    assert_eq!((st.duration_s, st.rate), (100.0, Some(0.95)));
+    let s = compile(
+        "scenario(stages = until_congested([stage(100, mode = \"poisson\", rate = 0.25)], kv = 0.75, n = 3))",
+    );
+    let json = serde_json::to_string(&s).unwrap();
+    for spelled in ["100.0", "0.25", "0.75"] {
+        assert!(json.contains(spelled), "{json}");
+    }
+    let json = json
+        .replace("100.0", "1e2")
+        .replace("0.25", "0.250")
+        .replace("0.75", "7.5E-1");
+    let back = nyann_scenario::parse_ir("x.json", &json).unwrap();
+    assert_eq!(back, s);
+    let st = stages(&back)[0];
+    assert_eq!((st.duration_s, st.rate), (100.0, Some(0.25)));
     assert_eq!(
         st.stop.as_ref().unwrap().params,
-        vec![num("kv", 0.95), num("n", 3.0)]
+        vec![num("kv", 0.75), num("n", 3.0)]
     );
 }
 
