@@ -1,1 +1,220 @@
-fn main() {}
+//! Policy host benchmark: how long until the built-in policy is ready (cold:
+//! compiled; cached: compiled code read back), how long a custom component
+//! takes to load, and the latency of one judge (fresh instance + call).
+//!
+//! Run: `cargo bench -p nyann-policy-host --bench policy`
+//! Targets (DESIGN.md / issue 6): judge p50 <= 1 ms; host start with the
+//! built-in ready <= 300 ms.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../build/guest.rs"]
+#[allow(dead_code)]
+mod guest;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nyann_model::observation::{ClientStats, RoleSignals, StageObservation};
+use nyann_model::scenario::{Param, StopCondition, Value};
+use nyann_policy_host::{HostConfig, Policy, PolicyHost};
+
+fn config(cache_dir: Option<PathBuf>) -> HostConfig {
+    HostConfig {
+        cache_dir,
+        ..HostConfig::default()
+    }
+}
+
+fn time<R>(f: impl FnOnce() -> R) -> (Duration, R) {
+    let start = Instant::now();
+    let r = f();
+    (start.elapsed(), r)
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn load(cache: Option<PathBuf>, file: Option<&Path>) -> Duration {
+    time(|| {
+        let host = PolicyHost::new(config(cache)).unwrap();
+        match file {
+            Some(f) => host.load_file(f).unwrap(),
+            None => host.load_builtin().unwrap(),
+        }
+    })
+    .0
+}
+
+fn stages() -> Vec<StageObservation> {
+    (0..8)
+        .map(|i| StageObservation {
+            index: i,
+            name: format!("#{i} c={}", 64 * (i + 1)),
+            concurrency: Some(64 * (i + 1)),
+            roles: vec![
+                RoleSignals {
+                    role: "prefill".into(),
+                    waiting_requests_p50: f64::from(i) * 5.0,
+                    ..Default::default()
+                },
+                RoleSignals {
+                    role: "decode".into(),
+                    ttft_p99_seconds: 0.3 * f64::from(i),
+                    kv_cache_usage_max: 0.1 * f64::from(i),
+                    ..Default::default()
+                },
+            ],
+            client: ClientStats {
+                requests_ok: 1000,
+                output_tokens_per_second: 1000.0 * f64::from(i + 1),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn judge_latency(policy: &Policy, params: &[Param], n: usize) -> (Duration, Duration) {
+    let all = stages();
+    let (stage, history) = all.split_last().unwrap();
+    for _ in 0..20 {
+        policy.judge_blocking(params, stage, history).unwrap();
+    }
+    let mut xs: Vec<Duration> = (0..n)
+        .map(|_| time(|| policy.judge_blocking(params, stage, history).unwrap()).0)
+        .collect();
+    xs.sort();
+    (percentile(&xs, 0.5), percentile(&xs, 0.99))
+}
+
+fn judge_latency_async(policy: &Policy, params: &[Param], n: usize) -> (Duration, Duration) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let all = stages();
+    let (stage, history) = all.split_last().unwrap();
+    rt.block_on(async {
+        for _ in 0..20 {
+            policy.judge(params, stage, history).await.unwrap();
+        }
+        let mut xs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let start = Instant::now();
+            policy.judge(params, stage, history).await.unwrap();
+            xs.push(start.elapsed());
+        }
+        xs.sort();
+        (percentile(&xs, 0.5), percentile(&xs, 0.99))
+    })
+}
+
+fn main() {
+    let cache = std::env::temp_dir().join(format!("nyann-policy-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+
+    // The custom component: the client-slo example, built like the tests do.
+    let target_dir = Path::new(env!("NYANN_POLICY_GUEST_TARGET_DIR"));
+    let root = Path::new(env!("NYANN_POLICY_WORKSPACE_ROOT"));
+    let dir = guest::build(
+        Path::new(env!("CARGO")),
+        Path::new(env!("NYANN_POLICY_RUSTC")),
+        &root.join("Cargo.toml"),
+        &["client-slo-policy"],
+        target_dir,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let custom = dir.join("client_slo_policy.wasm");
+
+    println!(
+        "policy host benchmark (builtin component: {} bytes)",
+        nyann_policy_host::BUILTIN_WASM.len()
+    );
+    let cold = median((0..3).map(|_| load(None, None)).collect());
+    let _ = load(Some(cache.clone()), None); // fills the cache
+    let cached = median((0..10).map(|_| load(Some(cache.clone()), None)).collect());
+    println!(
+        "host start + built-in ready, cold (compile):   {}",
+        ms(cold)
+    );
+    println!(
+        "host start + built-in ready, cached:           {}  (target <= 300 ms; {:.0}x faster)",
+        ms(cached),
+        cold.as_secs_f64() / cached.as_secs_f64()
+    );
+
+    let custom_cold = median((0..3).map(|_| load(None, Some(&custom))).collect());
+    let _ = load(Some(cache.clone()), Some(&custom));
+    let custom_cached = median(
+        (0..10)
+            .map(|_| load(Some(cache.clone()), Some(&custom)))
+            .collect(),
+    );
+    println!(
+        "custom component load ({} bytes), cold / cached: {} / {}",
+        std::fs::metadata(&custom).map(|m| m.len()).unwrap_or(0),
+        ms(custom_cold),
+        ms(custom_cached)
+    );
+
+    let host = PolicyHost::new(config(Some(cache.clone()))).unwrap();
+    let builtin = host.load_builtin().unwrap();
+    let params = builtin
+        .check_params(&StopCondition {
+            params: vec![
+                Param {
+                    name: "waiting_requests_p50".into(),
+                    value: Value::Number(32.0),
+                },
+                Param {
+                    name: "ttft_p99".into(),
+                    value: Value::Text("2s".into()),
+                },
+            ],
+            location: None,
+        })
+        .unwrap();
+    let (p50, p99) = judge_latency(&builtin, &params, 2000);
+    println!(
+        "judge (fresh instance + call), builtin, sync:  p50 {}  p99 {}  (target p50 <= 1 ms)",
+        ms(p50),
+        ms(p99)
+    );
+    let (p50, p99) = judge_latency_async(&builtin, &params, 2000);
+    println!(
+        "judge via spawn_blocking, builtin, async:      p50 {}  p99 {}",
+        ms(p50),
+        ms(p99)
+    );
+
+    let slo = host.load_file(&custom).unwrap();
+    let slo_params = slo
+        .check_params(&StopCondition {
+            params: vec![Param {
+                name: "ttft_p99".into(),
+                value: Value::Text("2s".into()),
+            }],
+            location: None,
+        })
+        .unwrap();
+    let (p50, p99) = judge_latency(&slo, &slo_params, 2000);
+    println!(
+        "judge (fresh instance + call), client-slo:     p50 {}  p99 {}",
+        ms(p50),
+        ms(p99)
+    );
+
+    let _ = std::fs::remove_dir_all(&cache);
+}
