@@ -72,7 +72,10 @@ pub struct PolicyArgs {
 impl PolicyArgs {
     /// Load the policy these flags name.
     pub fn load(&self) -> anyhow::Result<Policy> {
-        let config = HostConfig { call_timeout: self.policy_timeout, ..HostConfig::default() };
+        let config = HostConfig {
+            call_timeout: self.policy_timeout,
+            ..HostConfig::default()
+        };
         let host = PolicyHost::new(config)?;
         let policy = if self.policy == nyann_policy_host::BUILTIN {
             host.load_builtin()?
@@ -162,14 +165,20 @@ impl CongestionCheck {
             return Ok(None);
         };
         let Some(source) = SignalSource::from_args(signal_args).await? else {
-            let at = first.location.as_ref().map(|l| format!(" (until_congested at {l})")).unwrap_or_default();
+            let at = first
+                .location
+                .as_ref()
+                .map(|l| format!(" (until_congested at {l})"))
+                .unwrap_or_default();
             bail!(
                 "the scenario stops on congestion{at} but no server signals are configured: \
                  give --prometheus-url URL with --deploy-name NAME (or --selector ROLE='{{...}}'), \
                  or --scrape [ROLE=]URL to sample the servers' /metrics directly"
             );
         };
-        let policy = policy_args.load().with_context(|| format!("loading policy {}", policy_args.policy))?;
+        let policy = policy_args
+            .load()
+            .with_context(|| format!("loading policy {}", policy_args.policy))?;
         let mut params = BTreeMap::new();
         let mut errors = Vec::new();
         for (index, stop) in stops {
@@ -215,7 +224,10 @@ impl CongestionCheck {
 
     async fn judge(&mut self, done: &FinishedStage<'_>, params: &[Param]) -> HookOutcome {
         let started = Instant::now();
-        let signals = self.source.stage_signals(done.start_unix, done.end_unix).await;
+        let signals = self
+            .source
+            .stage_signals(done.start_unix, done.end_unix)
+            .await;
         let observation = StageObservation {
             index: u32::try_from(done.index).unwrap_or(u32::MAX),
             name: done.label.to_string(),
@@ -256,7 +268,11 @@ impl CongestionCheck {
                 let stop = verdict.congested && self.mode == PolicyMode::Enforce;
                 let reason = format!("congested: {}", verdict.reasons.join("; "));
                 record.verdict = Some(verdict);
-                if stop { HookOutcome::stop(reason) } else { HookOutcome::proceed() }
+                if stop {
+                    HookOutcome::stop(reason)
+                } else {
+                    HookOutcome::proceed()
+                }
             }
             Err(err) => {
                 let message = err.to_string();
@@ -268,7 +284,10 @@ impl CongestionCheck {
                     }
                     OnPolicyError::Stop => {
                         tracing::error!("{message}; stopping (--on-policy-error stop)");
-                        HookOutcome::stop(format!("policy error at stage {}: {message}", done.label))
+                        HookOutcome::stop(format!(
+                            "policy error at stage {}: {message}",
+                            done.label
+                        ))
                     }
                 }
             }
@@ -306,6 +325,9 @@ fn log_verdict(label: &str, verdict: &Verdict) {
     } else if verdict.reasons.is_empty() {
         tracing::info!("stage {label}: not congested");
     } else {
-        tracing::info!("stage {label}: not congested ({})", verdict.reasons.join("; "));
+        tracing::info!(
+            "stage {label}: not congested ({})",
+            verdict.reasons.join("; ")
+        );
     }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nyann_load::{ClientArgs, Live, parse_duration};
-use nyann_signals::SignalArgs;
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
+use nyann_signals::SignalArgs;
 
 use crate::report;
 use crate::sweep::{CongestionCheck, PolicyArgs};
@@ -162,13 +162,26 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => args.single.scenario()?,
     };
-    run_scenario(&scenario, &args).await
+    run_scenario(&scenario, &args, Summary::Stdout).await
+}
+
+/// Where the JSON summary goes besides `--output-dir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Summary {
+    /// Printed on stdout (for scripts).
+    Stdout,
+    /// Not printed (the demo: the table says it all).
+    Quiet,
 }
 
 /// Run a compiled scenario with the flags of `args` (its `--config` and
 /// single-stage flags are not looked at): check everything that can fail
 /// before load is sent, run the stages with the congestion check, and report.
-pub async fn run_scenario(scenario: &Scenario, args: &Args) -> anyhow::Result<ExitCode> {
+pub async fn run_scenario(
+    scenario: &Scenario,
+    args: &Args,
+    summary: Summary,
+) -> anyhow::Result<ExitCode> {
     let check = CongestionCheck::prepare(scenario, &args.signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
@@ -205,9 +218,11 @@ pub async fn run_scenario(scenario: &Scenario, args: &Args) -> anyhow::Result<Ex
     if let Some(dir) = &args.output_dir {
         eprintln!("results: {}", dir.display());
     }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&result).context("encoding the summary")?
-    );
+    if summary == Summary::Stdout {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).context("encoding the summary")?
+        );
+    }
     Ok(ExitCode::from(result.exit_code()))
 }

@@ -4,6 +4,9 @@
 use std::fmt::Write;
 
 use nyann_load::{RunOutcome, RunResult, StageResult, StageStatus};
+use nyann_model::RoleSignals;
+
+use crate::sweep::CongestionRecord;
 
 /// Milliseconds with a precision that suits the magnitude.
 fn ms(seconds: f64) -> String {
@@ -25,7 +28,10 @@ fn level(stage: &StageResult) -> String {
     }
 }
 
-fn status(stage: &StageResult) -> &'static str {
+fn status(stage: &StageResult, record: Option<&CongestionRecord>) -> &'static str {
+    if record.is_some_and(CongestionRecord::congested) {
+        return "CONGESTED";
+    }
     match stage.status {
         StageStatus::Measured => "measured",
         StageStatus::Warmup => "warm-up",
@@ -35,7 +41,7 @@ fn status(stage: &StageResult) -> &'static str {
     }
 }
 
-const HEADER: [&str; 15] = [
+const HEADER: [&str; 20] = [
     "stage",
     "status",
     "level",
@@ -51,13 +57,50 @@ const HEADER: [&str; 15] = [
     "ITL p50",
     "p99",
     "E2E p50/p99",
+    "SRV TTFT p50/p99",
+    "wait p50",
+    "KV max",
+    "preempt",
+    "judged",
 ];
+
+/// The server columns of a judged stage: the largest value across roles,
+/// since the rules compare the worst role with each threshold.
+fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
+    let Some(record) = record else {
+        return std::array::from_fn(|_| "-".to_string());
+    };
+    let max = |f: &dyn Fn(&RoleSignals) -> f64| record.roles.iter().map(f).fold(0.0, f64::max);
+    let ttft_p50 = max(&|r| r.extra("ttft_p50_seconds").unwrap_or(0.0));
+    let judged = match (&record.verdict, &record.policy_error) {
+        (Some(v), _) if v.congested => "congested",
+        (Some(_), _) => "ok",
+        (None, _) => "policy error",
+    };
+    let errors = if record.signal_errors.is_empty() {
+        ""
+    } else {
+        "*"
+    };
+    [
+        format!("{}/{}", ms(ttft_p50), ms(max(&|r| r.ttft_p99_seconds))),
+        format!("{}", max(&|r| r.waiting_requests_p50)),
+        format!("{:.1}%", 100.0 * max(&|r| r.kv_cache_usage_max)),
+        format!("{}", max(&|r| r.preemptions)),
+        format!("{judged}{errors}"),
+    ]
+}
 
 /// The per-stage table (times in milliseconds), then a line on how the run ended.
 pub fn stage_table(result: &RunResult) -> String {
     let mut rows: Vec<Vec<String>> = vec![HEADER.iter().map(|s| s.to_string()).collect()];
     for stage in &result.stages {
-        let mut row = vec![stage.label.clone(), status(stage).to_string(), level(stage)];
+        let record = CongestionRecord::of(stage.annotation.as_ref());
+        let mut row = vec![
+            stage.label.clone(),
+            status(stage, record.as_ref()).to_string(),
+            level(stage),
+        ];
         match (&stage.client, &stage.detail) {
             (Some(c), Some(d)) => row.extend([
                 c.requests_ok.to_string(),
@@ -73,8 +116,9 @@ pub fn stage_table(result: &RunResult) -> String {
                 ms(c.itl_p99_seconds),
                 format!("{}/{}", ms(c.e2e_p50_seconds), ms(c.e2e_p99_seconds)),
             ]),
-            _ => row.extend(std::iter::repeat_n("-".to_string(), HEADER.len() - 3)),
+            _ => row.extend(std::iter::repeat_n("-".to_string(), HEADER.len() - 8)),
         }
+        row.extend(server_cells(record.as_ref()));
         rows.push(row);
     }
     let widths: Vec<usize> = (0..HEADER.len())
@@ -95,10 +139,30 @@ pub fn stage_table(result: &RunResult) -> String {
             .collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
-    for stage in &result.stages {
-        if let Some(reason) = &stage.skip_reason {
-            let _ = writeln!(out, "{}: skipped: {reason}", stage.label);
-            break;
+    let records: Vec<_> = result
+        .stages
+        .iter()
+        .filter_map(|s| CongestionRecord::of(s.annotation.as_ref()))
+        .collect();
+    if records.iter().any(|r| r.roles.len() > 1) {
+        let _ = writeln!(
+            out,
+            "server columns (SRV ... preempt): the largest value across roles"
+        );
+    }
+    if records.iter().any(|r| !r.signal_errors.is_empty()) {
+        let _ = writeln!(
+            out,
+            "*: some server signals could not be read (they count as 0); see signal_errors in stages.json"
+        );
+    }
+    for (stage, record) in result
+        .stages
+        .iter()
+        .filter_map(|s| Some((s, CongestionRecord::of(s.annotation.as_ref())?)))
+    {
+        if let Some(error) = &record.policy_error {
+            let _ = writeln!(out, "{}: {error}", stage.label);
         }
     }
     let _ = writeln!(
@@ -106,7 +170,7 @@ pub fn stage_table(result: &RunResult) -> String {
         "{}",
         match &result.outcome {
             RunOutcome::Completed => "run completed".to_string(),
-            RunOutcome::Stopped { reason, .. } => format!("sweep stopped: {reason}"),
+            RunOutcome::Stopped { reason, .. } => format!("sweep {reason}"),
             RunOutcome::Aborted { reason } => format!("run ABORTED: {reason}"),
             RunOutcome::Interrupted => "run interrupted".to_string(),
         }
@@ -156,7 +220,7 @@ mod tests {
         let result = RunResult {
             outcome: RunOutcome::Stopped {
                 stage: 0,
-                reason: "congested".into(),
+                reason: "stopped after stage #0 c=64: congested: KV cache".into(),
             },
             start_unix: 0.0,
             end_unix: 1.0,
@@ -175,6 +239,75 @@ mod tests {
             lines[1].contains("#0 c=64") && lines[1].contains("1200") && lines[1].contains("42.1")
         );
         assert!(lines[2].contains("skipped") && lines[2].contains('-'));
-        assert!(table.contains("sweep stopped: congested"));
+        assert!(table.contains("sweep stopped after stage #0 c=64: congested: KV cache"));
+    }
+
+    #[test]
+    fn judged_stage_shows_server_columns_and_the_congested_mark() {
+        use crate::sweep::{CongestionRecord, PolicyMode, PolicyRef};
+        use nyann_model::Verdict;
+        let role = |name: &str, waiting: f64, kv: f64| RoleSignals {
+            role: name.into(),
+            waiting_requests_p50: waiting,
+            ttft_p99_seconds: 2.5,
+            kv_cache_usage_max: kv,
+            preemptions: 3.0,
+            extra: vec![("ttft_p50_seconds".into(), 0.25)],
+        };
+        let record = CongestionRecord {
+            policy: PolicyRef {
+                name: "builtin".into(),
+                version: "0.1.0".into(),
+                origin: "builtin".into(),
+            },
+            mode: PolicyMode::Enforce,
+            roles: vec![role("prefill", 40.0, 0.5), role("decode", 2.0, 0.98)],
+            signal_errors: vec!["decode: preemptions: timeout".into()],
+            verdict: Some(Verdict {
+                congested: true,
+                reasons: vec!["queueing".into()],
+            }),
+            policy_error: None,
+            check_seconds: 0.01,
+        };
+        let stage = StageResult {
+            index: 0,
+            label: "#0 c=64".into(),
+            name: None,
+            status: StageStatus::Measured,
+            mode: Some(Mode::Concurrent),
+            concurrency: Some(64),
+            rate: None,
+            duration_s: 60.0,
+            drain: None,
+            start_unix: Some(1.0),
+            end_unix: Some(61.0),
+            client: Some(ClientStats::default()),
+            detail: Some(StageDetail::default()),
+            annotation: Some(serde_json::json!({ crate::sweep::ANNOTATION_KEY: record })),
+            skip_reason: None,
+        };
+        let result = RunResult {
+            outcome: RunOutcome::Completed,
+            start_unix: 0.0,
+            end_unix: 1.0,
+            seed: 1,
+            models: vec![],
+            targets: vec![],
+            totals: ClientStats::default(),
+            totals_detail: StageDetail::default(),
+            requests_recorded: 0,
+            stages: vec![stage],
+        };
+        let table = stage_table(&result);
+        let row = table.lines().nth(1).unwrap();
+        assert!(row.contains("CONGESTED"), "{row}");
+        // Largest value across roles: waiting from prefill, KV from decode.
+        assert!(
+            row.contains("250/2500") && row.contains("  40  ") && row.contains("98.0%"),
+            "{row}"
+        );
+        assert!(row.contains("congested*"), "{row}");
+        assert!(table.contains("largest value across roles"));
     }
 }
