@@ -61,11 +61,15 @@ fn entry_path(engine: &Engine, dir: &Path, bytes: &[u8]) -> PathBuf {
 
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    // Read into memory rather than `deserialize_file`'s mmap: a file
+    // truncated in place while mapped would crash the process (SIGBUS).
+    let bytes = std::fs::read(path)?;
     // SAFETY: `path` is an entry this host wrote itself with
-    // `Component::serialize` into its own cache directory, named by the
-    // hash of the source bytes and the engine's compatibility hash; wasmtime
-    // additionally checks the header and the engine configuration.
-    unsafe { Component::deserialize_file(engine, path) }
+    // `Component::serialize` into its own cache directory (atomically, by
+    // rename), named by the hash of the source bytes and the engine's
+    // compatibility hash; wasmtime additionally checks the header and the
+    // engine configuration.
+    unsafe { Component::deserialize(engine, &bytes) }
 }
 
 fn store(component: &Component, dir: &Path, path: &Path) -> std::io::Result<()> {

@@ -9,7 +9,7 @@ use nyann_policy_host::{HostConfig, Policy, PolicyHost};
 
 #[path = "../../build/guest.rs"]
 #[allow(dead_code)]
-mod guest;
+pub mod guest;
 
 /// A host with default limits and no code cache (tests must not touch the
 /// user's cache directory).
