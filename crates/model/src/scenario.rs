@@ -26,7 +26,7 @@ pub struct Scenario {
 // memory and cost every producer and consumer a layer of indirection.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Step {
     Stage(Stage),
     /// Synchronisation point; with `drain`, wait until no request is in flight.
@@ -111,12 +111,55 @@ pub struct Param {
 
 /// A typed parameter value. Durations stay text (`"2s"`) in the IR; the
 /// policy host converts them to seconds using the policy's parameter kinds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Value {
     Flag(bool),
     Number(f64),
     Text(String),
+}
+
+/// By hand rather than `#[serde(untagged)]`: the `starlark` crate turns on
+/// serde_json's `arbitrary_precision` feature for the whole build, and with
+/// it serde_json hands a non-integer number to an untagged enum as a
+/// one-entry map, which the derived impl refuses.
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, MapAccess, Unexpected, Visitor};
+        struct ValueVisitor;
+        impl<'de> Visitor<'de> for ValueVisitor {
+            type Value = Value;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number, a string or a bool")
+            }
+            fn visit_bool<E: Error>(self, b: bool) -> Result<Value, E> {
+                Ok(Value::Flag(b))
+            }
+            fn visit_i64<E: Error>(self, n: i64) -> Result<Value, E> {
+                Ok(Value::Number(n as f64))
+            }
+            fn visit_u64<E: Error>(self, n: u64) -> Result<Value, E> {
+                Ok(Value::Number(n as f64))
+            }
+            fn visit_f64<E: Error>(self, n: f64) -> Result<Value, E> {
+                Ok(Value::Number(n))
+            }
+            fn visit_str<E: Error>(self, s: &str) -> Result<Value, E> {
+                Ok(Value::Text(s.to_owned()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+                // serde_json's arbitrary_precision form of a number.
+                match map.next_entry::<String, String>()? {
+                    Some((key, text)) if key == "$serde_json::private::Number" => text
+                        .parse()
+                        .map(Value::Number)
+                        .map_err(|_| A::Error::invalid_value(Unexpected::Str(&text), &self)),
+                    _ => Err(A::Error::invalid_type(Unexpected::Map, &self)),
+                }
+            }
+        }
+        d.deserialize_any(ValueVisitor)
+    }
 }
 
 /// File, line and column (1-based) of a call in a scenario file.
@@ -231,5 +274,24 @@ mod tests {
         let err = serde_json::from_str::<Workload>(r#"{"type":"faker","isl":1,"osl":1,"turns":1,"typo":1}"#)
             .unwrap_err();
         assert!(err.to_string().contains("unknown field `typo`"), "{err}");
+    }
+}
+
+/// The dev-dependency on serde_json enables `arbitrary_precision`, as
+/// starlark does in every build that includes the scenario compiler.
+#[cfg(test)]
+mod arbitrary_precision_tests {
+    use super::*;
+
+    #[test]
+    fn floats_inside_steps_and_values_parse_with_arbitrary_precision() {
+        let json = r#"{"workload":{"type":"faker","isl":1,"osl":1,"turns":1},"steps":[{"stage":{"duration_s":1.5,"mode":"poisson","rate":0.950,"stop":{"params":[{"name":"a","value":0.95},{"name":"b","value":"2s"},{"name":"c","value":true},{"name":"d","value":3}]}}},{"barrier":{"drain":true}}]}"#;
+        let s: Scenario = serde_json::from_str(json).unwrap();
+        let back: Scenario = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(s, back);
+        let Step::Stage(st) = &s.steps[0] else { panic!() };
+        assert_eq!((st.duration_s, st.rate), (1.5, Some(0.95)));
+        assert_eq!(st.stop.as_ref().unwrap().params[0].value, Value::Number(0.95));
+        assert!(serde_json::from_str::<Value>("[1]").is_err());
     }
 }

@@ -63,15 +63,8 @@ pub fn compile_str(file_name: &str, source: &str) -> Result<Scenario, ScenarioEr
 }
 
 /// Parses the IR as JSON (strict) and validates it. `file_name` names the
-/// source in error messages: syntax errors carry a line and column,
+/// source in error messages: every error carries a line and column, and
 /// structural ones (unknown field, wrong type) the JSON path of the field.
-///
-/// Use this rather than `serde_json::from_str::<Scenario>`: the `starlark`
-/// crate turns on serde_json's `arbitrary_precision` feature for the whole
-/// build, and with it a non-integer number inside a tagged or untagged enum
-/// (a stage's `duration_s`, a parameter's value) fails to deserialize
-/// ("invalid type: map, expected f64"). Going through `serde_json::Value`
-/// with every number in canonical form avoids that.
 pub fn parse_ir(file_name: &str, json: &str) -> Result<Scenario, ScenarioError> {
     let invalid = |line: Option<u32>, column: Option<u32>, message: String| {
         ScenarioError::Invalid(vec![Diagnostic {
@@ -81,20 +74,15 @@ pub fn parse_ir(file_name: &str, json: &str) -> Result<Scenario, ScenarioError> 
             message,
         }])
     };
-    let mut tree: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+    let mut json = serde_json::Deserializer::from_str(json);
+    let scenario: Scenario = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        let e = e.into_inner();
+        let at = if path == "." { String::new() } else { format!(" at {path}") };
         invalid(
             u32::try_from(e.line()).ok().filter(|&l| l > 0),
             u32::try_from(e.column()).ok().filter(|&c| c > 0),
-            format!("invalid scenario IR: {e}"),
-        )
-    })?;
-    canonical_numbers(&mut tree);
-    let scenario: Scenario = serde_path_to_error::deserialize(tree).map_err(|e| {
-        let path = e.path().to_string();
-        invalid(
-            None,
-            None,
-            format!("invalid scenario IR at {path}: {}", e.into_inner()),
+            format!("invalid scenario IR{at}: {e}"),
         )
     })?;
     let problems = validate::ir_diagnostics(file_name, &scenario);
@@ -105,17 +93,3 @@ pub fn parse_ir(file_name: &str, json: &str) -> Result<Scenario, ScenarioError> 
     }
 }
 
-/// Rewrites every non-integer number in its shortest form, the one
-/// serde_json's `arbitrary_precision` mode hands to serde as a plain `f64`.
-fn canonical_numbers(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Number(n) if n.as_u64().is_none() && n.as_i64().is_none() => {
-            if let Some(canonical) = n.as_f64().and_then(serde_json::Number::from_f64) {
-                *n = canonical;
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(canonical_numbers),
-        serde_json::Value::Object(fields) => fields.values_mut().for_each(canonical_numbers),
-        _ => {}
-    }
-}
