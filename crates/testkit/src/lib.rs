@@ -20,6 +20,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod exporter;
+
 use std::fmt::Write as _;
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
