@@ -152,7 +152,8 @@ pub fn empty(req: &Req) -> String {
     format!(r#"{{"status":"success","data":{{"resultType":"{kind}","result":[]}}}}"#)
 }
 
-pub use nyann_testkit::exporter::{Engine, Exporter};
+#[allow(unused_imports)] // not every test binary uses every item
+pub use nyann_testkit::exporter::{Engine, Exporter, TTFT_BOUNDS};
 
 /// Now in unix seconds.
 pub fn now() -> f64 {
