@@ -12,7 +12,10 @@ fn help_lists_every_command() {
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for command in ["generate", "demo", "sim", "scenario", "policy"] {
-        assert!(help.contains(command), "`{command}` missing from --help:\n{help}");
+        assert!(
+            help.contains(command),
+            "`{command}` missing from --help:\n{help}"
+        );
     }
 }
 

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nyann_load::{ClientArgs, Live, parse_duration};
+use nyann_load::{ClientArgs, Live, RunOutcome, RunResult, parse_duration};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 use nyann_signals::SignalArgs;
 
 use crate::report;
-use crate::sweep::{CongestionCheck, PolicyArgs};
+use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -224,5 +224,19 @@ pub async fn run_scenario(
             serde_json::to_string_pretty(&result).context("encoding the summary")?
         );
     }
-    Ok(ExitCode::from(result.exit_code()))
+    Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// 0 when the run completed or stopped on congestion (the feature working);
+/// 1 when it was aborted or stopped by a failed policy call
+/// (`--on-policy-error stop`); 130 when interrupted.
+fn exit_code(result: &RunResult) -> u8 {
+    if let RunOutcome::Stopped { stage, .. } = result.outcome {
+        let stopping = result.stages.iter().find(|s| s.index == stage);
+        let record = stopping.and_then(|s| CongestionRecord::of(s.annotation.as_ref()));
+        if record.is_some_and(|r| r.policy_error.is_some()) {
+            return 1;
+        }
+    }
+    result.exit_code()
 }

@@ -1,0 +1,176 @@
+//! What every end-to-end test needs: the binary, an in-process simulator,
+//! scenario files, a `generate` run and its results, the guest policies.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use nyann_sim::{RunningSim, SimArgs};
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// The binary under test, built with the test's own profile.
+pub fn nyann_bench() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_nyann-bench"));
+    command.kill_on_drop(true);
+    command
+}
+
+/// One sweep at a time (the simulator's timing needs the CPU).
+pub async fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::const_new(());
+    SERIAL.lock().await
+}
+
+/// The simulator (default profile, seed 1) on ephemeral loopback ports.
+pub async fn simulator(disaggregated: bool) -> RunningSim {
+    nyann_sim::start(SimArgs {
+        seed: 1,
+        disaggregated,
+        ..SimArgs::for_tests()
+    })
+    .await
+    .expect("the simulator starts")
+}
+
+/// A sweep of 3-second stages at the given concurrencies, stopped by
+/// `until_congested` with `params` (Starlark keyword arguments).
+pub fn sweep(concurrencies: &[u32], params: &str) -> String {
+    let levels = concurrencies
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "scenario(\n    workload = workload(\"faker\", isl=128, osl=256),\n    stages = until_congested(\n        \
+         [stage(\"3s\", concurrency=c) for c in [{levels}]],\n        {params},\n    ),\n)\n"
+    )
+}
+
+/// A finished `nyann-bench generate` run.
+pub struct Run {
+    pub output: Output,
+    /// `summary.json` from the output directory.
+    pub summary: Value,
+    _dir: TempDir,
+}
+
+impl Run {
+    pub fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    pub fn stages(&self) -> &Vec<Value> {
+        self.summary["stages"]
+            .as_array()
+            .expect("summary.stages is a list")
+    }
+
+    pub fn stage(&self, index: usize) -> &Value {
+        &self.stages()[index]
+    }
+
+    /// The congestion record of a judged stage.
+    pub fn congestion(&self, index: usize) -> &Value {
+        &self.stage(index)["annotation"]["congestion"]
+    }
+
+    pub fn status(&self, index: usize) -> &str {
+        self.stage(index)["status"].as_str().unwrap_or("?")
+    }
+
+    pub fn congested(&self, index: usize) -> bool {
+        self.congestion(index)["verdict"]["congested"] == Value::Bool(true)
+    }
+
+    /// Where the sweep stopped, if it did.
+    pub fn stopped_at(&self) -> Option<u64> {
+        let outcome = &self.summary["outcome"];
+        (outcome["kind"] == "stopped")
+            .then(|| outcome["stage"].as_u64())
+            .flatten()
+    }
+}
+
+/// Run `generate --config <scenario> --output-dir <tmp> --target <sim> ARGS`.
+pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("scenario.star");
+    std::fs::write(&config, scenario).unwrap();
+    let output = nyann_bench()
+        .arg("generate")
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path())
+        .args(["--target", &sim.base_url(), "--seed", "1"])
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let summary = std::fs::read_to_string(dir.path().join("summary.json")).unwrap_or_else(|e| {
+        panic!(
+            "no summary.json ({e}); exit {:?}, stderr:\n{}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    Run {
+        summary: serde_json::from_str(&summary).unwrap(),
+        output,
+        _dir: dir,
+    }
+}
+
+/// `--scrape ROLE=URL` flags for every metrics endpoint of the simulator.
+pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
+    sim.metrics_endpoints()
+        .into_iter()
+        .flat_map(|(role, addr)| {
+            [
+                "--scrape".to_string(),
+                format!("{role}=http://{addr}/metrics"),
+            ]
+        })
+        .collect()
+}
+
+// The policy host's own build helper, so the tests build guest components
+// exactly as the build script builds the embedded built-in.
+#[path = "../../crates/policy-host/build/guest.rs"]
+#[allow(dead_code)]
+mod guest;
+
+/// Build a guest policy package (an example policy of this workspace, or the
+/// policy host's test guests) for wasm32-wasip2 and return its `.wasm`.
+pub fn policy_wasm(package: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let manifest = if package == "hostile-policy" {
+        root.join("crates/policy-host/tests/guests/Cargo.toml")
+    } else {
+        root.join("Cargo.toml")
+    };
+    // Beside the build's own target directory, where the policy host's tests
+    // build the same guests: <target>/nyann-policy-guests.
+    let exe = Path::new(env!("CARGO_BIN_EXE_nyann-bench"));
+    let target = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("nyann-policy-guests");
+    let out = guest::build(
+        Path::new(env!("CARGO")),
+        Path::new("rustc"),
+        &manifest,
+        &[package],
+        &target,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    out.join(format!("{}.wasm", package.replace('-', "_")))
+}

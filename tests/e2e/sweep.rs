@@ -1,0 +1,385 @@
+//! The congestion-stopped sweep end to end (issue 7): simulator, real
+//! Prometheus or direct scraping, built-in and custom policies.
+//!
+//! The simulator's default profile (seed 1) with the default workload (isl
+//! 128, osl 256) fills its KV cache and preempts from concurrency ~12-16 on;
+//! at c=8 KV usage stays near 65-75% with no preemption, and client TTFT p99
+//! near 50 ms against ~400 ms at c=16. Every threshold below sits well away
+//! from those figures, so the stage a sweep stops at does not depend on luck.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use nyann_testkit::exporter::{Engine, Exporter};
+use nyann_testkit::{PrometheusServer, ScrapeJob};
+
+use crate::support::{generate, nyann_bench, policy_wasm, scrape_flags, serial, simulator, sweep};
+
+/// Thresholds the simulator crosses at c=16 (KV pressure with preemptions)
+/// and not before; the queueing rule is out of reach at c <= 16.
+const STOPS_AT_16: &str =
+    r#"waiting_requests_p50=8, ttft_p99="1s", kv_cache_usage=0.95, preemptions=1"#;
+
+/// Thresholds no stage reaches.
+const NEVER: &str =
+    r#"waiting_requests_p50=100000, ttft_p99="1h", kv_cache_usage=1.0, preemptions=1000000"#;
+
+/// Concurrency 4, 8, 16, 32: index 2 is c=16.
+const LEVELS: [u32; 4] = [4, 8, 16, 32];
+
+fn assert_stopped_at_c16(run: &crate::support::Run) {
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
+    for earlier in 0..2 {
+        assert_eq!(run.status(earlier), "measured");
+        assert!(
+            !run.congested(earlier),
+            "stage {earlier}: {}",
+            run.congestion(earlier)
+        );
+    }
+    assert_eq!(
+        run.status(2),
+        "measured",
+        "the congested stage stays in the results"
+    );
+    assert!(run.congested(2), "{}", run.congestion(2));
+    let reasons = run.congestion(2)["verdict"]["reasons"].to_string();
+    assert!(reasons.contains("KV cache on aggregate"), "{reasons}");
+    assert_eq!(run.status(3), "skipped");
+    assert!(
+        run.stage(3)["skip_reason"]
+            .as_str()
+            .unwrap()
+            .contains("congested")
+    );
+    assert!(run.stderr().contains("CONGESTED"), "{}", run.stderr());
+}
+
+async fn prometheus_for(jobs: &[(&str, SocketAddr, &str)]) -> PrometheusServer {
+    let jobs: Vec<ScrapeJob> = jobs
+        .iter()
+        .map(|(job, addr, pod)| ScrapeJob::new(job).target(*addr, &[("pod", pod)]))
+        .collect();
+    PrometheusServer::start(&jobs)
+        .await
+        .expect("Prometheus starts (apt-get install prometheus)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregate_with_prometheus_stops_at_the_known_stage() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let prom = prometheus_for(&[("vllm-aggregate", sim.endpoint(), "sim-0")]).await;
+    let run = generate(
+        &sim,
+        &sweep(&LEVELS, STOPS_AT_16),
+        &[
+            "--prometheus-url".into(),
+            prom.url(),
+            "--deploy-name".into(),
+            "sim".into(),
+        ],
+    )
+    .await;
+    assert_stopped_at_c16(&run);
+    let roles = &run.congestion(2)["roles"];
+    assert_eq!(roles[0]["role"], "aggregate");
+    assert!(roles[0]["preemptions"].as_f64().unwrap() >= 1.0, "{roles}");
+    assert_eq!(run.congestion(2)["signal_errors"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_source_stops_at_the_same_stage() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let run = generate(&sim, &sweep(&LEVELS, STOPS_AT_16), &scrape_flags(&sim)).await;
+    assert_stopped_at_c16(&run);
+    assert_eq!(run.congestion(2)["policy"]["name"], "builtin");
+    assert!(run.congestion(2)["check_seconds"].as_f64().unwrap() >= 0.0);
+}
+
+/// Scripted prefill and decode exporters scraped by a real Prometheus as
+/// jobs `vllm-prefill` and `vllm-decode`, with `--deploy-name sim-decode`:
+/// the role rules of SEED.md with exactly known signals. The load itself
+/// goes to the simulator.
+async fn disaggregated_run(
+    prefill: Engine,
+    decode: Engine,
+    ticks: impl Fn(&mut Engine, &mut Engine) + Send + 'static,
+) -> crate::support::Run {
+    let sim = simulator(false).await;
+    let prefill = Exporter::start(prefill).await;
+    let decode = Exporter::start(decode).await;
+    let prom = prometheus_for(&[
+        ("vllm-prefill", prefill.addr, "sim-prefill-0"),
+        ("vllm-decode", decode.addr, "sim-decode-0"),
+    ])
+    .await;
+    // Counters and histograms move every 100 ms, bounded to 2 minutes.
+    let (p, d) = (prefill.engine.clone(), decode.engine.clone());
+    let driver = tokio::spawn(async move {
+        for _ in 0..1200 {
+            ticks(&mut p.lock().unwrap(), &mut d.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let run = generate(
+        &sim,
+        &sweep(
+            &[2, 2, 2],
+            r#"waiting_requests_p50=32, ttft_p99="2s", kv_cache_usage=0.95, preemptions=2"#,
+        ),
+        &[
+            "--prometheus-url".into(),
+            prom.url(),
+            "--deploy-name".into(),
+            "sim-decode".into(),
+        ],
+    )
+    .await;
+    driver.abort();
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disaggregated_queueing_on_prefill_and_ttft_on_decode_stops() {
+    let _serial = serial().await;
+    let mut prefill = Engine::new();
+    prefill.waiting = 40.0;
+    let run = disaggregated_run(prefill, Engine::new(), |_, decode| decode.observe_ttft(3.0)).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(0), "{}", run.stderr());
+    let record = run.congestion(0);
+    let roles: Vec<&str> = record["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["prefill", "decode"]);
+    let reasons = record["verdict"]["reasons"].to_string();
+    assert!(
+        reasons.contains("waiting p50 40 on prefill") && reasons.contains("on decode"),
+        "{reasons}"
+    );
+    assert_eq!(run.status(1), "skipped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disaggregated_kv_on_decode_with_preemptions_on_prefill_does_not_stop() {
+    let _serial = serial().await;
+    let mut decode = Engine::new();
+    decode.kv = 0.99;
+    let run = disaggregated_run(Engine::new(), decode, |prefill, _| {
+        prefill.preemptions += 1.0
+    })
+    .await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), None, "{}", run.stderr());
+    for stage in 0..3 {
+        assert_eq!(run.status(stage), "measured");
+        assert!(!run.congested(stage), "{}", run.congestion(stage));
+        let roles = &run.congestion(stage)["roles"];
+        assert!(
+            roles[0]["preemptions"].as_f64().unwrap() >= 2.0,
+            "prefill preempts: {roles}"
+        );
+        assert!(
+            roles[1]["kv_cache_usage_max"].as_f64().unwrap() >= 0.95,
+            "decode KV: {roles}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_policies_stop_where_their_rules_say() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    // client-slo: client TTFT p99 over 200 ms (c=8 ~50 ms, c=16 ~400 ms).
+    let slo = policy_wasm("client-slo-policy");
+    let mut args = scrape_flags(&sim);
+    args.extend(["--policy".into(), slo.display().to_string()]);
+    let run = generate(&sim, &sweep(&LEVELS, r#"ttft_p99="200ms""#), &args).await;
+    assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
+    assert_eq!(run.congestion(2)["policy"]["name"], "client-slo");
+    assert!(
+        run.congestion(2)["verdict"]["reasons"]
+            .to_string()
+            .contains("client TTFT p99")
+    );
+
+    // throughput-knee: output tokens/s grew < 50% while TTFT p99 more than
+    // doubled; at c=8 TTFT barely moves, at c=16 it grows ~8x and throughput
+    // ~25%.
+    let knee = policy_wasm("throughput-knee-policy");
+    let mut args = scrape_flags(&sim);
+    args.extend(["--policy".into(), knee.display().to_string()]);
+    let run = generate(
+        &sim,
+        &sweep(
+            &LEVELS,
+            "min_throughput_gain_pct=50, max_ttft_growth_pct=100",
+        ),
+        &args,
+    )
+    .await;
+    assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
+    assert_eq!(run.congestion(2)["policy"]["name"], "throughput-knee");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_killed_mid_run_fails_open() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let prom = prometheus_for(&[("vllm-aggregate", sim.endpoint(), "sim-0")]).await;
+    let url = prom.url();
+    let config = crate::support::sweep(&[4, 4, 4, 4], NEVER);
+    // Prometheus dies during the second stage; the sweep must go on.
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        drop(prom);
+    });
+    let run = generate(
+        &sim,
+        &config,
+        &[
+            "--prometheus-url".into(),
+            url,
+            "--deploy-name".into(),
+            "sim".into(),
+            "--settle-wait".into(),
+            "2s".into(),
+        ],
+    )
+    .await;
+    killer.await.unwrap();
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), None);
+    for stage in 0..4 {
+        assert_eq!(run.status(stage), "measured");
+    }
+    let last = run.congestion(3);
+    assert!(
+        !last["signal_errors"].as_array().unwrap().is_empty(),
+        "errors recorded: {last}"
+    );
+    assert_eq!(
+        last["verdict"]["congested"], false,
+        "missing signals read as zero: {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trapping_policy_is_recorded_and_fails_open_unless_told_to_stop() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let hostile = policy_wasm("hostile-policy");
+    let mut args = scrape_flags(&sim);
+    args.extend(["--policy".into(), hostile.display().to_string()]);
+    let config = sweep(&[2, 2, 2], r#"mode="panic""#);
+
+    let run = generate(&sim, &config, &args).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), None);
+    for stage in 0..3 {
+        let error = run.congestion(stage)["policy_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            error.contains("policy hostile") && error.contains("panicked"),
+            "stage {stage}: {error}"
+        );
+    }
+
+    args.extend(["--on-policy-error".into(), "stop".into()]);
+    let run = generate(&sim, &config, &args).await;
+    assert_eq!(
+        run.code(),
+        Some(1),
+        "a policy error that stops the sweep is an error: {}",
+        run.stderr()
+    );
+    assert_eq!(run.stopped_at(), Some(0));
+    assert_eq!(run.status(1), "skipped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_mode_records_every_verdict_and_never_stops() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let mut args = scrape_flags(&sim);
+    args.extend(["--policy-mode".into(), "monitor".into()]);
+    let run = generate(&sim, &sweep(&[16, 32, 32], STOPS_AT_16), &args).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), None);
+    for stage in 0..3 {
+        assert_eq!(run.status(stage), "measured");
+        assert!(
+            run.congested(stage),
+            "stage {stage}: {}",
+            run.congestion(stage)
+        );
+        assert_eq!(run.congestion(stage)["mode"], "monitor");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
+    let sim = simulator(false).await;
+    let run = nyann_bench()
+        .args([
+            "generate",
+            "--config",
+            "../examples/scenarios/balanced.star",
+            "--target",
+            &sim.base_url(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("--prometheus-url") && stderr.contains("--scrape"),
+        "{stderr}"
+    );
+    assert!(sim.requests().is_empty(), "no request may be sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_policy_parameters_point_at_the_scenario_line() {
+    let sim = simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.star");
+    std::fs::write(&config, sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#)).unwrap();
+    let run = nyann_bench()
+        .args(["generate", "--config"])
+        .arg(&config)
+        .args(["--target", &sim.base_url()])
+        .args(scrape_flags(&sim))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("bad.star:3:") && stderr.contains("unknown parameter `ttft`"),
+        "{stderr}"
+    );
+    assert!(sim.requests().is_empty(), "no request may be sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_and_names_the_congested_stage() {
+    let _serial = serial().await;
+    let out = nyann_bench().arg("demo").output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("CONGESTED"), "{stderr}");
+    assert!(
+        stderr.contains("sweep stopped after stage #3 c=16: congested"),
+        "{stderr}"
+    );
+}
