@@ -2,7 +2,7 @@
 //! client metrics): cheap atomics updated by request tasks.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
@@ -21,6 +21,8 @@ pub struct Live {
     pub ttft: Buckets,
     pub itl: Buckets,
     pub e2e: Buckets,
+    /// The histograms cost a few atomic operations per chunk: only kept when served.
+    histograms: AtomicBool,
     stage: Mutex<StageView>,
 }
 
@@ -134,6 +136,7 @@ impl Live {
             ttft: Buckets::new(TTFT_BOUNDS),
             itl: Buckets::new(ITL_BOUNDS),
             e2e: Buckets::new(E2E_BOUNDS),
+            histograms: AtomicBool::new(false),
             stage: Mutex::new(StageView {
                 index: None,
                 label: String::new(),
@@ -167,14 +170,16 @@ impl Live {
         match record.status {
             Status::Ok => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
-                if let Some(ttft) = record.ttft_s {
-                    self.ttft.observe(ttft);
-                }
-                if let Some(e2e) = record.e2e_s {
-                    self.e2e.observe(e2e);
-                }
-                for &gap in &record.itl_s {
-                    self.itl.observe(gap);
+                if self.histograms.load(Ordering::Relaxed) {
+                    if let Some(ttft) = record.ttft_s {
+                        self.ttft.observe(ttft);
+                    }
+                    if let Some(e2e) = record.e2e_s {
+                        self.e2e.observe(e2e);
+                    }
+                    for &gap in &record.itl_s {
+                        self.itl.observe(gap);
+                    }
                 }
                 if let Some(ttft) = record.ttft_s
                     && let Some(h) = self.view().ttft.as_mut()
@@ -190,6 +195,11 @@ impl Live {
             }
             Status::Dropped => {}
         }
+    }
+
+    /// Starts filling the latency histograms (the metrics endpoint does).
+    pub fn enable_histograms(&self) {
+        self.histograms.store(true, Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> LiveSnapshot {

@@ -15,6 +15,7 @@ use crate::live::{Buckets, Live};
 /// Serves `GET /metrics` on `addr` until the runtime ends; returns the bound address.
 pub async fn serve(addr: SocketAddr, live: Arc<Live>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
+    live.enable_histograms();
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
@@ -125,6 +126,7 @@ mod tests {
     #[tokio::test]
     async fn serves_counters_and_histograms() {
         let live = Arc::new(Live::new());
+        live.enable_histograms();
         live.ttft.observe(0.003);
         live.ttft.observe(0.5);
         live.ok.fetch_add(2, Ordering::Relaxed);

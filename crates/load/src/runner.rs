@@ -159,7 +159,6 @@ pub async fn run<H: StageHook>(
         halt: halt.clone(),
         hard_cancel: CancellationToken::new(),
         tracker: TaskTracker::new(),
-        totals: Mutex::new(StageAccumulator::new()),
         live: options.live.clone(),
         seed: options.seed,
         max_requests: steps
@@ -171,6 +170,21 @@ pub async fn run<H: StageHook>(
             .collect(),
     });
 
+    // Hands buffered records to the writer regularly (the durability bound).
+    let flusher_stop = CancellationToken::new();
+    let flusher = {
+        let sink = shared.sink.clone();
+        let stop = flusher_stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::record::FLUSH_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => sink.flush().await,
+                }
+            }
+        })
+    };
     let mut runner = Runner {
         shared: shared.clone(),
         level: Level::Idle,
@@ -355,13 +369,27 @@ pub async fn run<H: StageHook>(
     } else {
         RunOutcome::Completed
     };
-    let (totals, totals_detail) = lock(&shared.totals).finish(measured_seconds);
+    // Totals: the measured (and interrupted) stages' accumulators merged.
+    let mut totals_acc = StageAccumulator::new();
+    for result in &results {
+        if matches!(
+            result.status,
+            StageStatus::Measured | StageStatus::Interrupted
+        ) {
+            shared.slots[result.index].merge_into(&mut totals_acc);
+        }
+    }
+    let (totals, totals_detail) = totals_acc.finish(measured_seconds);
     let end_unix = shared.clock.unix(Instant::now());
     let start_unix = shared.clock.unix_start;
+    flusher_stop.cancel();
+    let _ = flusher.await;
+    shared.sink.flush().await;
+    let requests_recorded = shared.sink.lines();
     drop(runner);
     // Every task has ended: this is the last handle on the record channel.
     drop(shared);
-    let requests_recorded = writer.finish().await.map_err(|source| RunError::Output {
+    writer.finish().await.map_err(|source| RunError::Output {
         path: options
             .output_dir
             .clone()
@@ -714,6 +742,12 @@ impl Slot {
             .add(record);
     }
 
+    fn merge_into(&self, total: &mut StageAccumulator) {
+        if let Some(acc) = lock(&self.acc).as_ref() {
+            total.merge(acc);
+        }
+    }
+
     fn finish(&self, duration: f64) -> (ClientStats, StageDetail) {
         match lock(&self.acc).as_ref() {
             Some(acc) => acc.finish(duration),
@@ -760,7 +794,6 @@ struct Shared {
     /// Cancelled when the grace period is over: abandon in-flight requests.
     hard_cancel: CancellationToken,
     tracker: TaskTracker,
-    totals: Mutex<StageAccumulator>,
     live: Option<Arc<Live>>,
     seed: u64,
     /// `max_requests` per step (0 = no limit).
@@ -966,9 +999,6 @@ impl Shared {
         let counted = claim.phase != Phase::Hold;
         if counted {
             self.slots[claim.stage].add(&record);
-            if claim.phase == Phase::Measured {
-                lock(&self.totals).add(&record);
-            }
         }
         match record.status {
             Status::Ok => self.consecutive_errors.store(0, Ordering::Relaxed),

@@ -73,7 +73,7 @@ impl SseParser {
         if line.is_empty() {
             self.dispatch(on_event);
         } else if line[0] != b':' {
-            let (field, value) = match line.iter().position(|&b| b == b':') {
+            let (field, value) = match memchr::memchr(b':', &line) {
                 Some(colon) => {
                     let value = &line[colon + 1..];
                     (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
@@ -104,7 +104,7 @@ impl SseParser {
 }
 
 fn memchr_line_end(bytes: &[u8]) -> Option<usize> {
-    bytes.iter().position(|&b| b == b'\n' || b == b'\r')
+    memchr::memchr2(b'\n', b'\r', bytes)
 }
 
 /// What one event payload says.

@@ -104,6 +104,19 @@ impl StageAccumulator {
         }
     }
 
+    /// Adds everything `other` accumulated (for run totals).
+    pub fn merge(&mut self, other: &StageAccumulator) {
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.cancelled += other.cancelled;
+        self.dropped += other.dropped;
+        self.output_tokens += other.output_tokens;
+        // Same bounds on both sides: adding cannot fail.
+        let _ = self.ttft.add(&other.ttft);
+        let _ = self.itl.add(&other.itl);
+        let _ = self.e2e.add(&other.e2e);
+    }
+
     /// Current TTFT median, for live progress.
     pub fn ttft_p50(&self) -> f64 {
         quantile(&self.ttft, 0.5)
