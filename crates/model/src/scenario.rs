@@ -30,7 +30,9 @@ pub struct Scenario {
 pub enum Step {
     Stage(Stage),
     /// Synchronisation point; with `drain`, wait until no request is in flight.
-    Barrier { drain: bool },
+    Barrier {
+        drain: bool,
+    },
 }
 
 /// How a stage sends its requests.
@@ -256,9 +258,18 @@ mod tests {
     #[test]
     fn values_round_trip_as_plain_json() {
         let params = vec![
-            Param { name: "waiting_requests_p50".into(), value: Value::Number(32.0) },
-            Param { name: "ttft_p99".into(), value: Value::Text("2s".into()) },
-            Param { name: "strict".into(), value: Value::Flag(true) },
+            Param {
+                name: "waiting_requests_p50".into(),
+                value: Value::Number(32.0),
+            },
+            Param {
+                name: "ttft_p99".into(),
+                value: Value::Text("2s".into()),
+            },
+            Param {
+                name: "strict".into(),
+                value: Value::Flag(true),
+            },
         ];
         let json = serde_json::to_string(&params).unwrap();
         assert_eq!(
@@ -271,8 +282,10 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_rejected() {
-        let err = serde_json::from_str::<Workload>(r#"{"type":"faker","isl":1,"osl":1,"turns":1,"typo":1}"#)
-            .unwrap_err();
+        let err = serde_json::from_str::<Workload>(
+            r#"{"type":"faker","isl":1,"osl":1,"turns":1,"typo":1}"#,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("unknown field `typo`"), "{err}");
     }
 }
@@ -289,9 +302,14 @@ mod arbitrary_precision_tests {
         let s: Scenario = serde_json::from_str(json).unwrap();
         let back: Scenario = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(s, back);
-        let Step::Stage(st) = &s.steps[0] else { panic!() };
+        let Step::Stage(st) = &s.steps[0] else {
+            panic!()
+        };
         assert_eq!((st.duration_s, st.rate), (1.5, Some(0.95)));
-        assert_eq!(st.stop.as_ref().unwrap().params[0].value, Value::Number(0.95));
+        assert_eq!(
+            st.stop.as_ref().unwrap().params[0].value,
+            Value::Number(0.95)
+        );
         assert!(serde_json::from_str::<Value>("[1]").is_err());
     }
 }

@@ -78,7 +78,11 @@ pub fn parse_ir(file_name: &str, json: &str) -> Result<Scenario, ScenarioError> 
     let scenario: Scenario = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let path = e.path().to_string();
         let e = e.into_inner();
-        let at = if path == "." { String::new() } else { format!(" at {path}") };
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!(" at {path}")
+        };
         invalid(
             u32::try_from(e.line()).ok().filter(|&l| l > 0),
             u32::try_from(e.column()).ok().filter(|&c| c > 0),
@@ -92,4 +96,3 @@ pub fn parse_ir(file_name: &str, json: &str) -> Result<Scenario, ScenarioError> 
         Err(ScenarioError::Invalid(problems))
     }
 }
-

@@ -378,7 +378,10 @@ fn json_ir_unknown_fields_are_rejected_with_their_path() {
     std::fs::write(&path, json).unwrap();
     let err = load_file(&path).unwrap_err();
     let text = err.to_string();
-    assert!(text.starts_with(&format!("{}:1:", path.display())), "{text}");
+    assert!(
+        text.starts_with(&format!("{}:1:", path.display())),
+        "{text}"
+    );
     assert!(text.contains("invalid scenario IR at steps[0]"), "{text}");
     assert!(text.contains("unknown field `warmpu`"), "{text}");
 }
