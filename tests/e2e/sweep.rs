@@ -325,50 +325,44 @@ async fn monitor_mode_records_every_verdict_and_never_stops() {
     }
 }
 
+/// Run `generate` on a scenario that must be refused before any load: the
+/// exit status and stderr, after checking that the simulator saw nothing.
+async fn refused(scenario: &str, scrape: bool) -> String {
+    let sim = simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.star");
+    std::fs::write(&config, scenario).unwrap();
+    let mut command = nyann_bench();
+    command
+        .args(["generate", "--config"])
+        .arg(&config)
+        .args(["--target", &sim.base_url()]);
+    if scrape {
+        command.args(scrape_flags(&sim));
+    }
+    let out = command.output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(sim.requests().is_empty(), "no request may be sent");
+    stderr
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
-    let sim = simulator(false).await;
-    let run = nyann_bench()
-        .args([
-            "generate",
-            "--config",
-            "../examples/scenarios/balanced.star",
-            "--target",
-            &sim.base_url(),
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(run.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stderr = refused(&sweep(&[4], STOPS_AT_16), false).await;
     assert!(
         stderr.contains("--prometheus-url") && stderr.contains("--scrape"),
         "{stderr}"
     );
-    assert!(sim.requests().is_empty(), "no request may be sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_policy_parameters_point_at_the_scenario_line() {
-    let sim = simulator(false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("bad.star");
-    std::fs::write(&config, sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#)).unwrap();
-    let run = nyann_bench()
-        .args(["generate", "--config"])
-        .arg(&config)
-        .args(["--target", &sim.base_url()])
-        .args(scrape_flags(&sim))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(run.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stderr = refused(&sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#), true).await;
     assert!(
         stderr.contains("bad.star:3:") && stderr.contains("unknown parameter `ttft`"),
         "{stderr}"
     );
-    assert!(sim.requests().is_empty(), "no request may be sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{TTFT_BOUNDS, now};
-use nyann_model::RoleSignals;
+use common::{bucket_of, congested, now};
 use nyann_signals::{SignalArgs, SignalSource, StageSignals};
 use nyann_sim::SimArgs;
 use nyann_testkit::{PrometheusServer, ScrapeJob};
@@ -54,23 +53,6 @@ fn load(base_url: String, concurrency: usize, until: Instant) -> Vec<tokio::task
             })
         })
         .collect()
-}
-
-fn bucket_of(v: f64) -> usize {
-    TTFT_BOUNDS
-        .iter()
-        .position(|b| v <= *b)
-        .unwrap_or(TTFT_BOUNDS.len())
-}
-
-/// SEED.md's rule with the balanced example's thresholds.
-fn congested(roles: &[RoleSignals]) -> bool {
-    let waiting = roles.iter().any(|r| r.waiting_requests_p50 >= 32.0);
-    let ttft = roles.iter().any(|r| r.ttft_p99_seconds >= 2.0);
-    let kv = roles
-        .iter()
-        .any(|r| r.kv_cache_usage_max >= 0.95 && r.preemptions >= 1.0);
-    (waiting && ttft) || kv
 }
 
 fn agree(label: &str, prom: &StageSignals, scrape: &StageSignals) {

@@ -181,14 +181,14 @@ pub fn stage_table(result: &RunResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sweep::{ANNOTATION_KEY, CongestionRecord, PolicyMode, PolicyRef};
     use nyann_load::StageDetail;
-    use nyann_model::{ClientStats, Mode};
+    use nyann_model::{ClientStats, Mode, Verdict};
 
-    #[test]
-    fn table_has_a_row_per_step_and_the_outcome() {
-        let measured = StageResult {
+    fn measured(label: &str, client: ClientStats) -> StageResult {
+        StageResult {
             index: 0,
-            label: "#0 c=64".into(),
+            label: label.into(),
             name: None,
             status: StageStatus::Measured,
             mode: Some(Mode::Concurrent),
@@ -198,14 +198,34 @@ mod tests {
             drain: None,
             start_unix: Some(1.0),
             end_unix: Some(61.0),
-            client: Some(ClientStats {
-                requests_ok: 1200,
-                ttft_p50_seconds: 0.0421,
-                ..ClientStats::default()
-            }),
+            client: Some(client),
             detail: Some(StageDetail::default()),
             annotation: None,
             skip_reason: None,
+        }
+    }
+
+    fn run(outcome: RunOutcome, stages: Vec<StageResult>) -> RunResult {
+        RunResult {
+            outcome,
+            start_unix: 0.0,
+            end_unix: 1.0,
+            seed: 1,
+            models: vec![],
+            targets: vec![],
+            totals: ClientStats::default(),
+            totals_detail: StageDetail::default(),
+            requests_recorded: 0,
+            stages,
+        }
+    }
+
+    #[test]
+    fn table_has_a_row_per_step_and_the_outcome() {
+        let client = ClientStats {
+            requests_ok: 1200,
+            ttft_p50_seconds: 0.0421,
+            ..ClientStats::default()
         };
         let skipped = StageResult {
             index: 1,
@@ -215,24 +235,13 @@ mod tests {
             client: None,
             detail: None,
             skip_reason: Some("stopped after stage #0 c=64: congested".into()),
-            ..measured.clone()
+            ..measured("#0 c=64", ClientStats::default())
         };
-        let result = RunResult {
-            outcome: RunOutcome::Stopped {
-                stage: 0,
-                reason: "stopped after stage #0 c=64: congested: KV cache".into(),
-            },
-            start_unix: 0.0,
-            end_unix: 1.0,
-            seed: 1,
-            models: vec![],
-            targets: vec![],
-            totals: ClientStats::default(),
-            totals_detail: StageDetail::default(),
-            requests_recorded: 0,
-            stages: vec![measured, skipped],
+        let outcome = RunOutcome::Stopped {
+            stage: 0,
+            reason: "stopped after stage #0 c=64: congested: KV cache".into(),
         };
-        let table = stage_table(&result);
+        let table = stage_table(&run(outcome, vec![measured("#0 c=64", client), skipped]));
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("stage") && lines[0].contains("TTFT mean"));
         assert!(
@@ -244,8 +253,6 @@ mod tests {
 
     #[test]
     fn judged_stage_shows_server_columns_and_the_congested_mark() {
-        use crate::sweep::{CongestionRecord, PolicyMode, PolicyRef};
-        use nyann_model::Verdict;
         let role = |name: &str, waiting: f64, kv: f64| RoleSignals {
             role: name.into(),
             waiting_requests_p50: waiting,
@@ -271,35 +278,10 @@ mod tests {
             check_seconds: 0.01,
         };
         let stage = StageResult {
-            index: 0,
-            label: "#0 c=64".into(),
-            name: None,
-            status: StageStatus::Measured,
-            mode: Some(Mode::Concurrent),
-            concurrency: Some(64),
-            rate: None,
-            duration_s: 60.0,
-            drain: None,
-            start_unix: Some(1.0),
-            end_unix: Some(61.0),
-            client: Some(ClientStats::default()),
-            detail: Some(StageDetail::default()),
-            annotation: Some(serde_json::json!({ crate::sweep::ANNOTATION_KEY: record })),
-            skip_reason: None,
+            annotation: Some(serde_json::json!({ ANNOTATION_KEY: record })),
+            ..measured("#0 c=64", ClientStats::default())
         };
-        let result = RunResult {
-            outcome: RunOutcome::Completed,
-            start_unix: 0.0,
-            end_unix: 1.0,
-            seed: 1,
-            models: vec![],
-            targets: vec![],
-            totals: ClientStats::default(),
-            totals_detail: StageDetail::default(),
-            requests_recorded: 0,
-            stages: vec![stage],
-        };
-        let table = stage_table(&result);
+        let table = stage_table(&run(RunOutcome::Completed, vec![stage]));
         let row = table.lines().nth(1).unwrap();
         assert!(row.contains("CONGESTED"), "{row}");
         // Largest value across roles: waiting from prefill, KV from decode.

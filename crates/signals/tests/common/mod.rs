@@ -155,6 +155,25 @@ pub fn empty(req: &Req) -> String {
 #[allow(unused_imports)] // not every test binary uses every item
 pub use nyann_testkit::exporter::{Engine, Exporter, TTFT_BOUNDS};
 
+/// Index of the TTFT bucket holding `v` (same bucket = same answer within
+/// the histogram's resolution).
+pub fn bucket_of(v: f64) -> usize {
+    TTFT_BOUNDS
+        .iter()
+        .position(|b| v <= *b)
+        .unwrap_or(TTFT_BOUNDS.len())
+}
+
+/// SEED.md's rule with the balanced example's thresholds.
+pub fn congested(roles: &[nyann_model::RoleSignals]) -> bool {
+    let waiting = roles.iter().any(|r| r.waiting_requests_p50 >= 32.0);
+    let ttft = roles.iter().any(|r| r.ttft_p99_seconds >= 2.0);
+    let kv = roles
+        .iter()
+        .any(|r| r.kv_cache_usage_max >= 0.95 && r.preemptions >= 1.0);
+    (waiting && ttft) || kv
+}
+
 /// Now in unix seconds.
 pub fn now() -> f64 {
     std::time::SystemTime::now()
