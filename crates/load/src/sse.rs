@@ -150,8 +150,8 @@ pub struct Usage {
 
 #[derive(Deserialize)]
 struct RawChunk<'a> {
-    #[serde(default, borrow)]
-    choices: Vec<RawChoice<'a>>,
+    #[serde(default, borrow, deserialize_with = "first_choice")]
+    choices: Option<RawChoice<'a>>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -178,6 +178,33 @@ struct RawDelta<'a> {
     reasoning: Option<Cow<'a, str>>,
 }
 
+/// Keeps the first element of `choices` and skips the rest, without
+/// allocating a vector for every chunk.
+fn first_choice<'de, D>(deserializer: D) -> Result<Option<RawChoice<'de>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct First;
+    impl<'de> serde::de::Visitor<'de> for First {
+        type Value = Option<RawChoice<'de>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of choices")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let first = seq.next_element::<RawChoice<'de>>()?;
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(first)
+        }
+    }
+    deserializer.deserialize_any(First)
+}
+
 /// Reads one event payload. A payload that is not JSON is an error (it is
 /// what a truncated or corrupted stream looks like).
 pub fn parse_chunk(payload: &[u8]) -> Event<'_> {
@@ -201,7 +228,7 @@ pub fn parse_chunk(payload: &[u8]) -> Event<'_> {
         usage: raw.usage,
         ..Chunk::default()
     };
-    if let Some(choice) = raw.choices.into_iter().next() {
+    if let Some(choice) = raw.choices {
         if let Some(delta) = choice.delta {
             chunk.content = delta.content.unwrap_or_default();
             chunk.reasoning = delta
@@ -337,6 +364,17 @@ mod tests {
     #[test]
     fn usage_only_chunk_has_no_text() {
         let e = parse_chunk(br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#);
+        let Event::Chunk(c) = e else { panic!("{e:?}") };
+        assert!(!c.has_text());
+    }
+
+    #[test]
+    fn only_the_first_choice_counts_and_null_choices_are_empty() {
+        let e =
+            parse_chunk(br#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}]}"#);
+        let Event::Chunk(c) = e else { panic!("{e:?}") };
+        assert_eq!(c.content, "a");
+        let e = parse_chunk(br#"{"choices":null,"usage":null}"#);
         let Event::Chunk(c) = e else { panic!("{e:?}") };
         assert!(!c.has_text());
     }
