@@ -626,15 +626,9 @@ mod tests {
             s.contains("vllm:num_preemptions_total{engine=\"0\",model_name=\"mymodel\"} 0.0\n")
         );
         assert!(s.contains("vllm:e2e_request_latency_seconds_bucket{engine=\"0\",le=\"7680.0\",model_name=\"mymodel\"} 0.0\n"));
-        // Our TYPE lines are vLLM's: compare with the reference exposition when it is beside the repository.
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/reference/vllm-0.32-metrics-idle.txt"
-        );
-        let Ok(reference) = std::fs::read_to_string(path) else {
-            eprintln!("reference exposition not found at {path}: comparison skipped");
-            return;
-        };
+        // Our HELP and TYPE lines are vLLM's: compare with a real vLLM 0.32
+        // exposition (the fixture the signal parser is tested on).
+        let reference = include_str!("../../signals/tests/fixtures/vllm-0.32-metrics-idle.txt");
         let theirs: std::collections::HashSet<&str> =
             reference.lines().filter(|l| l.starts_with("# ")).collect();
         for line in s.lines().filter(|l| l.starts_with("# ")) {
