@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -164,6 +165,14 @@ fn serve(
         let shutdown = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
+        // Without TCP_NODELAY, Nagle's algorithm holds each small SSE chunk
+        // until the client's delayed ACK (~40 ms): a latency that real
+        // servers (uvicorn sets nodelay) do not add.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!("cannot set TCP_NODELAY: {e}");
+            }
+        });
         if let Err(e) = axum::serve(listener, router)
             .with_graceful_shutdown(shutdown)
             .await
