@@ -13,6 +13,8 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
+mod fast;
+
 /// Splits a byte stream into SSE event payloads.
 #[derive(Debug, Default)]
 pub struct SseParser {
@@ -212,15 +214,26 @@ pub fn parse_chunk(payload: &[u8]) -> Event<'_> {
     if trimmed == b"[DONE]" {
         return Event::Done;
     }
-    let raw: RawChunk = match serde_json::from_slice(trimmed) {
-        Ok(raw) => raw,
-        Err(err) => {
-            return Event::Error(format!(
-                "unreadable stream event ({err}): {}",
-                excerpt(trimmed, 200)
-            ));
-        }
-    };
+    // The common shape without serde's generic machinery; anything unusual
+    // (escapes, errors, odd types, malformed JSON) goes to serde_json.
+    match fast::parse(trimmed) {
+        Some(raw) => chunk_event(raw),
+        None => parse_chunk_serde(trimmed),
+    }
+}
+
+/// serde_json's reading of a trimmed payload: the reference for [`fast::parse`].
+fn parse_chunk_serde(trimmed: &[u8]) -> Event<'_> {
+    match serde_json::from_slice::<RawChunk>(trimmed) {
+        Ok(raw) => chunk_event(raw),
+        Err(err) => Event::Error(format!(
+            "unreadable stream event ({err}): {}",
+            excerpt(trimmed, 200)
+        )),
+    }
+}
+
+fn chunk_event(raw: RawChunk<'_>) -> Event<'_> {
     if let Some(error) = raw.error {
         return Event::Error(format!("server error in stream: {}", error_message(&error)));
     }
@@ -377,6 +390,93 @@ mod tests {
         let e = parse_chunk(br#"{"choices":null,"usage":null}"#);
         let Event::Chunk(c) = e else { panic!("{e:?}") };
         assert!(!c.has_text());
+    }
+
+    /// Chunks as servers send them: the simulator's and vLLM's chat shape,
+    /// completions, reasoning, usage (continuous and final), escapes, non-ASCII.
+    const SHAPES: &[&str] = &[
+        r#"{"id":"chatcmpl-30238","object":"chat.completion.chunk","created":1796009156,"model":"nyann-sim","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+        r#"{"id":"chatcmpl-30238","object":"chat.completion.chunk","created":1796009156,"model":"nyann-sim","choices":[{"index":0,"delta":{"content":" key"},"logprobs":null,"finish_reason":"length"}]}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{"content":"é😀 x"},"finish_reason":null}],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}"#,
+        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"prompt_tokens_details":null}}"#,
+        r#"{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}"#,
+        r#"{"choices":[{"delta":{"reasoning_content":"think","content":null}},{"delta":{"content":"b"}}]}"#,
+        r#"{"choices":[{"delta":{"reasoning":"r","content":"x","tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"text":"t"}]}"#,
+        r#" { "choices" : [ { "delta" : { "content" : "a\nb" } , "x" : [ true , false , [ ] , { } ] } ] } "#,
+        r#"{"choices":[{"delta":{"content":"q\"uote\u00e9"}}],"error":null}"#,
+        r#"{"error":{"message":"overloaded","code":503}}"#,
+        r#"{"choices":null,"usage":{"completion_tokens":null}}"#,
+    ];
+
+    #[test]
+    fn fast_path_reads_the_common_shapes() {
+        for shape in &SHAPES[..7] {
+            assert!(fast::parse(shape.as_bytes()).is_some(), "{shape}");
+        }
+    }
+
+    /// The fast path either defers to serde_json or agrees with it, on every
+    /// shape and on every truncation, deletion and one-byte change of it.
+    #[test]
+    fn fast_path_agrees_with_serde() {
+        let accepted = std::cell::Cell::new(0usize);
+        let check = |bytes: &[u8]| {
+            let trimmed = bytes.trim_ascii();
+            if let Some(raw) = fast::parse(trimmed) {
+                let fast = chunk_event(raw);
+                let reference = parse_chunk_serde(trimmed);
+                assert!(
+                    !matches!(reference, Event::Error(_)),
+                    "fast path accepted what serde rejects: {:?} -> {reference:?}",
+                    String::from_utf8_lossy(bytes)
+                );
+                assert_eq!(fast, reference, "{:?}", String::from_utf8_lossy(bytes));
+                accepted.set(accepted.get() + 1);
+            }
+        };
+        let replacements: &[u8] = b"\"\\{}[],: \t0-1.eE+nulltrfx\x01\x7f\xc3\xa9\xff";
+        for shape in SHAPES {
+            let bytes = shape.as_bytes();
+            check(bytes);
+            for cut in 0..bytes.len() {
+                check(&bytes[..cut]);
+                let mut deleted = bytes.to_vec();
+                deleted.remove(cut);
+                check(&deleted);
+                for &r in replacements {
+                    let mut changed = bytes.to_vec();
+                    changed[cut] = r;
+                    check(&changed);
+                    let mut inserted = bytes.to_vec();
+                    inserted.insert(cut, r);
+                    check(&inserted);
+                }
+            }
+        }
+        // Duplicates, type changes and numbers at the edges.
+        for text in [
+            r#"{"choices":[],"choices":[]}"#,
+            r#"{"usage":null,"usage":null}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[{"finish_reason":"a","finish_reason":null}]}"#,
+            r#"{"choices":[{"delta":[]}]}"#,
+            r#"{"choices":[null]}"#,
+            r#"{"choices":{}}"#,
+            r#"{"usage":{"completion_tokens":18446744073709551615}}"#,
+            r#"{"usage":{"completion_tokens":18446744073709551616}}"#,
+            r#"{"usage":{"completion_tokens":-1}}"#,
+            r#"{"usage":{"completion_tokens":1.0}}"#,
+            r#"{"usage":{"completion_tokens":01}}"#,
+            r#"{"created":1e999,"choices":[]}"#,
+            r#"{"x":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}"#,
+            r#"[]"#,
+            r#"{}"#,
+            r#"{} {}"#,
+        ] {
+            check(text.as_bytes());
+        }
+        // Not vacuous: many variants (spaces, changed digits and letters) took the fast path.
+        assert!(accepted.get() > 1000, "{}", accepted.get());
     }
 
     #[test]
