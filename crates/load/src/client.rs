@@ -22,6 +22,9 @@ use crate::sse::{self, Event, SseParser, Usage};
 /// Largest excerpt of an error body kept in a record.
 pub const ERROR_BODY_EXCERPT: usize = 512;
 
+/// Inter-chunk gaps a request reserves room for up front.
+const ITL_PREALLOCATED: usize = 64;
+
 /// Which OpenAI endpoint to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -31,6 +34,16 @@ pub enum Api {
     Chat,
     /// `/completions` with a text `prompt`.
     Completions,
+}
+
+impl Api {
+    /// The endpoint below the base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "chat/completions",
+            Api::Completions => "completions",
+        }
+    }
 }
 
 /// Settings of the HTTP client shared by every request of a run.
@@ -90,6 +103,10 @@ pub struct Message {
 pub struct RequestSpec<'a> {
     /// Base URL ending in `/v1` (no trailing slash).
     pub base: &'a str,
+    /// The request URL parsed once, from [`Client::endpoint`] with the same
+    /// `base` (parsing it for every request costs more than cloning it);
+    /// `None` builds it from `base`.
+    pub endpoint: Option<&'a reqwest::Url>,
     pub model: &'a str,
     /// The conversation so far, ending with the new user message.
     pub messages: &'a [Message],
@@ -278,17 +295,23 @@ impl Client {
         None
     }
 
+    /// The URL [`Client::send`] posts to for `base` (`None` when it does not parse:
+    /// the request then fails with reqwest's own message).
+    pub fn endpoint(&self, base: &str) -> Option<reqwest::Url> {
+        reqwest::Url::parse(&format!("{base}/{}", self.config.api.path())).ok()
+    }
+
     /// Sends one streaming request and reads it to the end.
     pub async fn send(&self, spec: &RequestSpec<'_>) -> Outcome {
         let config = &*self.config;
-        let (path, messages, prompt) = match config.api {
-            Api::Chat => ("chat/completions", Some(spec.messages), None),
+        let (messages, prompt) = match config.api {
+            Api::Chat => (Some(spec.messages), None),
             Api::Completions => {
                 let mut prompt = String::new();
                 for m in spec.messages {
                     prompt.push_str(&m.content);
                 }
-                ("completions", None, Some(prompt))
+                (None, Some(prompt))
             }
         };
         let body = Body {
@@ -304,7 +327,12 @@ impl Client {
             min_tokens: config.length_extensions.then_some(spec.max_tokens),
             cache_salt: spec.cache_salt,
         };
-        let mut outcome = Outcome::default();
+        let mut outcome = Outcome {
+            // Room for the gaps of a typical stream without regrowing, but
+            // bounded: it is held per request in flight.
+            itl: Vec::with_capacity((spec.max_tokens as usize).min(ITL_PREALLOCATED)),
+            ..Outcome::default()
+        };
         let body = match serde_json::to_vec(&body) {
             Ok(body) => body,
             Err(err) => {
@@ -312,9 +340,13 @@ impl Client {
                 return outcome;
             }
         };
-        let request = self
-            .http
-            .post(format!("{}/{path}", spec.base))
+        let request = match spec.endpoint {
+            Some(url) => self.http.post(url.clone()),
+            None => self
+                .http
+                .post(format!("{}/{}", spec.base, config.api.path())),
+        };
+        let request = request
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .body(body);

@@ -25,6 +25,12 @@ pub const RECORD_QUEUE: usize = 16;
 pub const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 const WRITE_BUFFER: usize = 64 * 1024;
 
+thread_local! {
+    /// One record's line while it is encoded (reused: records are encoded on
+    /// the runtime's few worker threads, never across an await).
+    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Why a stage's requests were sent: counted, warm-up, or held load between stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -156,21 +162,20 @@ impl RecordSink {
     pub async fn send(&self, record: RequestRecord) {
         self.lines.fetch_add(1, Ordering::Relaxed);
         let Some(inner) = &self.inner else { return };
-        // Serialise outside the lock; a record always serialises.
-        let mut line = match serde_json::to_vec(&record) {
-            Ok(line) => line,
-            Err(err) => {
+        // Serialise outside the lock, into this thread's reused line buffer
+        // (no allocation per record); a record always serialises.
+        let full = LINE.with_borrow_mut(|line| {
+            line.clear();
+            if let Err(err) = serde_json::to_writer(&mut *line, &record) {
                 tracing::error!("cannot encode request record {}: {err}", record.id);
-                return;
+                return None;
             }
-        };
-        line.push(b'\n');
-        let full = {
+            line.push(b'\n');
             let mut buffer = inner.buffer.lock().unwrap_or_else(|e| e.into_inner());
-            buffer.extend_from_slice(&line);
+            buffer.extend_from_slice(line);
             (buffer.len() >= WRITE_BUFFER)
                 .then(|| std::mem::replace(&mut *buffer, Vec::with_capacity(WRITE_BUFFER + 4096)))
-        };
+        });
         if let Some(chunk) = full {
             // The writer only stops early on a disk error, which it reports itself.
             let _ = inner.tx.send(chunk).await;

@@ -481,6 +481,8 @@ fn validate(scenario: &Scenario) -> Result<(), RunError> {
 #[derive(Debug)]
 struct StageSettings {
     base: String,
+    /// `base`'s request URL, parsed once.
+    endpoint: Option<reqwest::Url>,
     model: String,
     prompts: Arc<PromptGen>,
     first_chars: usize,
@@ -585,6 +587,7 @@ async fn prepare(
         };
         let chars = |tokens: u32| (tokens as f64 * chars_per_token).round() as usize;
         per_step.push(Some(Arc::new(StageSettings {
+            endpoint: client.endpoint(&base),
             base,
             model,
             prompts,
@@ -915,6 +918,7 @@ impl Shared {
         let keep_reply = conv.turn < s.turns;
         let spec = RequestSpec {
             base: &s.base,
+            endpoint: s.endpoint.as_ref(),
             model: &s.model,
             messages: &conv.messages,
             max_tokens: s.osl,
