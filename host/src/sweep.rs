@@ -200,11 +200,11 @@ impl CongestionCheck {
         }
         let info = policy.info();
         tracing::info!(
-            "congestion policy {} {} ({}, mode {:?}); server signals: {source}",
+            "congestion policy {} {} ({}, mode {}); server signals: {source}",
             info.name,
             info.version,
             policy.origin(),
-            policy_args.policy_mode
+            format!("{:?}", policy_args.policy_mode).to_lowercase()
         );
         Ok(Some(CongestionCheck {
             source,
