@@ -36,6 +36,11 @@ impl SseParser {
     /// Feeds the next piece of the body; calls `on_event` with each payload completed by it.
     pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(&[u8])) {
         let mut rest = bytes;
+        // The current event's first `data:` value while it lies in `bytes`:
+        // an event that arrives whole (the usual case: one per network read)
+        // is handed out without being copied. When set, `has_data` is true
+        // and `data` is empty.
+        let mut borrowed: Option<&[u8]> = None;
         while !rest.is_empty() {
             if self.after_cr {
                 self.after_cr = false;
@@ -46,18 +51,62 @@ impl SseParser {
             }
             match memchr_line_end(rest) {
                 Some(pos) => {
-                    self.line.extend_from_slice(&rest[..pos]);
+                    if self.line.is_empty() {
+                        self.whole_line(&rest[..pos], &mut borrowed, &mut on_event);
+                    } else {
+                        self.line.extend_from_slice(&rest[..pos]);
+                        self.spill(&mut borrowed);
+                        self.end_line(&mut on_event);
+                    }
                     if rest[pos] == b'\r' {
                         self.after_cr = true;
                     }
                     rest = &rest[pos + 1..];
-                    self.end_line(&mut on_event);
                 }
                 None => {
                     self.line.extend_from_slice(rest);
                     rest = &[];
                 }
             }
+        }
+        self.spill(&mut borrowed);
+    }
+
+    /// A line that lies whole in the piece being fed.
+    fn whole_line<'b>(
+        &mut self,
+        line: &'b [u8],
+        borrowed: &mut Option<&'b [u8]>,
+        on_event: &mut impl FnMut(&[u8]),
+    ) {
+        if line.is_empty() {
+            match borrowed.take() {
+                Some(data) => {
+                    on_event(data);
+                    self.has_data = false;
+                }
+                None => self.dispatch(on_event),
+            }
+        } else if line[0] != b':' {
+            let (field, value) = split_field(line);
+            if field == b"data" {
+                if self.has_data {
+                    self.spill(borrowed);
+                    self.data.push(b'\n');
+                    self.data.extend_from_slice(value);
+                } else {
+                    *borrowed = Some(value);
+                    self.has_data = true;
+                }
+            }
+        }
+    }
+
+    /// Copies a borrowed `data:` value into `data` (the piece is about to end,
+    /// or the event goes on in a way only `data` can hold).
+    fn spill(&mut self, borrowed: &mut Option<&[u8]>) {
+        if let Some(value) = borrowed.take() {
+            self.data.extend_from_slice(value);
         }
     }
 
@@ -75,13 +124,7 @@ impl SseParser {
         if line.is_empty() {
             self.dispatch(on_event);
         } else if line[0] != b':' {
-            let (field, value) = match memchr::memchr(b':', &line) {
-                Some(colon) => {
-                    let value = &line[colon + 1..];
-                    (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
-                }
-                None => (&line[..], &[][..]),
-            };
+            let (field, value) = split_field(&line);
             if field == b"data" {
                 if self.has_data {
                     self.data.push(b'\n');
@@ -102,6 +145,17 @@ impl SseParser {
         }
         self.data.clear();
         self.has_data = false;
+    }
+}
+
+/// `field: value` (one optional space after the colon), or the whole line as a field.
+fn split_field(line: &[u8]) -> (&[u8], &[u8]) {
+    match memchr::memchr(b':', line) {
+        Some(colon) => {
+            let value = &line[colon + 1..];
+            (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+        }
+        None => (line, &[]),
     }
 }
 
@@ -345,6 +399,22 @@ mod tests {
         }
         let singles: Vec<&[u8]> = bytes.chunks(1).collect();
         assert_eq!(events(&singles), whole);
+    }
+
+    #[test]
+    fn multi_line_events_split_anywhere_give_the_same_events() {
+        let body: &[u8] = b"data: a\ndata:b\r\n: c\ndata\n\nid: 1\ndata: x\rdata: y\r\rdata: z\n\n";
+        let whole = events(&[body]);
+        assert_eq!(whole, vec!["a\nb\n", "x\ny", "z"]);
+        for split in 0..body.len() {
+            for second in split..body.len() {
+                assert_eq!(
+                    events(&[&body[..split], &body[split..second], &body[second..]]),
+                    whole,
+                    "split at {split} and {second}"
+                );
+            }
+        }
     }
 
     #[test]
