@@ -7,6 +7,8 @@
 #
 # Usage: bench/load.sh [SECONDS_PER_POINT]   (default 10)
 # Env:   CONCURRENCIES="64 256 1024 4096"   CARGO_TARGET_DIR (default target)
+#        BIN: a nyann-bench binary to measure instead of building one (for
+#        before/after comparisons; it also runs the simulator)
 # Needs: cargo, jq (apt-get install jq), /usr/bin/time (apt-get install time);
 #        installs oha from crates.io when missing.
 # Targets: nyann-bench >= 0.8x oha at c=1024; peak RSS <= 150 MB at c=4096;
@@ -17,7 +19,11 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_POINT=${1:-10}
 CONCURRENCIES=${CONCURRENCIES:-"64 256 1024 4096"}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-BIN="$TARGET_DIR/release/nyann-bench"
+BUILD=0
+if [[ -z "${BIN:-}" ]]; then
+    BIN="$TARGET_DIR/release/nyann-bench"
+    BUILD=1
+fi
 OSL=32
 ISL=32
 
@@ -28,7 +34,7 @@ if ! command -v oha >/dev/null; then
     echo "bench: installing oha from crates.io (cargo install oha --locked)" >&2
     cargo install oha --locked >&2
 fi
-cargo build --release -p nyann-bench >&2
+if [[ "$BUILD" == 1 ]]; then cargo build --release -p nyann-bench >&2; fi
 
 WORK=$(mktemp -d)
 SIM_PID=
