@@ -65,19 +65,9 @@ impl<'a> Reader<'a> {
     fn raw_str(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
         let start = self.i;
-        // Eight bytes at a time while none of them can end the string or
-        // needs a closer look (quote, backslash, control, non-ASCII), then
-        // byte by byte: the strings of a chunk are shorter than the set-up
-        // of a vectorised search.
+        // One pass: the strings of a chunk are short, shorter than the
+        // set-up of a vectorised search.
         let mut end = start;
-        while let Some(word) = self.b.get(end..end + 8) {
-            let mut eight = [0u8; 8];
-            eight.copy_from_slice(word);
-            if needs_look(u64::from_le_bytes(eight)) {
-                break;
-            }
-            end += 8;
-        }
         let mut high = 0u8;
         loop {
             let c = *self.b.get(end)?;
@@ -321,22 +311,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Whether any byte of `w` is `"`, `\\`, below 0x20 or above 0x7f. May
-/// answer true for a plain word (the byte loop then decides), never false
-/// for one that has such a byte.
-fn needs_look(w: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // A byte of x is zero -> its high bit is set in this (borrows only add
-    // false positives above a true zero).
-    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    let quote = zero(w ^ (ONES * u64::from(b'"')));
-    let backslash = zero(w ^ (ONES * u64::from(b'\\')));
-    // Bytes below 0x20: subtracting 0x20 borrows into the high bit.
-    let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-    (quote | backslash | control | (w & HIGH)) != 0
-}
-
 /// Sets a field seen for the first time; a duplicate is a serde error.
 fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
     if slot.is_some() {
@@ -344,36 +318,4 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
     }
     *slot = Some(value);
     Some(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn needs_look_finds_every_special_byte_at_every_position() {
-        for byte in 0..=255u8 {
-            let special = byte == b'"' || byte == b'\\' || !(0x20..0x80).contains(&byte);
-            for position in 0..8 {
-                let mut word = *b"abcdefgh";
-                word[position] = byte;
-                let found = needs_look(u64::from_le_bytes(word));
-                // Plain words must pass (else the fast loop is never used).
-                assert_eq!(found, special, "byte {byte:#x} at {position}");
-            }
-        }
-    }
-
-    #[test]
-    fn long_strings_with_a_late_special_byte() {
-        let text = r#"{"choices":[{"delta":{"content":"abcdefghijklmnopqrstuvwxyz0123456789é"}}]}"#;
-        let raw = parse(text.as_bytes()).unwrap();
-        let content = raw.choices.unwrap().delta.unwrap().content.unwrap();
-        assert_eq!(content, "abcdefghijklmnopqrstuvwxyz0123456789é");
-        assert!(
-            parse(br#"{"choices":[{"delta":{"content":"abcdefghijklmnopqrstuvwx\nyz"}}]}"#)
-                .is_none()
-        );
-        assert!(parse(br#"{"choices":[{"delta":{"content":"abcdefghijklmnopqrstuvwx"#).is_none());
-    }
 }
