@@ -15,37 +15,17 @@ use nyann_load::{
 };
 use nyann_model::{CacheSalt, Mode, Scenario, Stage, Step, Workload, WorkloadType};
 
-fn stage(duration_s: f64, mode: Mode) -> Stage {
-    Stage {
-        name: None,
-        duration_s,
-        mode,
-        concurrency: None,
-        rate: None,
-        max_inflight: 0,
-        max_requests: 0,
-        rampup_s: None,
-        workload: None,
-        target: None,
-        model: None,
-        warmup: false,
-        conversation_pool_size: 0,
-        stop: None,
-        location: None,
-    }
-}
-
 fn concurrent(duration_s: f64, c: u32) -> Step {
     Step::Stage(Stage {
         concurrency: Some(c),
-        ..stage(duration_s, Mode::Concurrent)
+        ..Stage::new(duration_s, Mode::Concurrent)
     })
 }
 
 fn open(duration_s: f64, mode: Mode, rate: f64) -> Step {
     Step::Stage(Stage {
         rate: Some(rate),
-        ..stage(duration_s, mode)
+        ..Stage::new(duration_s, mode)
     })
 }
 
@@ -296,7 +276,7 @@ async fn warmup_is_sent_tagged_and_excluded() {
     let warm = Step::Stage(Stage {
         concurrency: Some(2),
         warmup: true,
-        ..stage(0.3, Mode::Concurrent)
+        ..Stage::new(0.3, Mode::Concurrent)
     });
     let sc = scenario(vec![warm, concurrent(0.3, 2)]);
     let mut hook = Recorder::default();
@@ -331,7 +311,7 @@ async fn max_requests_ends_the_stage_early() {
     let s = Step::Stage(Stage {
         concurrency: Some(3),
         max_requests: 7,
-        ..stage(60.0, Mode::Concurrent)
+        ..Stage::new(60.0, Mode::Concurrent)
     });
     let sc = scenario(vec![s, concurrent(0.2, 1)]);
     let started = std::time::Instant::now();
@@ -474,7 +454,7 @@ async fn max_inflight_drops_arrivals_instead_of_delaying_them() {
     let s = Step::Stage(Stage {
         rate: Some(100.0),
         max_inflight: 5,
-        ..stage(1.0, Mode::Constant)
+        ..Stage::new(1.0, Mode::Constant)
     });
     let result = nyann_load::run(&scenario(vec![s]), options(&server, dir.path()), NoHook)
         .await
@@ -511,7 +491,7 @@ async fn conversation_pool_is_refused_before_any_load() {
     let s = Step::Stage(Stage {
         concurrency: Some(4),
         conversation_pool_size: 8,
-        ..stage(1.0, Mode::ConversationPool)
+        ..Stage::new(1.0, Mode::ConversationPool)
     });
     let err = nyann_load::run(&scenario(vec![s]), options(&server, dir.path()), NoHook)
         .await
@@ -527,7 +507,7 @@ async fn multi_turn_replays_the_real_replies() {
     let mut sc = scenario(vec![Step::Stage(Stage {
         concurrency: Some(1),
         max_requests: 3,
-        ..stage(30.0, Mode::Concurrent)
+        ..Stage::new(30.0, Mode::Concurrent)
     })]);
     sc.workload.turns = 3;
     sc.workload.subsequent_isl = Some(4);
@@ -575,7 +555,7 @@ async fn isl_is_calibrated_with_tokenize_when_the_server_has_it() {
     let mut sc = scenario(vec![Step::Stage(Stage {
         concurrency: Some(1),
         max_requests: 1,
-        ..stage(30.0, Mode::Concurrent)
+        ..Stage::new(30.0, Mode::Concurrent)
     })]);
     sc.workload.isl = 100;
     sc.workload.chars_per_token = 0.0;
@@ -621,7 +601,7 @@ async fn stream_faults_are_failed_requests_with_reasons() {
         let mut sc = scenario(vec![Step::Stage(Stage {
             concurrency: Some(1),
             max_requests: 2,
-            ..stage(30.0, Mode::Concurrent)
+            ..Stage::new(30.0, Mode::Concurrent)
         })]);
         sc.workload.osl = 6;
         let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
@@ -649,7 +629,7 @@ async fn usage_tokens_completions_api_and_model_autodetect() {
     let sc = scenario(vec![Step::Stage(Stage {
         concurrency: Some(1),
         max_requests: 2,
-        ..stage(30.0, Mode::Concurrent)
+        ..Stage::new(30.0, Mode::Concurrent)
     })]);
     let mut opts = options(&server, dir.path());
     opts.client.api = nyann_load::Api::Completions;

@@ -38,21 +38,8 @@ fn signal_child_entry() {
         };
         let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
         let stage = Stage {
-            name: None,
-            duration_s: 120.0,
-            mode: Mode::Concurrent,
             concurrency: Some(4),
-            rate: None,
-            max_inflight: 0,
-            max_requests: 0,
-            rampup_s: None,
-            workload: None,
-            target: None,
-            model: None,
-            warmup: false,
-            conversation_pool_size: 0,
-            stop: None,
-            location: None,
+            ..Stage::new(120.0, Mode::Concurrent)
         };
         let workload = Workload {
             kind: WorkloadType::Synthetic,

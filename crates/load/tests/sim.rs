@@ -13,21 +13,9 @@ use nyann_sim::SimArgs;
 
 fn stage(duration_s: f64, mode: Mode, concurrency: Option<u32>, rate: Option<f64>) -> Step {
     Step::Stage(Stage {
-        name: None,
-        duration_s,
-        mode,
         concurrency,
         rate,
-        max_inflight: 0,
-        max_requests: 0,
-        rampup_s: None,
-        workload: None,
-        target: None,
-        model: None,
-        warmup: false,
-        conversation_pool_size: 0,
-        stop: None,
-        location: None,
+        ..Stage::new(duration_s, mode)
     })
 }
 

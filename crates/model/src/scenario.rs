@@ -238,6 +238,28 @@ impl Default for Workload {
 }
 
 impl Stage {
+    /// A stage with only its duration and mode: no level (set `concurrency`
+    /// or `rate`), no limits, no overrides, not a warm-up, no stop condition.
+    pub fn new(duration_s: f64, mode: Mode) -> Stage {
+        Stage {
+            name: None,
+            duration_s,
+            mode,
+            concurrency: None,
+            rate: None,
+            max_inflight: 0,
+            max_requests: 0,
+            rampup_s: None,
+            workload: None,
+            target: None,
+            model: None,
+            warmup: false,
+            conversation_pool_size: 0,
+            stop: None,
+            location: None,
+        }
+    }
+
     /// The stage's label in tables and logs: its name, else `c=N` / `rate=R`.
     pub fn label(&self, index: usize) -> String {
         if let Some(name) = &self.name {

@@ -116,13 +116,11 @@ impl SingleStageArgs {
             corpus_path: self.corpus.clone(),
             ..defaults
         };
+        let duration_s = self
+            .duration
+            .unwrap_or(Duration::from_secs(60))
+            .as_secs_f64();
         let stage = Stage {
-            name: None,
-            duration_s: self
-                .duration
-                .unwrap_or(Duration::from_secs(60))
-                .as_secs_f64(),
-            mode,
             concurrency: (mode == Mode::Concurrent).then(|| self.concurrency.unwrap_or(1)),
             rate: if mode == Mode::Concurrent {
                 None
@@ -131,14 +129,7 @@ impl SingleStageArgs {
             },
             max_inflight: self.max_inflight.unwrap_or(0),
             max_requests: self.max_requests.unwrap_or(0),
-            rampup_s: None,
-            workload: None,
-            target: None,
-            model: None,
-            warmup: false,
-            conversation_pool_size: 0,
-            stop: None,
-            location: None,
+            ..Stage::new(duration_s, mode)
         };
         Ok(Scenario {
             target: None,
