@@ -26,27 +26,10 @@ if [[ -z "${BIN:-}" ]]; then
     cargo build --release -p nyann-bench >&2
 fi
 SIM_BIN=${SIM_BIN:-$BIN}
-for tool in jq /usr/bin/time; do
-    command -v "$tool" >/dev/null || { echo "cpu: $tool is missing (apt-get install ${tool##*/})" >&2; exit 1; }
-done
+source "$(dirname "$0")/common.sh"
+require_tools cpu jq /usr/bin/time
 
-WORK=$(mktemp -d)
-SIM_PID=
-cleanup() {
-    if [[ -n "$SIM_PID" ]]; then kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-
-"$SIM_BIN" sim --profile fast --port 0 >"$WORK/sim.out" 2>"$WORK/sim.err" &
-SIM_PID=$!
-for _ in $(seq 100); do
-    grep -q '^endpoint ' "$WORK/sim.out" 2>/dev/null && break
-    sleep 0.1
-done
-BASE=$(awk '/^endpoint /{print $2}' "$WORK/sim.out")
-[[ -n "$BASE" ]] || { echo "cpu: the simulator did not start:" >&2; cat "$WORK/sim.err" >&2; exit 1; }
+start_fast_sim cpu "$SIM_BIN"
 
 printf '%6s %9s %8s %8s %12s %10s %9s\n' conc requests user_s sys_s cpu_us/req max_rss_MB req/s
 for _ in $(seq "$RUNS"); do

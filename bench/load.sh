@@ -27,34 +27,15 @@ fi
 OSL=32
 ISL=32
 
-for tool in jq /usr/bin/time; do
-    command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt-get install ${tool##*/})" >&2; exit 1; }
-done
+source "$(dirname "$0")/common.sh"
+require_tools bench jq /usr/bin/time
 if ! command -v oha >/dev/null; then
     echo "bench: installing oha from crates.io (cargo install oha --locked)" >&2
     cargo install oha --locked >&2
 fi
 if [[ "$BUILD" == 1 ]]; then cargo build --release -p nyann-bench >&2; fi
 
-WORK=$(mktemp -d)
-SIM_PID=
-cleanup() {
-    if [[ -n "$SIM_PID" ]]; then kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# Both tools share the 2 cores with the simulator; give everything many fds.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-
-"$BIN" sim --profile fast --port 0 >"$WORK/sim.out" 2>"$WORK/sim.err" &
-SIM_PID=$!
-for _ in $(seq 100); do
-    grep -q '^endpoint ' "$WORK/sim.out" 2>/dev/null && break
-    sleep 0.1
-done
-BASE=$(awk '/^endpoint /{print $2}' "$WORK/sim.out")
-[[ -n "$BASE" ]] || { echo "bench: the simulator did not start:" >&2; cat "$WORK/sim.err" >&2; exit 1; }
+start_fast_sim bench "$BIN"
 HOST=${BASE%/v1}
 echo "simulator: $BASE (profile fast), ${SECONDS_PER_POINT}s per point" >&2
 

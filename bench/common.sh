@@ -1,0 +1,37 @@
+# Shared by the benchmark scripts (sourced, not run): tool checks, a work
+# directory removed on exit, and a fast-profile simulator on an ephemeral
+# loopback port, stopped on exit.
+
+# require_tools NAME TOOL...: fail with an install hint when a tool is missing.
+require_tools() {
+    local name=$1 tool
+    shift
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || { echo "$name: $tool is missing (apt-get install ${tool##*/})" >&2; exit 1; }
+    done
+}
+
+WORK=$(mktemp -d)
+SIM_PID=
+cleanup() {
+    if [[ -n "$SIM_PID" ]]; then kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# The load tools and the simulator hold thousands of connections.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# start_fast_sim NAME BINARY: start `BINARY sim --profile fast` and set BASE
+# to its OpenAI base URL (http://127.0.0.1:PORT/v1).
+start_fast_sim() {
+    local name=$1 binary=$2
+    "$binary" sim --profile fast --port 0 >"$WORK/sim.out" 2>"$WORK/sim.err" &
+    SIM_PID=$!
+    for _ in $(seq 100); do
+        grep -q '^endpoint ' "$WORK/sim.out" 2>/dev/null && break
+        sleep 0.1
+    done
+    BASE=$(awk '/^endpoint /{print $2}' "$WORK/sim.out")
+    [[ -n "$BASE" ]] || { echo "$name: the simulator did not start:" >&2; cat "$WORK/sim.err" >&2; exit 1; }
+}
