@@ -8,10 +8,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Behaviour, Fault, TestServer};
+use common::{Behaviour, Fault, TestServer, records};
 use nyann_load::{
-    FinishedStage, HookOutcome, NoHook, Phase, RequestRecord, RunOptions, RunOutcome, StageHook,
-    StageStatus, Status,
+    FinishedStage, HookOutcome, NoHook, Phase, RunOptions, RunOutcome, StageHook, StageStatus,
+    Status,
 };
 use nyann_model::{CacheSalt, Mode, Scenario, Stage, Step, Workload, WorkloadType};
 
@@ -58,14 +58,6 @@ fn options(server: &TestServer, dir: &Path) -> RunOptions {
         output_dir: Some(dir.to_path_buf()),
         ..RunOptions::default()
     }
-}
-
-fn records(dir: &Path) -> Vec<RequestRecord> {
-    std::fs::read_to_string(dir.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// Remembers what it was shown; stops after `stop_at` if set.

@@ -4,10 +4,13 @@
 //! injected faults.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
-use nyann_load::{NoHook, Phase, RequestRecord, RunOptions, RunOutcome, Status};
+use common::records;
+use nyann_load::{NoHook, Phase, RunOptions, RunOutcome, Status};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 use nyann_sim::SimArgs;
 
@@ -43,14 +46,6 @@ fn options(base: String, dir: &Path) -> RunOptions {
         output_dir: Some(dir.to_path_buf()),
         ..RunOptions::default()
     }
-}
-
-fn records(dir: &Path) -> Vec<RequestRecord> {
-    std::fs::read_to_string(dir.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! streams `max_tokens` chunks with a fixed delay, records every request body,
 //! tracks requests in flight, and can misbehave on demand (HTTP 500, an error
 //! event, a truncated stream). One connection per request (`Connection:
-//! close`), so a test controls exactly where a response ends.
+//! close`), so a test controls exactly where a response ends. Also
+//! [`records`], which reads a run's `requests.jsonl` back.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -250,4 +251,13 @@ async fn stream(
     }
     conn.write_all(b"data: [DONE]\n\n").await?;
     Ok(())
+}
+
+/// The request records a run wrote to `dir/requests.jsonl`.
+pub fn records(dir: &std::path::Path) -> Vec<nyann_load::RequestRecord> {
+    std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }

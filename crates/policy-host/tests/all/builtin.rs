@@ -1,28 +1,11 @@
 //! describe/validate/judge round trips through the real embedded built-in
 //! component, on the Go tool's cases.
 
-use crate::common;
+use crate::common::{self, stop};
 
 use nyann_model::observation::{ParamKind, RoleSignals, StageObservation};
-use nyann_model::scenario::{Param, SourceLocation, StopCondition, Value};
+use nyann_model::scenario::Value;
 use nyann_policy_host::PolicyError;
-
-fn stop(params: &[(&str, Value)]) -> StopCondition {
-    StopCondition {
-        params: params
-            .iter()
-            .map(|(n, v)| Param {
-                name: n.to_string(),
-                value: v.clone(),
-            })
-            .collect(),
-        location: Some(SourceLocation {
-            file: "sweep.star".into(),
-            line: 4,
-            column: 13,
-        }),
-    }
-}
 
 fn role(name: &str, waiting: f64, ttft: f64, kv: f64, preemptions: f64) -> RoleSignals {
     RoleSignals {

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
+use nyann_model::scenario::{Param, SourceLocation, StopCondition, Value};
 use nyann_policy_host::{HostConfig, Policy, PolicyHost};
 
 #[path = "../../build/guest.rs"]
@@ -71,4 +72,23 @@ pub fn guest(package: &str) -> Policy {
         .unwrap()
         .push((package.to_string(), policy.clone()));
     policy
+}
+
+/// An `until_congested(...)` call with these parameters, written at
+/// `sweep.star:4:13` (the location parameter errors must name).
+pub fn stop(params: &[(&str, Value)]) -> StopCondition {
+    StopCondition {
+        params: params
+            .iter()
+            .map(|(n, v)| Param {
+                name: n.to_string(),
+                value: v.clone(),
+            })
+            .collect(),
+        location: Some(SourceLocation {
+            file: "sweep.star".into(),
+            line: 4,
+            column: 13,
+        }),
+    }
 }

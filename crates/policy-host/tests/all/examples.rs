@@ -2,22 +2,9 @@
 //! and judged on crafted histories.
 
 use nyann_model::observation::{ClientStats, StageObservation};
-use nyann_model::scenario::{Param, StopCondition, Value};
+use nyann_model::scenario::Value;
 
-use crate::common;
-
-fn stop(params: &[(&str, Value)]) -> StopCondition {
-    StopCondition {
-        params: params
-            .iter()
-            .map(|(n, v)| Param {
-                name: n.to_string(),
-                value: v.clone(),
-            })
-            .collect(),
-        location: None,
-    }
-}
+use crate::common::{self, stop};
 
 fn stage(index: u32, tps: f64, ttft: f64, ok: u64, failed: u64) -> StageObservation {
     StageObservation {
