@@ -93,9 +93,14 @@ fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
 
 /// The per-stage table (times in milliseconds), then a line on how the run ended.
 pub fn stage_table(result: &RunResult) -> String {
+    // Each judged stage's record, read back from its annotation once.
+    let records: Vec<Option<CongestionRecord>> = result
+        .stages
+        .iter()
+        .map(|s| CongestionRecord::of(s.annotation.as_ref()))
+        .collect();
     let mut rows: Vec<Vec<String>> = vec![HEADER.iter().map(|s| s.to_string()).collect()];
-    for stage in &result.stages {
-        let record = CongestionRecord::of(stage.annotation.as_ref());
+    for (stage, record) in result.stages.iter().zip(&records) {
         let mut row = vec![
             stage.label.clone(),
             status(stage, record.as_ref()).to_string(),
@@ -139,29 +144,21 @@ pub fn stage_table(result: &RunResult) -> String {
             .collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
-    let records: Vec<_> = result
-        .stages
-        .iter()
-        .filter_map(|s| CongestionRecord::of(s.annotation.as_ref()))
-        .collect();
-    if records.iter().any(|r| r.roles.len() > 1) {
+    let judged = || records.iter().flatten();
+    if judged().any(|r| r.roles.len() > 1) {
         let _ = writeln!(
             out,
             "server columns (SRV ... preempt): the largest value across roles"
         );
     }
-    if records.iter().any(|r| !r.signal_errors.is_empty()) {
+    if judged().any(|r| !r.signal_errors.is_empty()) {
         let _ = writeln!(
             out,
             "*: some server signals could not be read (they count as 0); see signal_errors in stages.json"
         );
     }
-    for (stage, record) in result
-        .stages
-        .iter()
-        .filter_map(|s| Some((s, CongestionRecord::of(s.annotation.as_ref())?)))
-    {
-        if let Some(error) = &record.policy_error {
+    for (stage, record) in result.stages.iter().zip(&records) {
+        if let Some(error) = record.as_ref().and_then(|r| r.policy_error.as_ref()) {
             let _ = writeln!(out, "{}: {error}", stage.label);
         }
     }
