@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nyann_load::{FinishedStage, HookOutcome, StageHook};
-use nyann_model::{Param, RoleSignals, Scenario, StageObservation, Step, Verdict};
+use nyann_model::{Param, RoleSignals, Scenario, StageObservation, Step, StopCondition, Verdict};
 use nyann_policy_host::{HostConfig, Policy, PolicyHost};
 use nyann_signals::{SignalArgs, SignalSource};
 use serde::{Deserialize, Serialize};
@@ -179,22 +179,21 @@ impl CongestionCheck {
         let policy = policy_args
             .load()
             .with_context(|| format!("loading policy {}", policy_args.policy))?;
+        // One until_congested(...) call gives every stage of its list the same
+        // stop condition: check each distinct condition once.
+        let mut checked: Vec<(&StopCondition, Result<Vec<Param>, String>)> = Vec::new();
         let mut params = BTreeMap::new();
-        let mut errors = Vec::new();
         for (index, stop) in stops {
-            match policy.check_params(stop) {
-                Ok(checked) => {
-                    params.insert(index, checked);
-                }
-                Err(err) => {
-                    let message = err.to_string();
-                    // One until_congested(...) call marks many stages: say its error once.
-                    if !errors.contains(&message) {
-                        errors.push(message);
-                    }
-                }
+            let known = checked.iter().position(|(seen, _)| *seen == stop);
+            let position = known.unwrap_or_else(|| {
+                checked.push((stop, policy.check_params(stop).map_err(|e| e.to_string())));
+                checked.len() - 1
+            });
+            if let Ok(stop_params) = &checked[position].1 {
+                params.insert(index, stop_params.clone());
             }
         }
+        let errors: Vec<String> = checked.into_iter().filter_map(|(_, r)| r.err()).collect();
         if !errors.is_empty() {
             bail!("{}", errors.join("\n"));
         }
