@@ -13,10 +13,16 @@
 //! a timeout, a transport error) come back as [`Outcome`]s with a reason;
 //! they are data, not `Err`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri};
+use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 
+use crate::http::{Body, Target};
 use crate::sse::{self, Event, SseParser, Usage};
 
 /// Largest excerpt of an error body kept in a record.
@@ -76,8 +82,8 @@ impl Default for ClientConfig {
 pub enum ClientError {
     #[error("invalid header {0:?}: write it as 'Name: value'")]
     Header(String),
-    #[error("cannot build the HTTP client: {0}")]
-    Build(#[source] reqwest::Error),
+    #[error("invalid target URL {base:?}: {reason}")]
+    Target { base: String, reason: String },
     #[error(
         "the server at {url} did not answer GET /models within {waited:?} (last error: {last}); \
          start it, check --target, or raise --ready-timeout"
@@ -101,12 +107,9 @@ pub struct Message {
 /// One request to send.
 #[derive(Debug)]
 pub struct RequestSpec<'a> {
-    /// Base URL ending in `/v1` (no trailing slash).
-    pub base: &'a str,
-    /// The request URL parsed once, from [`Client::endpoint`] with the same
-    /// `base` (parsing it for every request costs more than cloning it);
-    /// `None` builds it from `base`.
-    pub endpoint: Option<&'a reqwest::Url>,
+    pub target: &'a Target,
+    /// The request path, from [`Client::endpoint`] for the same target.
+    pub endpoint: &'a Uri,
     pub model: &'a str,
     /// The conversation so far, ending with the new user message.
     pub messages: &'a [Message],
@@ -138,12 +141,15 @@ pub struct Outcome {
 /// The shared client. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: reqwest::Client,
-    config: std::sync::Arc<ClientConfig>,
+    config: Arc<ClientConfig>,
+    /// `--header`s and the API key, sent with every request.
+    headers: Arc<HeaderMap>,
+    /// `headers` plus the content type and `Accept` of a streaming request.
+    stream_headers: Arc<HeaderMap>,
 }
 
 #[derive(Serialize)]
-struct Body<'a> {
+struct CompletionRequest<'a> {
     model: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     messages: Option<&'a [Message]>,
@@ -168,35 +174,54 @@ struct StreamOptions {
 
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
-        // reqwest is built without a bundled crypto provider: install ring's
-        // (a second call finds one installed and changes nothing).
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut headers = reqwest::header::HeaderMap::new();
+        let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
-            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| ClientError::Header(format!("{name}: {value}")))?;
-            let value = reqwest::header::HeaderValue::from_str(value)
-                .map_err(|_| ClientError::Header(format!("{name}: {value}")))?;
+            let invalid = || ClientError::Header(format!("{name}: {value}"));
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid())?;
+            let value = HeaderValue::from_str(value).map_err(|_| invalid())?;
             headers.append(name, value);
         }
         if let Some(key) = &config.api_key {
-            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            let value = HeaderValue::from_str(&format!("Bearer {key}"))
                 .map_err(|_| ClientError::Header("Authorization: Bearer <api key>".into()))?;
-            headers.insert(reqwest::header::AUTHORIZATION, value);
+            headers.insert(header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(usize::MAX)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .connect_timeout(Duration::from_secs(30).min(config.request_timeout))
-            .no_proxy()
-            .build()
-            .map_err(ClientError::Build)?;
+        let mut stream_headers = headers.clone();
+        stream_headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        stream_headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
         Ok(Client {
-            http,
-            config: std::sync::Arc::new(config),
+            config: Arc::new(config),
+            headers: Arc::new(headers),
+            stream_headers: Arc::new(stream_headers),
         })
+    }
+
+    /// The server at base URL `base` (`http://host:port/v1`), with its own
+    /// connection pool.
+    pub fn target(&self, base: &str) -> Result<Arc<Target>, ClientError> {
+        let connect_timeout = Duration::from_secs(30).min(self.config.request_timeout);
+        Target::new(base, connect_timeout)
+            .map(Arc::new)
+            .map_err(|reason| ClientError::Target {
+                base: base.to_string(),
+                reason,
+            })
+    }
+
+    /// The path [`Client::send`] posts to on `target`.
+    pub fn endpoint(&self, target: &Target) -> Result<Uri, ClientError> {
+        target
+            .uri(self.config.api.path())
+            .map_err(|reason| ClientError::Target {
+                base: target.base.clone(),
+                reason,
+            })
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -206,14 +231,14 @@ impl Client {
     /// Polls `GET base/models` until it answers 2xx or `timeout` passes; returns the model ids.
     pub async fn wait_ready(
         &self,
-        base: &str,
+        target: &Target,
         timeout: Duration,
     ) -> Result<Vec<String>, ClientError> {
-        let url = format!("{base}/models");
+        let url = target.url("models");
         let start = Instant::now();
         let mut last;
         loop {
-            match self.models(&url).await {
+            match self.models(target).await {
                 Ok(models) => return Ok(models),
                 Err(err) => last = err,
             }
@@ -229,7 +254,7 @@ impl Client {
         }
     }
 
-    async fn models(&self, url: &str) -> Result<Vec<String>, String> {
+    async fn models(&self, target: &Target) -> Result<Vec<String>, String> {
         #[derive(Deserialize)]
         struct Models {
             data: Vec<ModelEntry>,
@@ -238,16 +263,10 @@ impl Client {
         struct ModelEntry {
             id: String,
         }
-        let response = self
-            .http
-            .get(url)
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .map_err(|e| error_chain(&e))?;
-        let status = response.status();
-        let body = response.bytes().await.map_err(|e| error_chain(&e))?;
-        if !status.is_success() {
+        let (status, body) = self
+            .fetch(target, Method::GET, "models", Bytes::new())
+            .await?;
+        if !(200..300).contains(&status) {
             return Err(format!("HTTP {status}: {}", sse::excerpt(&body, 200)));
         }
         let models: Models =
@@ -257,7 +276,7 @@ impl Client {
 
     /// Asks the server's `/tokenize` (vLLM: at the root, beside `/v1`) how many
     /// tokens `text` is; `None` when the server has no such endpoint.
-    pub async fn count_tokens(&self, base: &str, model: &str, text: &str) -> Option<u64> {
+    pub async fn count_tokens(&self, target: &Target, model: &str, text: &str) -> Option<u64> {
         #[derive(Deserialize)]
         struct Tokenized {
             #[serde(default)]
@@ -265,28 +284,16 @@ impl Client {
             #[serde(default)]
             tokens: Option<Vec<serde_json::Value>>,
         }
-        let root = base.strip_suffix("/v1").unwrap_or(base);
-        for url in [format!("{root}/tokenize"), format!("{base}/tokenize")] {
-            let body =
-                serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
-            let Ok(response) = self
-                .http
-                .post(&url)
-                .json_body(&body)
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await
+        let body =
+            serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
+        let body = Bytes::from(body.to_string());
+        for path in ["/tokenize", "tokenize"] {
+            let Ok((status, bytes)) = self.fetch(target, Method::POST, path, body.clone()).await
             else {
                 continue;
             };
-            if !response.status().is_success() {
-                let _ = response.bytes().await;
-                continue;
-            }
-            let Ok(bytes) = response.bytes().await else {
-                continue;
-            };
-            if let Ok(t) = serde_json::from_slice::<Tokenized>(&bytes)
+            if (200..300).contains(&status)
+                && let Ok(t) = serde_json::from_slice::<Tokenized>(&bytes)
                 && let Some(count) = t.count.or(t.tokens.map(|v| v.len() as u64))
             {
                 return Some(count);
@@ -295,10 +302,38 @@ impl Client {
         None
     }
 
-    /// The URL [`Client::send`] posts to for `base` (`None` when it does not parse:
-    /// the request then fails with reqwest's own message).
-    pub fn endpoint(&self, base: &str) -> Option<reqwest::Url> {
-        reqwest::Url::parse(&format!("{base}/{}", self.config.api.path())).ok()
+    /// A small request whose whole response body is wanted (10 s bound).
+    async fn fetch(
+        &self,
+        target: &Target,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(u16, Bytes), String> {
+        let uri = target.uri(path)?;
+        let mut headers = (*self.headers).clone();
+        if !body.is_empty() {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        let request = target.request(method, uri, &headers, Full::new(body));
+        let exchange = async {
+            let (response, connection) = target.send(request).await?;
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| error_chain(&e))?
+                .to_bytes();
+            target.release(connection);
+            Ok((status, body))
+        };
+        tokio::time::timeout(Duration::from_secs(10), exchange)
+            .await
+            .map_err(|_| "no answer within 10 s".to_string())?
     }
 
     /// Sends one streaming request and reads it to the end.
@@ -314,7 +349,7 @@ impl Client {
                 (None, Some(prompt))
             }
         };
-        let body = Body {
+        let body = CompletionRequest {
             model: spec.model,
             messages,
             prompt,
@@ -340,22 +375,17 @@ impl Client {
                 return outcome;
             }
         };
-        let request = match spec.endpoint {
-            Some(url) => self.http.post(url.clone()),
-            None => self
-                .http
-                .post(format!("{}/{}", spec.base, config.api.path())),
-        };
-        let request = request
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(reqwest::header::ACCEPT, "text/event-stream")
-            .body(body);
+        let request = spec.target.request(
+            Method::POST,
+            spec.endpoint.clone(),
+            &self.stream_headers,
+            Full::new(Bytes::from(body)),
+        );
         let sent = Instant::now();
         outcome.sent = Some(sent);
         let timeout = config.request_timeout;
-        match tokio::time::timeout(timeout, read_stream(request, spec.keep_reply, &mut outcome))
-            .await
-        {
+        let exchange = read_stream(spec.target, request, spec.keep_reply, &mut outcome);
+        match tokio::time::timeout(timeout, exchange).await {
             Ok(()) => {}
             Err(_) => {
                 outcome.ok = false;
@@ -367,36 +397,54 @@ impl Client {
     }
 }
 
-/// Small extension so `json` does not need reqwest's `json` feature.
-trait JsonBody {
-    fn json_body(self, value: &serde_json::Value) -> Self;
-}
-
-impl JsonBody for reqwest::RequestBuilder {
-    fn json_body(self, value: &serde_json::Value) -> Self {
-        self.header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(value.to_string())
+/// The next piece of a response body: `Ok(None)` at its end.
+async fn next_piece(body: &mut hyper::body::Incoming) -> Result<Option<Bytes>, hyper::Error> {
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            return Ok(Some(data));
+        }
+        // Trailers: nothing to read in them.
     }
+    Ok(None)
 }
 
-async fn read_stream(request: reqwest::RequestBuilder, keep_reply: bool, out: &mut Outcome) {
-    let mut response = match request.send().await {
-        Ok(response) => response,
+async fn read_stream(
+    target: &Target,
+    request: http::Request<Body>,
+    keep_reply: bool,
+    out: &mut Outcome,
+) {
+    let (response, connection) = match target.send(request).await {
+        Ok(exchange) => exchange,
         Err(err) => {
-            out.error = Some(format!("request failed: {}", error_chain(&err)));
+            out.error = Some(format!("request failed: {err}"));
             return;
         }
     };
     let status = response.status();
     out.http_status = Some(status.as_u16());
+    let mut body = response.into_body();
     if !status.is_success() {
         // Read the whole body (so the connection can be reused) but keep an excerpt.
         let mut excerpt = Vec::new();
         let mut total = 0usize;
-        while let Ok(Some(piece)) = response.chunk().await {
-            total += piece.len();
-            let room = ERROR_BODY_EXCERPT.saturating_sub(excerpt.len());
-            excerpt.extend_from_slice(&piece[..piece.len().min(room)]);
+        let mut whole = true;
+        loop {
+            match next_piece(&mut body).await {
+                Ok(Some(piece)) => {
+                    total += piece.len();
+                    let room = ERROR_BODY_EXCERPT.saturating_sub(excerpt.len());
+                    excerpt.extend_from_slice(&piece[..piece.len().min(room)]);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if whole {
+            target.release(connection);
         }
         let mut text = String::from_utf8_lossy(&excerpt).into_owned();
         if total > excerpt.len() {
@@ -408,12 +456,15 @@ async fn read_stream(request: reqwest::RequestBuilder, keep_reply: bool, out: &m
     let mut parser = SseParser::new();
     let mut state = StreamState::default();
     loop {
-        match response.chunk().await {
+        match next_piece(&mut body).await {
             Ok(Some(piece)) => {
                 let now = Instant::now();
                 parser.feed(&piece, |payload| state.event(payload, now, keep_reply, out));
             }
-            Ok(None) => break,
+            Ok(None) => {
+                target.release(connection);
+                break;
+            }
             Err(err) => {
                 state
                     .error
@@ -476,7 +527,7 @@ impl StreamState {
     }
 }
 
-/// An error with its causes (reqwest hides the useful part in `source()`).
+/// An error with its causes (hyper and rustls keep the useful part in `source()`).
 pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();

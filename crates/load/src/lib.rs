@@ -10,6 +10,7 @@
 pub mod args;
 pub mod client;
 pub mod hook;
+pub mod http;
 pub mod live;
 pub mod metrics;
 pub mod progress;

@@ -24,6 +24,7 @@
 //!   requests, records the rest as cancelled and writes every output.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,12 +37,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{Client, ClientConfig, ClientError, Message, Outcome, RequestSpec};
 use crate::hook::{FinishedStage, HookDecision, StageHook};
+use crate::http::Target;
 use crate::live::Live;
 use crate::record::{Phase, RecordSink, RequestRecord, Status, TokenSource};
 use crate::result::{RunOutcome, RunResult, StageResult, StageStatus};
 use crate::schedule::Schedule;
 use crate::stats::{StageAccumulator, StageDetail};
 use crate::workload::{PromptGen, WorkloadError};
+use http::Uri;
 
 /// The OpenAI base URL used when neither the flag, the stage nor the scenario names one.
 pub const DEFAULT_TARGET: &str = "http://localhost:8000/v1";
@@ -480,9 +483,9 @@ fn validate(scenario: &Scenario) -> Result<(), RunError> {
 /// Per-stage request settings, resolved once before the run.
 #[derive(Debug)]
 struct StageSettings {
-    base: String,
-    /// `base`'s request URL, parsed once.
-    endpoint: Option<reqwest::Url>,
+    target: Arc<Target>,
+    /// The request path on `target`, parsed once.
+    endpoint: Uri,
     model: String,
     prompts: Arc<PromptGen>,
     first_chars: usize,
@@ -505,7 +508,8 @@ async fn prepare(
     options: &RunOptions,
     client: &Client,
 ) -> Result<Prepared, RunError> {
-    let mut ready: HashMap<String, Vec<String>> = HashMap::new();
+    // Per base URL: the target (one connection pool each) and its model list.
+    let mut ready: HashMap<String, (Arc<Target>, Vec<String>)> = HashMap::new();
     let mut generators: Vec<(Workload, Arc<PromptGen>)> = Vec::new();
     let mut cpt: HashMap<(String, String, String), f64> = HashMap::new();
     let mut per_step = Vec::with_capacity(scenario.steps.len());
@@ -523,15 +527,20 @@ async fn prepare(
             .or_else(|| scenario.target.clone())
             .unwrap_or_else(|| DEFAULT_TARGET.to_string());
         let base = base.trim_end_matches('/').to_string();
-        if !ready.contains_key(&base) {
-            tracing::info!(
-                "waiting for {base}/models (up to {:?})",
-                options.ready_timeout
-            );
-            let listed = client.wait_ready(&base, options.ready_timeout).await?;
-            ready.insert(base.clone(), listed);
-            targets.push(base.clone());
-        }
+        let (target, listed) = match ready.entry(base.clone()) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(new) => {
+                let target = client.target(&base)?;
+                tracing::info!(
+                    "waiting for {} (up to {:?})",
+                    target.url("models"),
+                    options.ready_timeout
+                );
+                let listed = client.wait_ready(&target, options.ready_timeout).await?;
+                targets.push(base.clone());
+                new.insert((target, listed))
+            }
+        };
         let model = match stage
             .model
             .clone()
@@ -540,11 +549,10 @@ async fn prepare(
         {
             Some(model) => model,
             None => {
-                let listed = ready.get(&base).map(Vec::as_slice).unwrap_or(&[]);
                 let first = listed
                     .first()
                     .ok_or_else(|| ClientError::NoModel {
-                        url: format!("{base}/models"),
+                        url: target.url("models"),
                     })?
                     .clone();
                 if models.is_empty() {
@@ -574,7 +582,7 @@ async fn prepare(
             None => {
                 let v = calibrate(
                     client,
-                    &base,
+                    target,
                     &model,
                     &prompts,
                     &workload,
@@ -587,8 +595,8 @@ async fn prepare(
         };
         let chars = |tokens: u32| (tokens as f64 * chars_per_token).round() as usize;
         per_step.push(Some(Arc::new(StageSettings {
-            endpoint: client.endpoint(&base),
-            base,
+            endpoint: client.endpoint(target)?,
+            target: target.clone(),
             model,
             prompts,
             first_chars: chars(workload.isl),
@@ -623,14 +631,14 @@ fn text_key(w: &Workload) -> String {
 /// one, else the workload's `chars_per_token`, else 4.0.
 async fn calibrate(
     client: &Client,
-    base: &str,
+    target: &Target,
     model: &str,
     prompts: &PromptGen,
     workload: &Workload,
     label: &str,
 ) -> f64 {
     let sample = prompts.text(u64::MAX, 1, 8000);
-    if let Some(count) = client.count_tokens(base, model, &sample).await
+    if let Some(count) = client.count_tokens(target, model, &sample).await
         && count > 0
     {
         {
@@ -917,8 +925,8 @@ impl Shared {
         });
         let keep_reply = conv.turn < s.turns;
         let spec = RequestSpec {
-            base: &s.base,
-            endpoint: s.endpoint.as_ref(),
+            target: &s.target,
+            endpoint: &s.endpoint,
             model: &s.model,
             messages: &conv.messages,
             max_tokens: s.osl,
