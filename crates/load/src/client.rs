@@ -16,13 +16,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Uri};
-use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{Body, Target};
+use crate::http::{HttpError, RequestTemplate, Target};
 use crate::sse::{self, Event, SseParser, Usage};
 
 /// Largest excerpt of an error body kept in a record.
@@ -108,8 +105,8 @@ pub struct Message {
 #[derive(Debug)]
 pub struct RequestSpec<'a> {
     pub target: &'a Target,
-    /// The request path, from [`Client::endpoint`] for the same target.
-    pub endpoint: &'a Uri,
+    /// The streaming request's head, from [`Client::endpoint`] for the same target.
+    pub endpoint: &'a RequestTemplate,
     pub model: &'a str,
     /// The conversation so far, ending with the new user message.
     pub messages: &'a [Message],
@@ -214,14 +211,9 @@ impl Client {
             })
     }
 
-    /// The path [`Client::send`] posts to on `target`.
-    pub fn endpoint(&self, target: &Target) -> Result<Uri, ClientError> {
-        target
-            .uri(self.config.api.path())
-            .map_err(|reason| ClientError::Target {
-                base: target.base.clone(),
-                reason,
-            })
+    /// The head of the streaming requests [`Client::send`] posts to `target`.
+    pub fn endpoint(&self, target: &Target) -> RequestTemplate {
+        target.template("POST", self.config.api.path(), &self.stream_headers)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -263,11 +255,13 @@ impl Client {
         struct ModelEntry {
             id: String,
         }
-        let (status, body) = self
-            .fetch(target, Method::GET, "models", Bytes::new())
-            .await?;
+        let (status, body) = self.fetch(target, "GET", "models", b"").await?;
         if !(200..300).contains(&status) {
-            return Err(format!("HTTP {status}: {}", sse::excerpt(&body, 200)));
+            return Err(format!(
+                "{}: {}",
+                status_line(status),
+                sse::excerpt(&body, 200)
+            ));
         }
         let models: Models =
             serde_json::from_slice(&body).map_err(|e| format!("unreadable model list: {e}"))?;
@@ -286,9 +280,9 @@ impl Client {
         }
         let body =
             serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
-        let body = Bytes::from(body.to_string());
+        let body = body.to_string();
         for path in ["/tokenize", "tokenize"] {
-            let Ok((status, bytes)) = self.fetch(target, Method::POST, path, body.clone()).await
+            let Ok((status, bytes)) = self.fetch(target, "POST", path, body.as_bytes()).await
             else {
                 continue;
             };
@@ -306,34 +300,31 @@ impl Client {
     async fn fetch(
         &self,
         target: &Target,
-        method: Method,
+        method: &str,
         path: &str,
-        body: Bytes,
-    ) -> Result<(u16, Bytes), String> {
-        let uri = target.uri(path)?;
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), String> {
+        /// Larger answers to these requests are cut (and then unreadable).
+        const LIMIT: usize = 16 << 20;
         let mut headers = (*self.headers).clone();
-        if !body.is_empty() {
+        if method == "POST" {
             headers.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
         }
-        let request = target.request(method, uri, &headers, Full::new(body));
+        let request = target.template(method, path, &headers).with_body(body);
         let exchange = async {
-            let (response, connection) = target.send(request).await?;
-            let status = response.status().as_u16();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| error_chain(&e))?
-                .to_bytes();
-            target.release(connection);
-            Ok((status, body))
+            let mut response = target.send(&request).await?;
+            let (body, _) = response.collect(LIMIT).await?;
+            let status = response.status;
+            response.finish(target);
+            Ok::<_, HttpError>((status, body))
         };
-        tokio::time::timeout(Duration::from_secs(10), exchange)
-            .await
-            .map_err(|_| "no answer within 10 s".to_string())?
+        match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 10 s".into()),
+        }
     }
 
     /// Sends one streaming request and reads it to the end.
@@ -375,16 +366,11 @@ impl Client {
                 return outcome;
             }
         };
-        let request = spec.target.request(
-            Method::POST,
-            spec.endpoint.clone(),
-            &self.stream_headers,
-            Full::new(Bytes::from(body)),
-        );
+        let request = spec.endpoint.with_body(&body);
         let sent = Instant::now();
         outcome.sent = Some(sent);
         let timeout = config.request_timeout;
-        let exchange = read_stream(spec.target, request, spec.keep_reply, &mut outcome);
+        let exchange = read_stream(spec.target, &request, spec.keep_reply, &mut outcome);
         match tokio::time::timeout(timeout, exchange).await {
             Ok(()) => {}
             Err(_) => {
@@ -397,78 +383,56 @@ impl Client {
     }
 }
 
-/// The next piece of a response body: `Ok(None)` at its end.
-async fn next_piece(body: &mut hyper::body::Incoming) -> Result<Option<Bytes>, hyper::Error> {
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            return Ok(Some(data));
-        }
-        // Trailers: nothing to read in them.
+/// `HTTP 503 Service Unavailable`.
+fn status_line(status: u16) -> String {
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason());
+    match reason {
+        Some(reason) => format!("HTTP {status} {reason}"),
+        None => format!("HTTP {status}"),
     }
-    Ok(None)
 }
 
-async fn read_stream(
-    target: &Target,
-    request: http::Request<Body>,
-    keep_reply: bool,
-    out: &mut Outcome,
-) {
-    let (response, connection) = match target.send(request).await {
-        Ok(exchange) => exchange,
+async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mut Outcome) {
+    let mut response = match target.send(request).await {
+        Ok(response) => response,
         Err(err) => {
             out.error = Some(format!("request failed: {err}"));
             return;
         }
     };
-    let status = response.status();
-    out.http_status = Some(status.as_u16());
-    let mut body = response.into_body();
-    if !status.is_success() {
+    let status = response.status;
+    out.http_status = Some(status);
+    if !(200..300).contains(&status) {
         // Read the whole body (so the connection can be reused) but keep an excerpt.
-        let mut excerpt = Vec::new();
-        let mut total = 0usize;
-        let mut whole = true;
-        loop {
-            match next_piece(&mut body).await {
-                Ok(Some(piece)) => {
-                    total += piece.len();
-                    let room = ERROR_BODY_EXCERPT.saturating_sub(excerpt.len());
-                    excerpt.extend_from_slice(&piece[..piece.len().min(room)]);
+        let text = match response.collect(ERROR_BODY_EXCERPT).await {
+            Ok((excerpt, total)) => {
+                let mut text = String::from_utf8_lossy(&excerpt).into_owned();
+                if total > excerpt.len() {
+                    text.push_str(&format!("… ({total} bytes)"));
                 }
-                Ok(None) => break,
-                Err(_) => {
-                    whole = false;
-                    break;
-                }
+                text
             }
-        }
-        if whole {
-            target.release(connection);
-        }
-        let mut text = String::from_utf8_lossy(&excerpt).into_owned();
-        if total > excerpt.len() {
-            text.push_str(&format!("… ({total} bytes)"));
-        }
-        out.error = Some(format!("HTTP {status}: {text}"));
+            Err(err) => format!("(body unreadable: {err})"),
+        };
+        response.finish(target);
+        out.error = Some(format!("{}: {text}", status_line(status)));
         return;
     }
     let mut parser = SseParser::new();
     let mut state = StreamState::default();
     loop {
-        match next_piece(&mut body).await {
-            Ok(Some(piece)) => {
-                let now = Instant::now();
-                parser.feed(&piece, |payload| state.event(payload, now, keep_reply, out));
+        match response.next_piece().await {
+            Ok(Some((at, piece))) => {
+                parser.feed(piece, |payload| state.event(payload, at, keep_reply, out));
             }
             Ok(None) => {
-                target.release(connection);
+                response.finish(target);
                 break;
             }
             Err(err) => {
-                state
-                    .error
-                    .get_or_insert(format!("stream broken: {}", error_chain(&err)));
+                state.error.get_or_insert(format!("stream broken: {err}"));
                 break;
             }
         }
@@ -525,19 +489,4 @@ impl StreamState {
             }
         }
     }
-}
-
-/// An error with its causes (hyper and rustls keep the useful part in `source()`).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }

@@ -1,33 +1,55 @@
 //! The HTTP/1.1 transport under the client: one target server (origin and
-//! base path), its pool of idle keep-alive connections, and connecting (TCP
-//! with `TCP_NODELAY`, TLS for `https`).
+//! base path), its pool of idle keep-alive connections, connecting (TCP with
+//! `TCP_NODELAY`, TLS for `https`), writing a request and reading its
+//! response head (parsed by `httparse`) and body (`Content-Length`,
+//! `chunked` or until close).
 //!
-//! Built on hyper's connection-level API rather than a general-purpose
-//! client (no redirects, proxies or retry layers to pay for on every
-//! request): a connection carries one request at a time and goes back to the
-//! pool only after its response was read to the end, so a run never holds
-//! more connections than it had requests in flight.
+//! Why not a general-purpose client: a load generator holds one connection
+//! per request in flight, thousands of them. hyper's client connection costs
+//! about 34 KiB each (two 9 KiB blocks of the channel that hands it requests,
+//! an 8 KiB read and an 8 KiB write buffer) plus a task, and every body chunk
+//! crosses from the connection's task to the request's. Here a connection is
+//! its socket and a 4 KiB read buffer; the request's own task reads it, so a
+//! chunk is timed at the read that delivered it.
+//!
+//! A connection carries one request at a time and returns to the pool only
+//! after its response was read to the end, so a run never holds more
+//! connections than it had requests in flight.
 
+use std::ops::Range;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, Uri};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use http::header::HeaderMap;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::client::error_chain;
+/// Read buffer of a new connection: several SSE events per read.
+const READ_BUFFER: usize = 4 * 1024;
+/// A response head or chunk-size line may grow the buffer up to this.
+const MAX_BUFFER: usize = 64 * 1024;
+/// Headers a response head may have.
+const MAX_HEADERS: usize = 64;
+/// Idle connections older than this are closed rather than reused: servers
+/// close idle keep-alive connections after a few seconds (uvicorn, which
+/// serves vLLM: 5 s), and a request written into a connection the server is
+/// closing is lost.
+const IDLE_LIMIT: Duration = Duration::from_secs(4);
 
-/// A request body: always sent whole.
-pub type Body = Full<Bytes>;
-
-/// An idle, reusable connection.
-pub type Connection = SendRequest<Body>;
+/// Why a request got no (complete) response.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot connect to {address}: {reason}")]
+    Connect { address: String, reason: String },
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the server closed the connection {0}")]
+    Closed(&'static str),
+    #[error("invalid response: {0}")]
+    Protocol(String),
+}
 
 /// The server one base URL (`http://host:port/v1`) points at.
 #[derive(Debug)]
@@ -37,14 +59,13 @@ pub struct Target {
     host: String,
     port: u16,
     /// The `Host` header.
-    authority: HeaderValue,
+    authority: String,
     /// The base URL's path without a trailing slash (`/v1`).
     prefix: String,
     /// Present for `https`.
     tls: Option<Tls>,
     connect_timeout: Duration,
-    /// Idle connections, most recently used last (reused first: it is the
-    /// least likely to have been closed by the server's keep-alive timeout).
+    /// Idle connections, most recently used last (reused first).
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -62,6 +83,26 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// A request rendered up to its `Content-Length`: method, path, `Host` and
+/// the fixed headers, written once and copied in front of every body.
+#[derive(Debug, Clone)]
+pub struct RequestTemplate {
+    head: Vec<u8>,
+}
+
+impl RequestTemplate {
+    /// The complete request with `body`.
+    pub fn with_body(&self, body: &[u8]) -> Vec<u8> {
+        let mut request = Vec::with_capacity(self.head.len() + 32 + body.len());
+        request.extend_from_slice(&self.head);
+        request.extend_from_slice(b"content-length: ");
+        request.extend_from_slice(body.len().to_string().as_bytes());
+        request.extend_from_slice(b"\r\n\r\n");
+        request.extend_from_slice(body);
+        request
+    }
+}
+
 impl Target {
     /// Parses a base URL such as `http://127.0.0.1:8000/v1`.
     pub fn new(base: &str, connect_timeout: Duration) -> Result<Self, String> {
@@ -69,7 +110,7 @@ impl Target {
         if !base.contains("://") {
             return Err("no scheme: write it as http://host:port/v1".into());
         }
-        let uri: Uri = base.parse().map_err(|e| format!("not a URL: {e}"))?;
+        let uri: http::Uri = base.parse().map_err(|e| format!("not a URL: {e}"))?;
         let https = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
@@ -88,10 +129,10 @@ impl Target {
         if uri.query().is_some() {
             return Err("a query string in the base URL is not supported".into());
         }
-        let host = authority.host();
         let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
         // IPv6 literals come bracketed (`[::1]`): the Host header keeps the
         // brackets, the socket address does not.
+        let host = authority.host();
         let bare_host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -109,8 +150,7 @@ impl Target {
             base: base.to_string(),
             host: bare_host,
             port,
-            authority: HeaderValue::from_str(authority.as_str())
-                .map_err(|e| format!("invalid host: {e}"))?,
+            authority: authority.as_str().to_string(),
             prefix: uri.path().trim_end_matches('/').to_string(),
             tls,
             connect_timeout,
@@ -118,141 +158,451 @@ impl Target {
         })
     }
 
-    /// The origin-form URI of `path` below the base URL (`chat/completions`
+    /// The origin-form path of `path` below the base URL (`chat/completions`
     /// -> `/v1/chat/completions`), or at the server's root when `path`
     /// starts with `/`.
-    pub fn uri(&self, path: &str) -> Result<Uri, String> {
-        let full = match path.strip_prefix('/') {
+    fn path(&self, path: &str) -> String {
+        match path.strip_prefix('/') {
             Some(_) => path.to_string(),
             None => format!("{}/{path}", self.prefix),
-        };
-        full.parse()
-            .map_err(|e| format!("invalid request path {full:?}: {e}"))
+        }
     }
 
-    /// The URL of `path` as [`Target::uri`] resolves it, for messages.
+    /// The URL of `path` as requests resolve it, for messages.
     pub fn url(&self, path: &str) -> String {
         let root = self.base.strip_suffix(&self.prefix).unwrap_or(&self.base);
-        match path.strip_prefix('/') {
-            Some(_) => format!("{root}{path}"),
-            None => format!("{}/{path}", self.base),
-        }
+        format!("{root}{}", self.path(path))
     }
 
-    /// A request to `uri` with the `Host` header and `headers` set.
-    pub fn request(
-        &self,
-        method: Method,
-        uri: Uri,
-        headers: &HeaderMap,
-        body: Body,
-    ) -> Request<Body> {
-        let mut request = Request::new(body);
-        *request.method_mut() = method;
-        *request.uri_mut() = uri;
-        let map = request.headers_mut();
-        map.reserve(headers.len() + 1);
-        map.insert(header::HOST, self.authority.clone());
+    /// A request template for `method` on `path` (see [`Target::url`]) with
+    /// `headers` (already validated by [`http::HeaderMap`]).
+    pub fn template(&self, method: &str, path: &str, headers: &HeaderMap) -> RequestTemplate {
+        let mut head = Vec::with_capacity(256);
+        for piece in [
+            method,
+            " ",
+            &self.path(path),
+            " HTTP/1.1\r\nhost: ",
+            &self.authority,
+            "\r\n",
+        ] {
+            head.extend_from_slice(piece.as_bytes());
+        }
         for (name, value) in headers {
-            map.append(name, value.clone());
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
         }
-        request
+        RequestTemplate { head }
     }
 
-    /// Sends `request` on an idle connection (or a new one) and returns the
-    /// response with its connection; give the connection back with
-    /// [`Target::release`] once the body was read to the end.
-    pub async fn send(
-        &self,
-        mut request: Request<Body>,
-    ) -> Result<(Response<Incoming>, Connection), String> {
-        while let Some(mut connection) = self.take_idle() {
-            if connection.ready().await.is_err() {
-                continue; // closed while idle
-            }
-            match connection.try_send_request(request).await {
-                Ok(response) => return Ok((response, connection)),
-                // Handed back unsent (the connection closed as it was
-                // taken): this is not a retry, the server never saw it.
-                Err(mut err) => match err.take_message() {
-                    Some(unsent) => request = unsent,
-                    None => return Err(error_chain(&err.into_error())),
-                },
-            }
-        }
-        let mut connection = self.connect().await?;
-        match connection.send_request(request).await {
-            Ok(response) => Ok((response, connection)),
-            Err(err) => Err(error_chain(&err)),
-        }
-    }
-
-    /// Returns a connection whose response was read to the end to the pool.
-    pub fn release(&self, connection: Connection) {
-        if !connection.is_closed() {
-            lock(&self.idle).push(connection);
-        }
+    /// Writes `request` on an idle connection (or a new one) and reads the
+    /// response head. Give the connection back with [`Response::finish`].
+    pub async fn send(&self, request: &[u8]) -> Result<Response, HttpError> {
+        let mut connection = match self.take_idle() {
+            Some(connection) => connection,
+            None => self.connect().await?,
+        };
+        connection.io.write_all(request).await?;
+        connection.io.flush().await?;
+        let head = connection.read_head().await?;
+        Ok(Response {
+            status: head.status,
+            body: head.body,
+            keep_alive: head.keep_alive,
+            connection,
+        })
     }
 
     fn take_idle(&self) -> Option<Connection> {
-        lock(&self.idle).pop()
+        let mut idle = lock(&self.idle);
+        while let Some(mut connection) = idle.pop() {
+            if connection.idle_since.elapsed() > IDLE_LIMIT {
+                // The rest are older still.
+                idle.clear();
+                return None;
+            }
+            if connection.is_open() {
+                return Some(connection);
+            }
+        }
+        None
     }
 
-    async fn connect(&self) -> Result<Connection, String> {
+    async fn connect(&self) -> Result<Connection, HttpError> {
         let address = format!("{}:{}", self.host, self.port);
-        let tcp = tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect((self.host.as_str(), self.port)),
-        )
-        .await
-        .map_err(|_| {
-            format!(
-                "cannot connect to {address}: timed out after {:?}",
-                self.connect_timeout
-            )
-        })?
-        .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+        let failed = |reason: String| HttpError::Connect {
+            address: address.clone(),
+            reason,
+        };
+        let timeout = self.connect_timeout;
+        let tcp =
+            tokio::time::timeout(timeout, TcpStream::connect((self.host.as_str(), self.port)))
+                .await
+                .map_err(|_| failed(format!("timed out after {timeout:?}")))?
+                .map_err(|e| failed(e.to_string()))?;
         // Without it, Nagle's algorithm and the server's delayed ACK add tens
         // of milliseconds to small requests.
         tcp.set_nodelay(true)
-            .map_err(|e| format!("cannot set TCP_NODELAY on the connection to {address}: {e}"))?;
-        match &self.tls {
-            None => handshake(tcp).await,
-            Some(tls) => {
-                let stream = tokio::time::timeout(
-                    self.connect_timeout,
-                    tls.connector.connect(tls.server_name.clone(), tcp),
-                )
-                .await
-                .map_err(|_| {
-                    format!(
-                        "TLS handshake with {address} timed out after {:?}",
-                        self.connect_timeout
-                    )
-                })?
-                .map_err(|e| format!("TLS handshake with {address} failed: {}", error_chain(&e)))?;
-                handshake(stream).await
+            .map_err(|e| failed(format!("cannot set TCP_NODELAY: {e}")))?;
+        let io: Box<dyn Io> = match &self.tls {
+            None => Box::new(tcp),
+            Some(tls) => Box::new(
+                tokio::time::timeout(timeout, tls.connector.connect(tls.server_name.clone(), tcp))
+                    .await
+                    .map_err(|_| failed(format!("TLS handshake timed out after {timeout:?}")))?
+                    .map_err(|e| failed(format!("TLS handshake failed: {e}")))?,
+            ),
+        };
+        Ok(Connection::new(io))
+    }
+}
+
+/// What a connection reads and writes: a TCP stream, or TLS over one.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// One keep-alive connection and its read buffer.
+struct Connection {
+    io: Box<dyn Io>,
+    buffer: Vec<u8>,
+    /// Bytes received but not consumed yet: `buffer[start..end]`.
+    start: usize,
+    end: usize,
+    /// When the latest read returned.
+    received_at: Instant,
+    idle_since: Instant,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").finish_non_exhaustive()
+    }
+}
+
+struct Head {
+    status: u16,
+    body: Body,
+    keep_alive: bool,
+}
+
+/// Where the response body stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Body {
+    /// `Content-Length`: bytes still to come.
+    Length(u64),
+    Chunked(Chunk),
+    /// No length: the body ends when the server closes the connection.
+    UntilClose,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside a chunk: bytes still to come.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines up to an empty one.
+    Trailers,
+}
+
+impl Connection {
+    fn new(io: Box<dyn Io>) -> Self {
+        let now = Instant::now();
+        Connection {
+            io,
+            buffer: vec![0; READ_BUFFER],
+            start: 0,
+            end: 0,
+            received_at: now,
+            idle_since: now,
+        }
+    }
+
+    fn buffered(&self) -> &[u8] {
+        &self.buffer[self.start..self.end]
+    }
+
+    /// Reads more bytes after those buffered; `Ok(false)` at the end of the stream.
+    async fn read_more(&mut self) -> Result<bool, HttpError> {
+        if self.end == self.buffer.len() {
+            if self.start > 0 {
+                self.buffer.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else if self.buffer.len() < MAX_BUFFER {
+                self.buffer
+                    .resize((self.buffer.len() * 2).min(MAX_BUFFER), 0);
+            } else {
+                return Err(HttpError::Protocol(format!(
+                    "a response head or chunk-size line longer than {} KiB",
+                    MAX_BUFFER / 1024
+                )));
             }
+        }
+        let n = self.io.read(&mut self.buffer[self.end..]).await?;
+        self.received_at = Instant::now();
+        self.end += n;
+        Ok(n > 0)
+    }
+
+    /// Consumes `n` buffered bytes.
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Consumes a buffered line (up to `\n`) and returns `read` of it
+    /// without its line ending; `None` when no whole line is buffered.
+    fn take_line<T>(&mut self, read: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        let at = memchr::memchr(b'\n', self.buffered())?;
+        let line = &self.buffered()[..at];
+        let value = read(line.strip_suffix(b"\r").unwrap_or(line));
+        self.consume(at + 1);
+        Some(value)
+    }
+
+    async fn read_head(&mut self) -> Result<Head, HttpError> {
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut headers);
+            match response.parse(self.buffered()) {
+                Ok(httparse::Status::Complete(length)) => {
+                    let status = response.code.unwrap_or(0);
+                    let head =
+                        interpret_head(status, response.version.unwrap_or(1), response.headers)?;
+                    self.consume(length);
+                    // Interim responses (`100 Continue`) precede the real one.
+                    if (100..200).contains(&status) && status != 101 {
+                        continue;
+                    }
+                    return Ok(head);
+                }
+                Ok(httparse::Status::Partial) => {
+                    if !self.read_more().await? {
+                        return Err(HttpError::Closed(if self.start == self.end {
+                            "before answering"
+                        } else {
+                            "in the middle of the response head"
+                        }));
+                    }
+                }
+                Err(err) => return Err(HttpError::Protocol(format!("response head: {err}"))),
+            }
+        }
+    }
+
+    /// The next piece of the body as a range of the buffer; `None` at its end.
+    async fn next_piece(&mut self, body: &mut Body) -> Result<Option<Range<usize>>, HttpError> {
+        loop {
+            let available = (self.end - self.start) as u64;
+            match *body {
+                Body::Done => return Ok(None),
+                Body::Length(0) => *body = Body::Done,
+                Body::Length(left) | Body::Chunked(Chunk::Data(left)) if available > 0 => {
+                    let take = left.min(available);
+                    let range = self.start..self.start + take as usize;
+                    self.consume(take as usize);
+                    *body = match *body {
+                        Body::Length(_) => Body::Length(left - take),
+                        _ if take == left => Body::Chunked(Chunk::DataEnd),
+                        _ => Body::Chunked(Chunk::Data(left - take)),
+                    };
+                    // `consume` may have reset the window to empty: the bytes
+                    // stay in place until the next read.
+                    return Ok(Some(range));
+                }
+                Body::UntilClose if available > 0 => {
+                    let range = self.start..self.end;
+                    self.consume(available as usize);
+                    return Ok(Some(range));
+                }
+                Body::Chunked(Chunk::Size) => match self.take_line(chunk_size) {
+                    Some(chunk) => *body = Body::Chunked(chunk?),
+                    None => {
+                        self.read_or_fail("in the middle of a chunk-size line")
+                            .await?
+                    }
+                },
+                Body::Chunked(Chunk::DataEnd) if available >= 2 => {
+                    if self.buffered().starts_with(b"\r\n") {
+                        self.consume(2);
+                        *body = Body::Chunked(Chunk::Size);
+                    } else {
+                        return Err(HttpError::Protocol("a chunk longer than its size".into()));
+                    }
+                }
+                Body::Chunked(Chunk::Trailers) => match self.take_line(<[u8]>::is_empty) {
+                    Some(true) => *body = Body::Done,
+                    Some(false) => {} // a trailer field: nothing to use in it
+                    None => self.read_or_fail("in the middle of the trailers").await?,
+                },
+                Body::UntilClose => {
+                    if !self.read_more().await? {
+                        *body = Body::Done;
+                    }
+                }
+                Body::Length(_) | Body::Chunked(Chunk::Data(_)) => {
+                    self.read_or_fail("before the end of the body").await?;
+                }
+                Body::Chunked(Chunk::DataEnd) => {
+                    self.read_or_fail("before the end of a chunk").await?;
+                }
+            }
+        }
+    }
+
+    async fn read_or_fail(&mut self, when: &'static str) -> Result<(), HttpError> {
+        if self.read_more().await? {
+            Ok(())
+        } else {
+            Err(HttpError::Closed(when))
+        }
+    }
+
+    /// Whether an idle connection can carry another request: the server has
+    /// not closed it and sent nothing unasked (checked without waiting).
+    fn is_open(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        matches!(
+            Pin::new(&mut self.io).poll_read(&mut cx, &mut probe),
+            Poll::Pending
+        )
+    }
+}
+
+/// Status, body framing and keep-alive from a response head (RFC 9112 §6.3).
+fn interpret_head(
+    status: u16,
+    version: u8,
+    headers: &[httparse::Header<'_>],
+) -> Result<Head, HttpError> {
+    let mut chunked = None;
+    let mut length: Option<u64> = None;
+    let mut close = version == 0;
+    for header in headers {
+        let value = String::from_utf8_lossy(header.value);
+        if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = value.rsplit(',').next().unwrap_or("").trim();
+            chunked = Some(last.eq_ignore_ascii_case("chunked"));
+        } else if header.name.eq_ignore_ascii_case("content-length") {
+            let parsed: u64 = value
+                .trim()
+                .parse()
+                .map_err(|_| HttpError::Protocol(format!("Content-Length {value:?}")))?;
+            if length.is_some_and(|l| l != parsed) {
+                return Err(HttpError::Protocol(
+                    "two different Content-Length headers".into(),
+                ));
+            }
+            length = Some(parsed);
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            for token in value.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case("keep-alive") && version == 0 {
+                    close = false;
+                }
+            }
+        }
+    }
+    let body = if matches!(status, 100..=199 | 204 | 304) {
+        Body::Done
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Body::Chunked(Chunk::Size),
+            (Some(false), _) => Body::UntilClose,
+            (None, Some(length)) => Body::Length(length),
+            (None, None) => Body::UntilClose,
+        }
+    };
+    Ok(Head {
+        status,
+        keep_alive: !close && body != Body::UntilClose,
+        body,
+    })
+}
+
+/// Parses a chunk-size line (hex size, optional `;extensions`).
+fn chunk_size(line: &[u8]) -> Result<Chunk, HttpError> {
+    let digits = line.split(|&b| b == b';').next().unwrap_or(b"");
+    let digits = std::str::from_utf8(digits).unwrap_or("").trim();
+    let size = u64::from_str_radix(digits, 16).map_err(|_| {
+        HttpError::Protocol(format!(
+            "chunk-size line {:?}",
+            String::from_utf8_lossy(line)
+        ))
+    })?;
+    Ok(if size == 0 {
+        Chunk::Trailers
+    } else {
+        Chunk::Data(size)
+    })
+}
+
+/// A response whose head was read; its body is read piece by piece.
+pub struct Response {
+    pub status: u16,
+    body: Body,
+    keep_alive: bool,
+    connection: Connection,
+}
+
+impl Response {
+    /// The next piece of the body and when it was read from the socket
+    /// (pieces of one read share its instant); `None` at the end of the body.
+    pub async fn next_piece(&mut self) -> Result<Option<(Instant, &[u8])>, HttpError> {
+        match self.connection.next_piece(&mut self.body).await? {
+            Some(range) => Ok(Some((
+                self.connection.received_at,
+                &self.connection.buffer[range],
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads the rest of the body, keeping at most `limit` bytes of it;
+    /// returns them and the body's total length.
+    pub async fn collect(&mut self, limit: usize) -> Result<(Vec<u8>, usize), HttpError> {
+        let mut kept = Vec::new();
+        let mut total = 0;
+        while let Some((_, piece)) = self.next_piece().await? {
+            total += piece.len();
+            let room = limit.saturating_sub(kept.len());
+            kept.extend_from_slice(&piece[..piece.len().min(room)]);
+        }
+        Ok((kept, total))
+    }
+
+    /// Returns the connection to `target`'s pool when the body was read to
+    /// the end and the server keeps the connection open; closes it otherwise.
+    pub fn finish(self, target: &Target) {
+        if self.body == Body::Done
+            && self.keep_alive
+            && self.connection.start == self.connection.end
+        {
+            let mut connection = self.connection;
+            connection.idle_since = Instant::now();
+            lock(&target.idle).push(connection);
         }
     }
 }
 
-/// Starts HTTP/1.1 on `io`; the connection's I/O runs in its own task until
-/// its last [`Connection`] handle is dropped or the server closes it.
-async fn handshake<T>(io: T) -> Result<Connection, String>
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = http1::Builder::new()
-        .handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| format!("HTTP/1.1 handshake failed: {}", error_chain(&e)))?;
-    tokio::spawn(async move {
-        if let Err(err) = connection.await {
-            tracing::debug!("connection closed: {}", error_chain(&err));
-        }
-    });
-    Ok(sender)
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Response")
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
 }
 
 /// TLS with the platform's certificate verifier, offering only HTTP/1.1.
@@ -270,52 +620,4 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn target(base: &str) -> Result<Target, String> {
-        Target::new(base, Duration::from_secs(1))
-    }
-
-    #[test]
-    fn parses_base_urls() {
-        let t = target("http://127.0.0.1:8000/v1/").unwrap();
-        assert_eq!(
-            (t.host.as_str(), t.port, t.prefix.as_str()),
-            ("127.0.0.1", 8000, "/v1")
-        );
-        assert_eq!(t.authority, "127.0.0.1:8000");
-        assert_eq!(t.uri("chat/completions").unwrap(), "/v1/chat/completions");
-        assert_eq!(t.uri("/tokenize").unwrap(), "/tokenize");
-        assert_eq!(t.url("models"), "http://127.0.0.1:8000/v1/models");
-        assert_eq!(t.url("/tokenize"), "http://127.0.0.1:8000/tokenize");
-
-        let t = target("http://[::1]/openai/v1").unwrap();
-        assert_eq!(
-            (t.host.as_str(), t.port, t.prefix.as_str()),
-            ("::1", 80, "/openai/v1")
-        );
-        assert_eq!(t.authority, "[::1]");
-
-        let t = target("http://localhost:9000").unwrap();
-        assert_eq!(t.uri("models").unwrap(), "/models");
-    }
-
-    #[test]
-    fn refuses_bad_base_urls_with_the_fix() {
-        for (base, expected) in [
-            ("localhost:8000/v1", "scheme"),
-            ("ftp://host/v1", "unsupported scheme"),
-            ("http://user:pw@host/v1", "--api-key"),
-            ("http://host/v1?x=1", "query string"),
-            ("not a url", "scheme"),
-            ("http://ho st/v1", "not a URL"),
-        ] {
-            let err = target(base).unwrap_err();
-            assert!(err.contains(expected), "{base}: {err}");
-        }
-    }
 }

@@ -37,14 +37,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{Client, ClientConfig, ClientError, Message, Outcome, RequestSpec};
 use crate::hook::{FinishedStage, HookDecision, StageHook};
-use crate::http::Target;
+use crate::http::{RequestTemplate, Target};
 use crate::live::Live;
 use crate::record::{Phase, RecordSink, RequestRecord, Status, TokenSource};
 use crate::result::{RunOutcome, RunResult, StageResult, StageStatus};
 use crate::schedule::Schedule;
 use crate::stats::{StageAccumulator, StageDetail};
 use crate::workload::{PromptGen, WorkloadError};
-use http::Uri;
 
 /// The OpenAI base URL used when neither the flag, the stage nor the scenario names one.
 pub const DEFAULT_TARGET: &str = "http://localhost:8000/v1";
@@ -484,8 +483,8 @@ fn validate(scenario: &Scenario) -> Result<(), RunError> {
 #[derive(Debug)]
 struct StageSettings {
     target: Arc<Target>,
-    /// The request path on `target`, parsed once.
-    endpoint: Uri,
+    /// The head of every streaming request to `target`, rendered once.
+    endpoint: RequestTemplate,
     model: String,
     prompts: Arc<PromptGen>,
     first_chars: usize,
@@ -595,7 +594,7 @@ async fn prepare(
         };
         let chars = |tokens: u32| (tokens as f64 * chars_per_token).round() as usize;
         per_step.push(Some(Arc::new(StageSettings {
-            endpoint: client.endpoint(target)?,
+            endpoint: client.endpoint(target),
             target: target.clone(),
             model,
             prompts,
