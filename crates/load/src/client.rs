@@ -131,6 +131,8 @@ pub struct Outcome {
     pub chunk_tokens: Vec<u32>,
     pub usage: Option<Usage>,
     pub finish_reason: Option<String>,
+    /// The server's id of the response (from its first chunk).
+    pub response_id: Option<String>,
     pub http_status: Option<u16>,
     pub error: Option<String>,
 }
@@ -464,6 +466,11 @@ impl StreamState {
             Event::Done => self.done = true,
             Event::Error(message) => self.error = Some(message),
             Event::Chunk(chunk) => {
+                if out.response_id.is_none()
+                    && let Some(id) = &chunk.id
+                {
+                    out.response_id = Some(id.to_string());
+                }
                 let has_text = chunk.has_text();
                 if has_text {
                     match self.last_text {

@@ -621,3 +621,323 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(base: &str) -> Result<Target, String> {
+        Target::new(base, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn parses_base_urls() {
+        let t = target("http://127.0.0.1:8000/v1/").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.prefix.as_str()),
+            ("127.0.0.1", 8000, "/v1")
+        );
+        assert_eq!(t.url("models"), "http://127.0.0.1:8000/v1/models");
+        assert_eq!(t.url("/tokenize"), "http://127.0.0.1:8000/tokenize");
+        let head = t
+            .template("POST", "chat/completions", &HeaderMap::new())
+            .with_body(b"{}");
+        assert_eq!(
+            head,
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:8000\r\ncontent-length: 2\r\n\r\n{}"
+        );
+
+        let t = target("http://[::1]/openai/v1").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.authority.as_str()),
+            ("::1", 80, "[::1]")
+        );
+        assert_eq!(t.url("models"), "http://[::1]/openai/v1/models");
+        assert_eq!(
+            target("http://localhost:9000").unwrap().path("models"),
+            "/models"
+        );
+    }
+
+    #[test]
+    fn refuses_bad_base_urls_with_the_fix() {
+        for (base, expected) in [
+            ("localhost:8000/v1", "no scheme"),
+            ("ftp://host/v1", "unsupported scheme"),
+            ("http://user:pw@host/v1", "--api-key"),
+            ("http://host/v1?x=1", "query string"),
+            ("http://ho st/v1", "not a URL"),
+        ] {
+            let err = target(base).unwrap_err();
+            assert!(err.contains(expected), "{base}: {err}");
+        }
+    }
+
+    /// A server side that answers each read with the next of `reads` (then
+    /// end of stream), and accepts any write.
+    struct Scripted {
+        reads: std::collections::VecDeque<Vec<u8>>,
+        started: bool,
+    }
+
+    impl AsyncRead for Scripted {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if std::mem::replace(&mut self.started, true) {
+                // Every read after the first returns at a later instant.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            if let Some(mut piece) = self.reads.pop_front() {
+                let n = piece.len().min(buf.remaining());
+                buf.put_slice(&piece[..n]);
+                if n < piece.len() {
+                    self.reads.push_front(piece.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Scripted {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn scripted(reads: Vec<Vec<u8>>) -> Connection {
+        Connection::new(Box::new(Scripted {
+            reads: reads.into(),
+            started: false,
+        }))
+    }
+
+    /// Reads a whole response from `reads`: status, body, reusable.
+    async fn read(reads: Vec<Vec<u8>>) -> Result<(u16, Vec<u8>, bool), HttpError> {
+        let mut connection = scripted(reads);
+        let head = connection.read_head().await?;
+        let mut response = Response {
+            status: head.status,
+            body: head.body,
+            keep_alive: head.keep_alive,
+            connection,
+        };
+        let (body, total) = response.collect(usize::MAX).await?;
+        assert_eq!(body.len(), total);
+        let reusable = response.body == Body::Done
+            && response.keep_alive
+            && response.connection.start == response.connection.end;
+        Ok((response.status, body, reusable))
+    }
+
+    fn one(text: &str) -> Vec<Vec<u8>> {
+        vec![text.as_bytes().to_vec()]
+    }
+
+    /// `text` split into pieces of `size` bytes.
+    fn split(text: &str, size: usize) -> Vec<Vec<u8>> {
+        text.as_bytes().chunks(size).map(<[u8]>::to_vec).collect()
+    }
+
+    const CHUNKED: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
+        7\r\ndata: a\r\n\
+        18;ext=1\r\n\ndata: {\"x\":1}\n\ndata: b\n\r\n\
+        0\r\nx-trailer: t\r\n\r\n";
+    const CHUNKED_BODY: &[u8] = b"data: a\ndata: {\"x\":1}\n\ndata: b\n";
+
+    #[tokio::test]
+    async fn chunked_bodies_whole_or_split_anywhere() {
+        assert_eq!(
+            read(one(CHUNKED)).await.unwrap(),
+            (200, CHUNKED_BODY.to_vec(), true)
+        );
+        for size in [1, 2, 3, 5, 7, 11] {
+            let got = read(split(CHUNKED, size)).await.unwrap();
+            assert_eq!(got, (200, CHUNKED_BODY.to_vec(), true), "pieces of {size}");
+        }
+    }
+
+    #[tokio::test]
+    async fn content_length_until_close_and_no_body() {
+        let sized = "HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!";
+        assert_eq!(
+            read(split(sized, 4)).await.unwrap(),
+            (404, b"nope!".to_vec(), true)
+        );
+        let close = "HTTP/1.1 200 OK\r\n\r\ndata: a\n\ndata: b\n\n";
+        assert_eq!(
+            read(split(close, 9)).await.unwrap(),
+            (200, b"data: a\n\ndata: b\n\n".to_vec(), false)
+        );
+        let closing = "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok";
+        assert_eq!(
+            read(one(closing)).await.unwrap(),
+            (200, b"ok".to_vec(), false)
+        );
+        let old = "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        assert_eq!(read(one(old)).await.unwrap().2, false);
+        let empty = "HTTP/1.1 204 No Content\r\n\r\n";
+        assert_eq!(read(one(empty)).await.unwrap(), (204, Vec::new(), true));
+        let interim = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx";
+        assert_eq!(
+            read(split(interim, 6)).await.unwrap(),
+            (200, b"x".to_vec(), true)
+        );
+    }
+
+    #[tokio::test]
+    async fn broken_responses_say_what_broke() {
+        let cases = [
+            ("", "closed the connection before answering"),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Le",
+                "in the middle of the response head",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+                "before the end of the body",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabc",
+                "before the end of the body",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcdeXY",
+                "chunk longer than its size",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                "chunk-size line \"zz\"",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+                "chunk-size line",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+                "Content-Length \"x\"",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "two different",
+            ),
+            ("garbage\r\n\r\n", "response head"),
+        ];
+        for (text, expected) in cases {
+            let err = read(one(text)).await.unwrap_err().to_string();
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+        let huge = format!("HTTP/1.1 200 OK\r\nx: {}\r\n\r\n", "a".repeat(MAX_BUFFER));
+        let err = read(split(&huge, 8192)).await.unwrap_err().to_string();
+        assert!(err.contains("longer than 64 KiB"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn pieces_of_one_read_share_its_instant() {
+        let mut connection = scripted(vec![
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n1\r\nb\r\n".to_vec(),
+            b"1\r\nc\r\n0\r\n\r\n".to_vec(),
+        ]);
+        let head = connection.read_head().await.unwrap();
+        let mut response = Response {
+            status: head.status,
+            body: head.body,
+            keep_alive: head.keep_alive,
+            connection,
+        };
+        let (a, _) = response.next_piece().await.unwrap().unwrap();
+        let (b, _) = response.next_piece().await.unwrap().unwrap();
+        let (c, _) = response.next_piece().await.unwrap().unwrap();
+        assert_eq!(a, b);
+        assert!(c > b, "the second read's instant");
+        assert!(response.next_piece().await.unwrap().is_none());
+    }
+
+    /// A real server on 127.0.0.1 that answers `answers` requests per
+    /// connection with a keep-alive `ok`, then closes; counts connections.
+    async fn keep_alive_server(answers: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    for _ in 0..answers {
+                        // Read one request head (no body in these tests).
+                        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let mut piece = [0u8; 1024];
+                            match socket.read(&mut piece).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => request.extend_from_slice(&piece[..n]),
+                            }
+                        }
+                        request.clear();
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if socket.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (base, accepted)
+    }
+
+    async fn get(t: &Target) -> Result<Vec<u8>, HttpError> {
+        let request = t
+            .template("GET", "models", &HeaderMap::new())
+            .with_body(b"");
+        let mut response = t.send(&request).await?;
+        let (body, _) = response.collect(1024).await?;
+        response.finish(t);
+        Ok(body)
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused_and_closed_ones_replaced() {
+        let (base, accepted) = keep_alive_server(usize::MAX).await;
+        let t = target(&base).unwrap();
+        for _ in 0..5 {
+            assert_eq!(get(&t).await.unwrap(), b"ok");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // A server that closes after each answer: the closed idle connection
+        // is noticed before it is used, and a new one carries the request.
+        let (base, accepted) = keep_alive_server(1).await;
+        let t = target(&base).unwrap();
+        for _ in 0..3 {
+            assert_eq!(get(&t).await.unwrap(), b"ok");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn refused_connections_name_the_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        drop(listener);
+        let t = target(&format!("http://{address}/v1")).unwrap();
+        let err = get(&t).await.unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("cannot connect to {address}: ")),
+            "{err}"
+        );
+    }
+}

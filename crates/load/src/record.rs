@@ -98,6 +98,10 @@ pub struct RequestRecord {
     /// Characters of prompt text sent in this turn (the new user message).
     pub prompt_chars: usize,
     pub finish_reason: Option<String>,
+    /// The server's id of the response (`chatcmpl-…`, the `id` of its
+    /// chunks): finds the request in the server's logs.
+    #[serde(default)]
+    pub response_id: Option<String>,
     pub http_status: Option<u16>,
     pub error: Option<String>,
 }

@@ -877,6 +877,7 @@ impl Shared {
             output_tokens_source: None,
             prompt_chars: 0,
             finish_reason: None,
+            response_id: None,
             http_status: None,
             error: Some("max_inflight requests in flight: arrival dropped".into()),
         };
@@ -996,6 +997,7 @@ impl Shared {
             output_tokens_source: source,
             prompt_chars,
             finish_reason: o.finish_reason.clone(),
+            response_id: o.response_id.take(),
             http_status: o.http_status,
             error: if cancelled {
                 Some("cancelled: still in flight when the run was interrupted".into())

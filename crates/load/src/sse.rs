@@ -179,6 +179,8 @@ pub enum Event<'a> {
 /// the payload unless it had escapes: no allocation per chunk in the common case).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Chunk<'a> {
+    /// The response's id (`chatcmpl-…`), as the server logs it.
+    pub id: Option<Cow<'a, str>>,
     /// Answer text (`delta.content` for chat, `text` for completions).
     pub content: Cow<'a, str>,
     /// Reasoning text (`delta.reasoning_content` or `delta.reasoning`).
@@ -206,6 +208,8 @@ pub struct Usage {
 
 #[derive(Deserialize)]
 struct RawChunk<'a> {
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "first_choice")]
     choices: Option<RawChoice<'a>>,
     #[serde(default)]
@@ -292,6 +296,7 @@ fn chunk_event(raw: RawChunk<'_>) -> Event<'_> {
         return Event::Error(format!("server error in stream: {}", error_message(&error)));
     }
     let mut chunk = Chunk {
+        id: raw.id,
         usage: raw.usage,
         ..Chunk::default()
     };

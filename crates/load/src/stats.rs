@@ -182,6 +182,7 @@ mod tests {
             output_tokens_source: None,
             prompt_chars: 0,
             finish_reason: None,
+            response_id: None,
             http_status: None,
             error: None,
         }

@@ -80,6 +80,15 @@ async fn stage_changes_abort_nothing_on_the_server() {
         "{:?}",
         seen.iter().find(|r| r.status != "ok")
     );
+    // Each record names the server's response, one to one.
+    let mut client_ids: Vec<_> = recs
+        .iter()
+        .map(|r| r.response_id.clone().unwrap())
+        .collect();
+    let mut server_ids: Vec<_> = seen.iter().map(|r| r.id.clone()).collect();
+    client_ids.sort();
+    server_ids.sort();
+    assert_eq!(client_ids, server_ids);
     // Output lengths are what the workload asked for (ignore_eos/min_tokens).
     assert!(recs.iter().all(|r| r.output_tokens == Some(16)));
     for st in &result.stages {

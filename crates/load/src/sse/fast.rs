@@ -191,7 +191,9 @@ impl<'a> Reader<'a> {
     fn chunk(&mut self) -> Option<RawChunk<'a>> {
         let mut choices: Option<Option<RawChoice<'a>>> = None;
         let mut usage: Option<Option<Usage>> = None;
+        let mut id: Option<Option<&'a str>> = None;
         self.object(|r, key| match key {
+            b"id" => once(&mut id, r.opt_str()?),
             b"choices" => once(&mut choices, r.choices()?),
             b"usage" => once(&mut usage, r.usage()?),
             // An error object, even `null`, is rare: serde_json reads it.
@@ -199,6 +201,7 @@ impl<'a> Reader<'a> {
             _ => r.skip(0),
         })?;
         Some(RawChunk {
+            id: id.flatten().map(Cow::Borrowed),
             choices: choices.flatten(),
             usage: usage.flatten(),
             error: None,
