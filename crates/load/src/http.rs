@@ -787,7 +787,10 @@ mod tests {
             (200, b"ok".to_vec(), false)
         );
         let old = "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok";
-        assert_eq!(read(one(old)).await.unwrap().2, false);
+        assert!(
+            !read(one(old)).await.unwrap().2,
+            "HTTP/1.0 without keep-alive"
+        );
         let empty = "HTTP/1.1 204 No Content\r\n\r\n";
         assert_eq!(read(one(empty)).await.unwrap(), (204, Vec::new(), true));
         let interim = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx";
