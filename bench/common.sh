@@ -14,7 +14,7 @@ require_tools() {
 WORK=$(mktemp -d)
 SIM_PID=
 cleanup() {
-    if [[ -n "$SIM_PID" ]]; then kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; fi
+    stop_sim
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -22,11 +22,13 @@ trap cleanup EXIT
 # The load tools and the simulator hold thousands of connections.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-# start_fast_sim NAME BINARY: start `BINARY sim --profile fast` and set BASE
-# to its OpenAI base URL (http://127.0.0.1:PORT/v1).
+# start_fast_sim NAME BINARY [COMMAND...]: start `BINARY sim --profile fast`
+# (prefixed with COMMAND, for example `taskset -c 0`) and set BASE to its
+# OpenAI base URL (http://127.0.0.1:PORT/v1).
 start_fast_sim() {
     local name=$1 binary=$2
-    "$binary" sim --profile fast --port 0 >"$WORK/sim.out" 2>"$WORK/sim.err" &
+    shift 2
+    "$@" "$binary" sim --profile fast --port 0 >"$WORK/sim.out" 2>"$WORK/sim.err" &
     SIM_PID=$!
     for _ in $(seq 100); do
         grep -q '^endpoint ' "$WORK/sim.out" 2>/dev/null && break
@@ -34,4 +36,10 @@ start_fast_sim() {
     done
     BASE=$(awk '/^endpoint /{print $2}' "$WORK/sim.out")
     [[ -n "$BASE" ]] || { echo "$name: the simulator did not start:" >&2; cat "$WORK/sim.err" >&2; exit 1; }
+}
+
+# stop_sim: stop the simulator start_fast_sim started.
+stop_sim() {
+    if [[ -n "$SIM_PID" ]]; then kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; fi
+    SIM_PID=
 }

@@ -185,6 +185,13 @@ impl Client {
                 .map_err(|_| ClientError::Header("Authorization: Bearer <api key>".into()))?;
             headers.insert(header::AUTHORIZATION, value);
         }
+        // Servers log it; `--header 'User-Agent: …'` replaces it.
+        headers
+            .entry(header::USER_AGENT)
+            .or_insert(HeaderValue::from_static(concat!(
+                "nyann-bench/",
+                env!("CARGO_PKG_VERSION")
+            )));
         let mut stream_headers = headers.clone();
         stream_headers.insert(
             header::CONTENT_TYPE,

@@ -641,6 +641,75 @@ async fn usage_tokens_completions_api_and_model_autodetect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_and_headers_are_sent_with_every_request() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sc = scenario(vec![Step::Stage(Stage {
+        concurrency: Some(1),
+        max_requests: 2,
+        ..Stage::new(30.0, Mode::Concurrent)
+    })]);
+    let mut opts = options(&server, dir.path());
+    opts.client.api_key = Some("sk-test".into());
+    opts.client.headers = vec![
+        ("X-Team".into(), "perf".into()),
+        ("User-Agent".into(), "sweep/1".into()),
+    ];
+    nyann_load::run(&sc, opts, NoHook).await.unwrap();
+    let heads = server.heads();
+    assert_eq!(heads.len(), 2);
+    for head in heads {
+        let lines: Vec<String> = head.lines().map(str::to_ascii_lowercase).collect();
+        assert_eq!(lines[0], "post /v1/chat/completions http/1.1", "{head}");
+        for expected in [
+            format!("host: {}", server.addr),
+            "authorization: bearer sk-test".into(),
+            "x-team: perf".into(),
+            "user-agent: sweep/1".into(),
+            "content-type: application/json".into(),
+            "accept: text/event-stream".into(),
+        ] {
+            assert!(lines.contains(&expected), "{expected:?} missing in {head}");
+        }
+        // The user's User-Agent replaces nyann-bench's own.
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.starts_with("user-agent:"))
+                .count(),
+            1,
+            "{head}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_headers_and_targets_are_refused_before_any_load() {
+    let sc = scenario(vec![concurrent(1.0, 1)]);
+    let mut opts = RunOptions {
+        target: Some("localhost:8000/v1".into()),
+        ..RunOptions::default()
+    };
+    let err = nyann_load::run(&sc, opts.clone(), NoHook)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("invalid target URL") && err.contains("http://host:port/v1"),
+        "{err}"
+    );
+    opts.client.headers = vec![("Bad Name".into(), "x".into())];
+    let err = nyann_load::run(&sc, opts, NoHook)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Bad Name: x") && err.contains("'Name: value'"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_timeout_says_what_to_do() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();

@@ -50,6 +50,8 @@ pub struct State {
     pub behaviour: Mutex<Behaviour>,
     /// Bodies of completion requests, in arrival order.
     pub requests: Mutex<Vec<serde_json::Value>>,
+    /// Heads (request line and headers) of completion requests, in arrival order.
+    pub heads: Mutex<Vec<String>>,
     pub in_flight: AtomicU64,
     pub max_in_flight: AtomicU64,
     pub completed: AtomicU64,
@@ -86,6 +88,10 @@ impl TestServer {
 
     pub fn requests(&self) -> Vec<serde_json::Value> {
         self.state.requests.lock().unwrap().clone()
+    }
+
+    pub fn heads(&self) -> Vec<String> {
+        self.state.heads.lock().unwrap().clone()
     }
 
     pub fn set_fault(&self, fault: Fault) {
@@ -188,6 +194,7 @@ async fn handle(mut conn: TcpStream, st: Arc<State>) -> std::io::Result<()> {
     }
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     st.requests.lock().unwrap().push(json.clone());
+    st.heads.lock().unwrap().push(head.clone());
     let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     st.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let result = stream(&mut conn, &json, chat, &behaviour).await;
