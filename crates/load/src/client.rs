@@ -1,11 +1,12 @@
 //! The OpenAI-compatible streaming client: builds chat/completions requests,
 //! reads the SSE stream to its end and times it.
 //!
-//! Timing: `sent` is taken just before the request is handed to the HTTP
-//! client; TTFT runs to the first chunk carrying content or reasoning text;
-//! inter-chunk latencies are the gaps between consecutive text-bearing chunks
-//! (chunks that arrive in one network read share its arrival instant); E2E
-//! runs to the end of the body. Output tokens come from `usage` when the
+//! Timing: `sent` is taken just before the request is handed to the
+//! transport ([`crate::http`]: a pooled connection, or a new one whose
+//! connect time then counts); TTFT runs to the network read that delivered
+//! the first chunk carrying content or reasoning text; inter-chunk latencies
+//! are the gaps between the reads of consecutive text-bearing chunks (chunks
+//! of one read share its instant); E2E runs to the end of the body. Output tokens come from `usage` when the
 //! server sends it, else from the number of text-bearing chunks.
 //!
 //! Failures (non-2xx with a bounded body excerpt, an `error` event, an
