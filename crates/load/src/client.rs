@@ -6,8 +6,9 @@
 //! connect time then counts); TTFT runs to the network read that delivered
 //! the first chunk carrying content or reasoning text; inter-chunk latencies
 //! are the gaps between the reads of consecutive text-bearing chunks (chunks
-//! of one read share its instant); E2E runs to the end of the body. Output tokens come from `usage` when the
-//! server sends it, else from the number of text-bearing chunks.
+//! of one read share its instant); E2E runs to the end of the body. Output
+//! tokens come from `usage` when the server sends it, else from the number of
+//! text-bearing chunks.
 //!
 //! Failures (non-2xx with a bounded body excerpt, an `error` event, an
 //! unreadable event, a stream that ends without `[DONE]` or a finish reason,

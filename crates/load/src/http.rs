@@ -206,13 +206,7 @@ impl Target {
         };
         connection.io.write_all(request).await?;
         connection.io.flush().await?;
-        let head = connection.read_head().await?;
-        Ok(Response {
-            status: head.status,
-            body: head.body,
-            keep_alive: head.keep_alive,
-            connection,
-        })
+        connection.read_response().await
     }
 
     fn take_idle(&self) -> Option<Connection> {
@@ -279,12 +273,6 @@ impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection").finish_non_exhaustive()
     }
-}
-
-struct Head {
-    status: u16,
-    body: Body,
-    keep_alive: bool,
 }
 
 /// Where the response body stands.
@@ -369,21 +357,27 @@ impl Connection {
         Some(value)
     }
 
-    async fn read_head(&mut self) -> Result<Head, HttpError> {
+    /// Reads a response head; the body is left to [`Response::next_piece`].
+    async fn read_response(mut self) -> Result<Response, HttpError> {
         loop {
             let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut response = httparse::Response::new(&mut headers);
             match response.parse(self.buffered()) {
                 Ok(httparse::Status::Complete(length)) => {
                     let status = response.code.unwrap_or(0);
-                    let head =
-                        interpret_head(status, response.version.unwrap_or(1), response.headers)?;
+                    let version = response.version.unwrap_or(1);
+                    let (body, keep_alive) = framing(status, version, response.headers)?;
                     self.consume(length);
                     // Interim responses (`100 Continue`) precede the real one.
                     if (100..200).contains(&status) && status != 101 {
                         continue;
                     }
-                    return Ok(head);
+                    return Ok(Response {
+                        status,
+                        body,
+                        keep_alive,
+                        connection: self,
+                    });
                 }
                 Ok(httparse::Status::Partial) => {
                     if !self.read_more().await? {
@@ -480,12 +474,13 @@ impl Connection {
     }
 }
 
-/// Status, body framing and keep-alive from a response head (RFC 9112 §6.3).
-fn interpret_head(
+/// The body framing and whether the connection stays open after the
+/// response, from its head (RFC 9112 §6.3, §9.3).
+fn framing(
     status: u16,
     version: u8,
     headers: &[httparse::Header<'_>],
-) -> Result<Head, HttpError> {
+) -> Result<(Body, bool), HttpError> {
     let mut chunked = None;
     let mut length: Option<u64> = None;
     let mut close = version == 0;
@@ -525,11 +520,7 @@ fn interpret_head(
             (None, None) => Body::UntilClose,
         }
     };
-    Ok(Head {
-        status,
-        keep_alive: !close && body != Body::UntilClose,
-        body,
-    })
+    Ok((body, !close && body != Body::UntilClose))
 }
 
 /// Parses a chunk-size line (hex size, optional `;extensions`).
@@ -581,6 +572,12 @@ impl Response {
             kept.extend_from_slice(&piece[..piece.len().min(room)]);
         }
         Ok((kept, total))
+    }
+
+    /// Whether the body was read to the end, nothing unasked followed it and
+    /// the server keeps the connection open.
+    fn reusable(&self) -> bool {
+        self.body == Body::Done && self.keep_alive && self.connection.start == self.connection.end
     }
 
     /// Returns the connection to `target`'s pool when the body was read to
@@ -726,20 +723,10 @@ mod tests {
 
     /// Reads a whole response from `reads`: status, body, reusable.
     async fn read(reads: Vec<Vec<u8>>) -> Result<(u16, Vec<u8>, bool), HttpError> {
-        let mut connection = scripted(reads);
-        let head = connection.read_head().await?;
-        let mut response = Response {
-            status: head.status,
-            body: head.body,
-            keep_alive: head.keep_alive,
-            connection,
-        };
+        let mut response = scripted(reads).read_response().await?;
         let (body, total) = response.collect(usize::MAX).await?;
         assert_eq!(body.len(), total);
-        let reusable = response.body == Body::Done
-            && response.keep_alive
-            && response.connection.start == response.connection.end;
-        Ok((response.status, body, reusable))
+        Ok((response.status, body, response.reusable()))
     }
 
     fn one(text: &str) -> Vec<Vec<u8>> {
@@ -849,17 +836,13 @@ mod tests {
 
     #[tokio::test]
     async fn pieces_of_one_read_share_its_instant() {
-        let mut connection = scripted(vec![
+        let mut response = scripted(vec![
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n1\r\nb\r\n".to_vec(),
             b"1\r\nc\r\n0\r\n\r\n".to_vec(),
-        ]);
-        let head = connection.read_head().await.unwrap();
-        let mut response = Response {
-            status: head.status,
-            body: head.body,
-            keep_alive: head.keep_alive,
-            connection,
-        };
+        ])
+        .read_response()
+        .await
+        .unwrap();
         let (a, _) = response.next_piece().await.unwrap().unwrap();
         let (b, _) = response.next_piece().await.unwrap().unwrap();
         let (c, _) = response.next_piece().await.unwrap().unwrap();
