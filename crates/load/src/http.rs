@@ -583,10 +583,7 @@ impl Response {
     /// Returns the connection to `target`'s pool when the body was read to
     /// the end and the server keeps the connection open; closes it otherwise.
     pub fn finish(self, target: &Target) {
-        if self.body == Body::Done
-            && self.keep_alive
-            && self.connection.start == self.connection.end
-        {
+        if self.reusable() {
             let mut connection = self.connection;
             connection.idle_since = Instant::now();
             lock(&target.idle).push(connection);
