@@ -49,6 +49,15 @@ fn scenario(steps: Vec<Step>) -> Scenario {
     }
 }
 
+/// One stream that sends two requests, one after the other.
+fn two_requests() -> Scenario {
+    scenario(vec![Step::Stage(Stage {
+        concurrency: Some(1),
+        max_requests: 2,
+        ..Stage::new(30.0, Mode::Concurrent)
+    })])
+}
+
 fn options(server: &TestServer, dir: &Path) -> RunOptions {
     RunOptions {
         target: Some(server.base.clone()),
@@ -590,11 +599,7 @@ async fn stream_faults_are_failed_requests_with_reasons() {
         })
         .await;
         let dir = tempfile::tempdir().unwrap();
-        let mut sc = scenario(vec![Step::Stage(Stage {
-            concurrency: Some(1),
-            max_requests: 2,
-            ..Stage::new(30.0, Mode::Concurrent)
-        })]);
+        let mut sc = two_requests();
         sc.workload.osl = 6;
         let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
             .await
@@ -618,11 +623,7 @@ async fn stream_faults_are_failed_requests_with_reasons() {
 async fn usage_tokens_completions_api_and_model_autodetect() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let sc = scenario(vec![Step::Stage(Stage {
-        concurrency: Some(1),
-        max_requests: 2,
-        ..Stage::new(30.0, Mode::Concurrent)
-    })]);
+    let sc = two_requests();
     let mut opts = options(&server, dir.path());
     opts.client.api = nyann_load::Api::Completions;
     opts.client.stream_usage = true;
@@ -644,11 +645,7 @@ async fn usage_tokens_completions_api_and_model_autodetect() {
 async fn api_key_and_headers_are_sent_with_every_request() {
     let server = TestServer::start(Behaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let sc = scenario(vec![Step::Stage(Stage {
-        concurrency: Some(1),
-        max_requests: 2,
-        ..Stage::new(30.0, Mode::Concurrent)
-    })]);
+    let sc = two_requests();
     let mut opts = options(&server, dir.path());
     opts.client.api_key = Some("sk-test".into());
     opts.client.headers = vec![
