@@ -16,15 +16,19 @@
 //! after its response was read to the end, so a run never holds more
 //! connections than it had requests in flight.
 
+mod arrival;
+
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::header::HeaderMap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+
+use arrival::ArrivalStream;
 
 /// Read buffer of a new connection: several SSE events per read.
 const READ_BUFFER: usize = 4 * 1024;
@@ -240,6 +244,7 @@ impl Target {
         // of milliseconds to small requests.
         tcp.set_nodelay(true)
             .map_err(|e| failed(format!("cannot set TCP_NODELAY: {e}")))?;
+        let tcp = ArrivalStream::new(tcp);
         let io: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => Box::new(
@@ -254,8 +259,22 @@ impl Target {
 }
 
 /// What a connection reads and writes: a TCP stream, or TLS over one.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {
+    /// When the bytes of the latest read arrived on this host, if known.
+    fn arrived(&self) -> Option<SystemTime>;
+}
+
+impl Io for ArrivalStream {
+    fn arrived(&self) -> Option<SystemTime> {
+        ArrivalStream::arrived(self)
+    }
+}
+
+impl Io for tokio_rustls::client::TlsStream<ArrivalStream> {
+    fn arrived(&self) -> Option<SystemTime> {
+        self.get_ref().0.arrived()
+    }
+}
 
 /// One keep-alive connection and its read buffer.
 struct Connection {
@@ -264,7 +283,7 @@ struct Connection {
     /// Bytes received but not consumed yet: `buffer[start..end]`.
     start: usize,
     end: usize,
-    /// When the latest read returned.
+    /// When the bytes of the latest read arrived (else when it returned).
     received_at: Instant,
     idle_since: Instant,
 }
@@ -333,7 +352,10 @@ impl Connection {
             }
         }
         let n = self.io.read(&mut self.buffer[self.end..]).await?;
-        self.received_at = Instant::now();
+        self.received_at = match self.io.arrived() {
+            Some(arrived) => instant_of(arrived),
+            None => Instant::now(),
+        };
         self.end += n;
         Ok(n > 0)
     }
@@ -471,6 +493,15 @@ impl Connection {
             Pin::new(&mut self.io).poll_read(&mut cx, &mut probe),
             Poll::Pending
         )
+    }
+}
+
+/// The [`Instant`] of a wall-clock time in the recent past.
+fn instant_of(time: SystemTime) -> Instant {
+    let now = Instant::now();
+    match SystemTime::now().duration_since(time) {
+        Ok(ago) => now.checked_sub(ago).unwrap_or(now),
+        Err(_) => now, // in the future: the clock stepped back
     }
 }
 
@@ -708,6 +739,12 @@ mod tests {
         }
         fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
             Poll::Ready(Ok(()))
+        }
+    }
+
+    impl Io for Scripted {
+        fn arrived(&self) -> Option<SystemTime> {
+            None
         }
     }
 
