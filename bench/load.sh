@@ -7,13 +7,11 @@
 #
 # The TTFT comparison runs twice: with the simulator and the client sharing
 # every core (as the req/s table does), and with each on its own half of the
-# cores (taskset), as a client and a server on different hosts are. When all
-# cores are saturated, the operating system's time slicing between the two
-# processes delays both of them by milliseconds; only the second run says what
-# the client itself adds. Each run prints the TTFT p50 of both sides and
-# splits the difference: send -> the simulator's arrival stamp (the request
-# waiting in the simulator's socket and runtime) and the simulator's
-# first-token stamp -> the client's read of it.
+# cores (taskset), as a client and a server on different hosts are. Each run
+# prints the TTFT p50 of both sides and splits the difference: send -> the
+# simulator's arrival stamp (the request waiting in the simulator's socket
+# and runtime before its handler runs) and the simulator's first-token stamp
+# -> the first token's arrival as the client dates it.
 #
 # Usage: bench/load.sh [SECONDS_PER_POINT]   (default 10)
 # Env:   CONCURRENCIES="64 256 1024 4096"   CARGO_TARGET_DIR (default target)
@@ -80,7 +78,7 @@ if not rows:
 client, server, arrival, delivery = (sorted(column)[len(column) // 2] * 1000 for column in zip(*rows))
 print(f"{label}, {len(rows)} requests, p50:")
 print(f"  client TTFT {client:.3f} ms, simulator TTFT {server:.3f} ms, difference {client - server:.3f} ms")
-print(f"  send -> simulator arrival {arrival:.3f} ms; simulator sent the first token -> client read it {delivery:.3f} ms")
+print(f"  send -> simulator arrival {arrival:.3f} ms; simulator sent the first token -> it reached the client {delivery:.3f} ms")
 PY
 }
 

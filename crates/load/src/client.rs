@@ -3,12 +3,13 @@
 //!
 //! Timing: `sent` is taken just before the request is handed to the
 //! transport ([`crate::http`]: a pooled connection, or a new one whose
-//! connect time then counts); TTFT runs to the network read that delivered
-//! the first chunk carrying content or reasoning text; inter-chunk latencies
-//! are the gaps between the reads of consecutive text-bearing chunks (chunks
-//! of one read share its instant); E2E runs to the end of the body. Output
-//! tokens come from `usage` when the server sends it, else from the number of
-//! text-bearing chunks.
+//! connect time then counts); TTFT runs to the arrival of the first chunk
+//! carrying content or reasoning text (the kernel's receive timestamp of the
+//! read that returned it, else the read itself: see [`crate::http`]);
+//! inter-chunk latencies are the gaps between the arrivals of consecutive
+//! text-bearing chunks (chunks of one read share its instant); E2E runs to
+//! the end of the body. Output tokens come from `usage` when the server
+//! sends it, else from the number of text-bearing chunks.
 //!
 //! Failures (non-2xx with a bounded body excerpt, an `error` event, an
 //! unreadable event, a stream that ends without `[DONE]` or a finish reason,

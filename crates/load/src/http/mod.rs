@@ -9,8 +9,9 @@
 //! about 34 KiB each (two 9 KiB blocks of the channel that hands it requests,
 //! an 8 KiB read and an 8 KiB write buffer) plus a task, and every body chunk
 //! crosses from the connection's task to the request's. Here a connection is
-//! its socket and a 4 KiB read buffer; the request's own task reads it, so a
-//! chunk is timed at the read that delivered it.
+//! its socket and a 4 KiB read buffer, read by the request's own task; each
+//! piece of a body is dated by when its bytes arrived (the kernel's receive
+//! timestamp on Linux, see `arrival.rs`).
 //!
 //! A connection carries one request at a time and returns to the pool only
 //! after its response was read to the end, so a run never holds more
