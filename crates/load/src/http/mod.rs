@@ -949,6 +949,37 @@ mod tests {
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
+    /// https goes through TLS and checks the server's certificate: a
+    /// self-signed one is refused with the reason.
+    #[tokio::test]
+    async fn https_refuses_an_untrusted_certificate() {
+        let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let private =
+            rustls::pki_types::PrivateKeyDer::try_from(key.signing_key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![key.cert.der().clone()], private)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            acceptor.accept(socket).await.map(|_| ())
+        });
+        let t = target(&format!("https://{address}/v1")).unwrap();
+        let err = get(&t).await.unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!(
+                "cannot connect to {address}: TLS handshake failed: "
+            )),
+            "{err}"
+        );
+        assert!(err.contains("certificate"), "{err}");
+        // The server saw the client give up during the handshake.
+        assert!(server.await.unwrap().is_err());
+    }
+
     #[tokio::test]
     async fn refused_connections_name_the_address() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
