@@ -5,8 +5,10 @@
 //! A client busy with thousands of streams (or sharing cores with the
 //! server) reads a chunk some time after it arrived; timing chunks at the
 //! read would add the client's own delay to TTFT and inter-chunk latencies.
-//! Elsewhere, or when the kernel refuses the option, the stream reports
-//! nothing and the read instant is used instead.
+//! Elsewhere, when the kernel refuses the option, and for the first packets
+//! after a process turns it on (the kernel enables timestamping
+//! asynchronously), the stream reports nothing and the read instant is used
+//! instead.
 
 use std::io;
 use std::pin::Pin;
@@ -161,6 +163,20 @@ mod tests {
         let mut client = ArrivalStream::new(TcpStream::connect(address).await.unwrap());
         assert!(client.timestamped, "SO_TIMESTAMPING refused");
         let (mut server, _) = listener.accept().await.unwrap();
+        let mut piece = [0u8; 64];
+
+        // The kernel turns receive timestamping on asynchronously (a
+        // deferred static key) when the first socket asks for it: packets
+        // that arrive before then carry none. Wait for the first that does.
+        for _ in 0..400 {
+            server.write_all(b"w").await.unwrap();
+            assert_eq!(client.read(&mut piece).await.unwrap(), 1);
+            if client.arrived().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let warmed_up = client.arrived().expect("no timestamped packet within 2 s");
 
         server.write_all(b"first").await.unwrap();
         // Once the socket is readable the bytes have arrived; they then wait
@@ -168,11 +184,13 @@ mod tests {
         client.tcp.readable().await.unwrap();
         let ready = SystemTime::now();
         std::thread::sleep(Duration::from_millis(50));
-        let mut piece = [0u8; 64];
         let n = client.read(&mut piece).await.unwrap();
         assert_eq!(&piece[..n], b"first");
         let arrived = client.arrived().unwrap();
-        assert!(arrived <= ready, "{arrived:?} after {ready:?}");
+        assert!(
+            warmed_up < arrived && arrived <= ready,
+            "{arrived:?} after {ready:?}"
+        );
         let waited = SystemTime::now().duration_since(arrived).unwrap();
         assert!(waited >= Duration::from_millis(50), "{waited:?}");
 

@@ -953,6 +953,8 @@ mod tests {
     /// self-signed one is refused with the reason.
     #[tokio::test]
     async fn https_refuses_an_untrusted_certificate() {
+        // Builds where rustls has two crypto providers need one chosen.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
         let private =
             rustls::pki_types::PrivateKeyDer::try_from(key.signing_key.serialize_der()).unwrap();
