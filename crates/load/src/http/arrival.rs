@@ -49,8 +49,8 @@ impl ArrivalStream {
         }
     }
 
-    /// When the kernel received the bytes of the latest read; `None` when
-    /// unknown (no timestamping, or nothing read yet).
+    /// When the kernel received the bytes of the latest read that returned
+    /// any; `None` when unknown (no timestamping, or not dated by the kernel).
     pub fn arrived(&self) -> Option<SystemTime> {
         self.arrived
     }
@@ -91,7 +91,8 @@ impl AsyncRead for ArrivalStream {
                 (Err(err), None) => return Poll::Ready(Err(err)),
             };
             buf.advance(n);
-            if arrived.is_some() {
+            if n > 0 {
+                // `None` for bytes the kernel did not date: never an older read's time.
                 this.arrived = arrived;
             }
             return Poll::Ready(Ok(()));
