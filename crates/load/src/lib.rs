@@ -32,6 +32,12 @@ pub use runner::{DEFAULT_TARGET, RunError, RunOptions, run};
 pub use stats::StageDetail;
 pub use tokio_util::sync::CancellationToken;
 
+/// Locks `m`. A poisoned lock only means another task panicked while
+/// holding it; the data is still usable.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Raises the open-files limit to its hard maximum (thousands of connections
 /// need thousands of descriptors); returns the new soft limit.
 pub fn raise_fd_limit() -> Option<u64> {

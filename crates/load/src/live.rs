@@ -151,7 +151,7 @@ impl Live {
     }
 
     fn view(&self) -> std::sync::MutexGuard<'_, StageView> {
-        self.stage.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.stage)
     }
 
     pub(crate) fn stage_started(&self, index: usize, label: &str, duration_s: f64, warmup: bool) {

@@ -175,7 +175,7 @@ impl RecordSink {
                 return None;
             }
             line.push(b'\n');
-            let mut buffer = inner.buffer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut buffer = crate::lock(&inner.buffer);
             buffer.extend_from_slice(line);
             (buffer.len() >= WRITE_BUFFER)
                 .then(|| std::mem::replace(&mut *buffer, Vec::with_capacity(WRITE_BUFFER + 4096)))
@@ -191,7 +191,7 @@ impl RecordSink {
     pub async fn flush(&self) {
         let Some(inner) = &self.inner else { return };
         let chunk = {
-            let mut buffer = inner.buffer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut buffer = crate::lock(&inner.buffer);
             if buffer.is_empty() {
                 return;
             }

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nyann_model::{CacheSalt, ClientStats, Mode, Scenario, Stage, Step, Workload};
@@ -39,6 +39,7 @@ use crate::client::{Client, ClientConfig, ClientError, Message, Outcome, Request
 use crate::hook::{FinishedStage, HookDecision, StageHook};
 use crate::http::{RequestTemplate, Target};
 use crate::live::Live;
+use crate::lock;
 use crate::record::{Phase, RecordSink, RequestRecord, Status, TokenSource};
 use crate::result::{RunOutcome, RunResult, StageResult, StageStatus};
 use crate::schedule::Schedule;
@@ -666,11 +667,6 @@ async fn calibrate(
 
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX / 4)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another task panicked; the data is still usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Unix time of `Instant`s, from one reading of both clocks at the run start.

@@ -29,7 +29,8 @@ use http::header::HeaderMap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use arrival::ArrivalStream;
+use self::arrival::ArrivalStream;
+use crate::lock;
 
 /// Read buffer of a new connection: several SSE events per read.
 const READ_BUFFER: usize = 4 * 1024;
@@ -642,10 +643,6 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
