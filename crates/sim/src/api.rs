@@ -631,6 +631,10 @@ impl StreamState {
                 return None;
             }
             if self.cut_pending {
+                // Hand control back once before failing the body: hyper flushes what it has
+                // buffered only when the body is pending, and an error that follows a chunk
+                // at once would drop that chunk with the connection.
+                tokio::task::yield_now().await;
                 self.done = true;
                 return Some(Err(std::io::Error::other("simulated stream cut")));
             }
