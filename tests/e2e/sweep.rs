@@ -325,9 +325,10 @@ async fn monitor_mode_records_every_verdict_and_never_stops() {
     }
 }
 
-/// Run `generate` on a scenario that must be refused before any load: the
-/// exit status and stderr, after checking that the simulator saw nothing.
-async fn refused(scenario: &str, scrape: bool) -> String {
+/// Run `generate` with `extra` flags on a scenario that must be refused
+/// before any load: its stderr, after checking the exit status and that the
+/// simulator saw nothing.
+async fn refused(scenario: &str, scrape: bool, extra: &[&str]) -> String {
     let sim = simulator(false).await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.star");
@@ -340,6 +341,7 @@ async fn refused(scenario: &str, scrape: bool) -> String {
     if scrape {
         command.args(scrape_flags(&sim));
     }
+    command.args(extra);
     let out = command.output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -349,7 +351,7 @@ async fn refused(scenario: &str, scrape: bool) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
-    let stderr = refused(&sweep(&[4], STOPS_AT_16), false).await;
+    let stderr = refused(&sweep(&[4], STOPS_AT_16), false, &[]).await;
     assert!(
         stderr.contains("--prometheus-url") && stderr.contains("--scrape"),
         "{stderr}"
@@ -358,9 +360,28 @@ async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_policy_parameters_point_at_the_scenario_line() {
-    let stderr = refused(&sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#), true).await;
+    let stderr = refused(
+        &sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#),
+        true,
+        &[],
+    )
+    .await;
     assert!(
         stderr.contains("bad.star:3:") && stderr.contains("unknown parameter `ttft`"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_ca_certificate_fails_before_any_load() {
+    let stderr = refused(
+        &sweep(&[4], STOPS_AT_16),
+        true,
+        &["--ca-cert", "/nonexistent/ca.pem"],
+    )
+    .await;
+    assert!(
+        stderr.contains("invalid --ca-cert: cannot read /nonexistent/ca.pem: "),
         "{stderr}"
     );
 }

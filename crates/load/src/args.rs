@@ -1,6 +1,7 @@
 //! The client and run flags of `nyann-bench generate`, as a clap `Args`
 //! struct the host flattens into its commands.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -53,6 +54,11 @@ pub struct ClientArgs {
     #[arg(long = "header", value_name = "'NAME: VALUE'")]
     pub headers: Vec<String>,
 
+    /// PEM file of CA certificates to trust for an https target, in addition
+    /// to the system's (repeatable; for servers behind a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Vec<PathBuf>,
+
     /// Time limit of one request, from send to the end of its stream.
     #[arg(long, value_parser = parse_duration, default_value = "10m")]
     pub request_timeout: Duration,
@@ -80,22 +86,32 @@ pub struct ClientArgs {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
+/// A client flag whose value cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid --header {0:?}: write it as 'Name: value'")]
-pub struct HeaderError(String);
+pub enum ArgsError {
+    #[error("invalid --header {0:?}: write it as 'Name: value'")]
+    Header(String),
+    #[error("invalid --ca-cert: {0}")]
+    CaCert(String),
+}
 
 impl ClientArgs {
-    /// The run options these flags describe (no output dir, a fresh interrupt token).
-    pub fn to_options(&self) -> Result<RunOptions, HeaderError> {
+    /// The run options these flags describe (no output dir, a fresh
+    /// interrupt token). Reads the `--ca-cert` files.
+    pub fn to_options(&self) -> Result<RunOptions, ArgsError> {
         let mut headers = Vec::new();
         for header in &self.headers {
             let (name, value) = header
                 .split_once(':')
-                .ok_or_else(|| HeaderError(header.clone()))?;
+                .ok_or_else(|| ArgsError::Header(header.clone()))?;
             if name.trim().is_empty() {
-                return Err(HeaderError(header.clone()));
+                return Err(ArgsError::Header(header.clone()));
             }
             headers.push((name.trim().to_owned(), value.trim().to_owned()));
+        }
+        let mut ca_certs = Vec::new();
+        for path in &self.ca_cert {
+            ca_certs.extend(crate::http::read_ca_certs(path).map_err(ArgsError::CaCert)?);
         }
         let seed = self.seed.unwrap_or_else(rand::random);
         Ok(RunOptions {
@@ -106,6 +122,7 @@ impl ClientArgs {
                 api_key: self.api_key.clone(),
                 headers,
                 request_timeout: self.request_timeout,
+                ca_certs,
             },
             target: self.target.clone(),
             model: self.model.clone(),

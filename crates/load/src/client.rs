@@ -63,6 +63,9 @@ pub struct ClientConfig {
     /// Extra `(name, value)` headers.
     pub headers: Vec<(String, String)>,
     pub request_timeout: Duration,
+    /// CA certificates an `https` target may chain to besides the
+    /// platform's (`--ca-cert`).
+    pub ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl Default for ClientConfig {
@@ -74,6 +77,7 @@ impl Default for ClientConfig {
             api_key: None,
             headers: Vec::new(),
             request_timeout: Duration::from_secs(600),
+            ca_certs: Vec::new(),
         }
     }
 }
@@ -215,7 +219,7 @@ impl Client {
     /// connection pool.
     pub fn target(&self, base: &str) -> Result<Arc<Target>, ClientError> {
         let connect_timeout = Duration::from_secs(30).min(self.config.request_timeout);
-        Target::new(base, connect_timeout)
+        Target::new(base, connect_timeout, &self.config.ca_certs)
             .map(Arc::new)
             .map_err(|reason| ClientError::Target {
                 base: base.to_string(),
