@@ -934,19 +934,8 @@ mod tests {
             while let Ok((mut socket, _)) = listener.accept().await {
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let mut request = Vec::new();
                     for _ in 0..answers {
-                        // Read one request head (no body in these tests).
-                        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                            let mut piece = [0u8; 1024];
-                            match socket.read(&mut piece).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => request.extend_from_slice(&piece[..n]),
-                            }
-                        }
-                        request.clear();
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if socket.write_all(answer).await.is_err() {
+                        if !matches!(answer_ok(&mut socket).await, Ok(true)) {
                             return;
                         }
                     }
@@ -954,6 +943,22 @@ mod tests {
             }
         });
         (base, accepted)
+    }
+
+    /// Reads one request head (no body in these tests) and answers it with
+    /// a keep-alive `ok`; `Ok(false)` when the client closed first.
+    async fn answer_ok(io: &mut (impl AsyncRead + AsyncWrite + Unpin)) -> std::io::Result<bool> {
+        let mut request = Vec::new();
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut piece = [0u8; 1024];
+            match io.read(&mut piece).await? {
+                0 => return Ok(false),
+                n => request.extend_from_slice(&piece[..n]),
+            }
+        }
+        io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .await?;
+        Ok(true)
     }
 
     async fn get(t: &Target) -> Result<Vec<u8>, HttpError> {
@@ -1008,17 +1013,10 @@ mod tests {
         let server = tokio::spawn(async move {
             let (socket, _) = listener.accept().await.unwrap();
             let mut tls = acceptor.accept(socket).await?;
-            let mut request = Vec::new();
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                let mut piece = [0u8; 1024];
-                match tls.read(&mut piece).await? {
-                    0 => return Ok(()),
-                    n => request.extend_from_slice(&piece[..n]),
-                }
+            if answer_ok(&mut tls).await? {
+                tls.shutdown().await?;
             }
-            tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                .await?;
-            tls.shutdown().await
+            Ok(())
         });
         (address, server)
     }
