@@ -10,11 +10,10 @@ mod sweep;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
-    cli::init_logging(cli.verbose);
+    let cli = cli::Cli::parse_args();
+    let ui = cli.ui();
+    cli::init_logging(cli.verbose, ui);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -25,10 +24,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli.command.run()) {
+    match runtime.block_on(cli.command.run(ui)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            let error = if ui.color {
+                "\x1b[1;31merror\x1b[0m"
+            } else {
+                "error"
+            };
+            eprintln!("{error}: {err:#}");
             ExitCode::FAILURE
         }
     }

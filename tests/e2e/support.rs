@@ -1,7 +1,7 @@
 //! What every end-to-end test needs: the binary, an in-process simulator,
 //! scenario files, a `generate` run and its results, the guest policies.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 
 use nyann_sim::{RunningSim, SimArgs};
@@ -139,38 +139,14 @@ pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
         .collect()
 }
 
-// The policy host's own build helper, so the tests build guest components
-// exactly as the build script builds the embedded built-in.
-#[path = "../../crates/policy-host/build/guest.rs"]
-#[allow(dead_code)]
-mod guest;
-
 /// Build a guest policy package (an example policy of this workspace, or the
-/// policy host's test guests) for wasm32-wasip2 and return its `.wasm`.
+/// policy host's `hostile-policy` test guest) for wasm32-wasip2 and return
+/// its `.wasm`.
 pub fn policy_wasm(package: &str) -> PathBuf {
-    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let manifest = if package == "hostile-policy" {
-        root.join("crates/policy-host/tests/guests/Cargo.toml")
+    let built = if package == "hostile-policy" {
+        nyann_guests::test_guest(package)
     } else {
-        root.join("Cargo.toml")
+        nyann_guests::repository_guest(package)
     };
-    // Beside the build's own target directory, where the policy host's tests
-    // build the same guests: <target>/nyann-policy-guests.
-    let exe = Path::new(env!("CARGO_BIN_EXE_nyann-bench"));
-    let target = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("nyann-policy-guests");
-    let out = guest::build(
-        Path::new(env!("CARGO")),
-        Path::new("rustc"),
-        &manifest,
-        &[package],
-        &target,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    out.join(format!("{}.wasm", package.replace('-', "_")))
+    built.unwrap_or_else(|e| panic!("{e}"))
 }

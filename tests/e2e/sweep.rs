@@ -397,4 +397,26 @@ async fn demo_runs_and_names_the_congested_stage() {
         stderr.contains("sweep stopped after stage #3 c=16: congested"),
         "{stderr}"
     );
+    // A log, not a terminal: no escape codes, a line per stage start and end.
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+    for stage in ["#1 c=4", "#2 c=8", "#3 c=16"] {
+        assert!(
+            stderr.contains(&format!("stage {stage}: started for 4s")),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("stage {stage}: ended: ")),
+            "{stderr}"
+        );
+    }
+
+    // -q: the verdict line alone.
+    let quiet = nyann_bench().args(["demo", "-q"]).output().await.unwrap();
+    assert_eq!(quiet.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&quiet.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("sweep stopped after stage #3 c=16: congested"),
+        "{stderr}"
+    );
 }

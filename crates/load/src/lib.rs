@@ -13,7 +13,6 @@ pub mod hook;
 pub mod http;
 pub mod live;
 pub mod metrics;
-pub mod progress;
 pub mod record;
 pub mod result;
 pub mod runner;

@@ -235,6 +235,15 @@ pub async fn run<H: StageHook>(
         if let Some(live) = &shared.live {
             live.stage_started(index, &label, stage.duration_s, stage.warmup);
         }
+        tracing::info!(
+            "stage {label}: started for {}{}",
+            humantime::format_duration(secs(stage.duration_s)),
+            if stage.warmup {
+                " (warm-up: not measured)"
+            } else {
+                ""
+            },
+        );
         // The stage's time: its duration, or until max_requests were sent.
         let deadline = tokio::time::Instant::from_std(start + secs(stage.duration_s));
         let limit = shared.slots[index].limit_reached.notified();
@@ -292,6 +301,14 @@ pub async fn run<H: StageHook>(
         let duration = end.duration_since(start).as_secs_f64();
         measured_seconds += duration;
         let (client_stats, detail) = shared.slots[index].finish(duration);
+        tracing::info!(
+            "stage {label}: ended: {} ok, {} errors, {:.1} req/s, TTFT p50 {:.0} ms, p99 {:.0} ms",
+            client_stats.requests_ok,
+            client_stats.requests_failed,
+            client_stats.requests_per_second,
+            client_stats.ttft_p50_seconds * 1000.0,
+            client_stats.ttft_p99_seconds * 1000.0,
+        );
         let mut result = stage_result(
             index,
             stage,

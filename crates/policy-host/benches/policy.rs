@@ -3,14 +3,10 @@
 //! takes to load, and the latency of one judge (fresh instance + call).
 //!
 //! Run: `cargo bench -p nyann-policy-host --bench policy`
-//! Targets (DESIGN.md / issue 6): judge p50 <= 1 ms; host start with the
+//! Targets: judge p50 <= 1 ms; host start with the
 //! built-in ready <= 300 ms.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-#[path = "../build/guest.rs"]
-#[allow(dead_code)]
-mod guest;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -126,17 +122,8 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
 
     // The custom component: the client-slo example, built like the tests do.
-    let target_dir = Path::new(env!("NYANN_POLICY_GUEST_TARGET_DIR"));
-    let root = Path::new(env!("NYANN_POLICY_WORKSPACE_ROOT"));
-    let dir = guest::build(
-        Path::new(env!("CARGO")),
-        Path::new(env!("NYANN_POLICY_RUSTC")),
-        &root.join("Cargo.toml"),
-        &["client-slo-policy"],
-        target_dir,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let custom = dir.join("client_slo_policy.wasm");
+    let custom =
+        nyann_guests::repository_guest("client-slo-policy").unwrap_or_else(|e| panic!("{e}"));
 
     println!(
         "policy host benchmark (builtin component: {} bytes)",

@@ -47,9 +47,11 @@ pub use inspect::{SUPPORTED_VERSIONS, supported_versions};
 use error::{human_bytes, truncate};
 use sandbox::{CallStore, CongestionPolicyPre, HostState, Limits};
 
-/// The built-in policy component (compiled from `policies/builtin` by the
-/// build script; never committed).
-pub const BUILTIN_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/builtin.wasm"));
+/// The built-in policy component: `policies/builtin` compiled for
+/// wasm32-wasip2 and committed, so that building the host needs no wasm
+/// toolchain (`cargo xtask builtin` regenerates it; a test checks that it
+/// matches its source).
+pub const BUILTIN_WASM: &[u8] = include_bytes!("../../../policies/builtin/builtin.wasm");
 
 /// The WIT contract policies implement (`wit/policy.wit`), for
 /// `nyann-bench policy wit`.

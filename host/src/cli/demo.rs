@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use nyann_sim::SimArgs;
 
+use super::Ui;
 use super::generate::{self, Summary};
 
 const SCENARIO_PATH: &str = "examples/scenarios/demo.star";
@@ -34,7 +35,7 @@ struct GenerateCommand {
     args: generate::Args,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     let scenario = nyann_scenario::compile_str(SCENARIO_PATH, SCENARIO)
         .context("the embedded demo scenario does not compile")?;
     let sim = nyann_sim::start(SimArgs {
@@ -46,13 +47,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Some((_, metrics)) = sim.metrics_endpoints().into_iter().next() else {
         anyhow::bail!("the simulator serves no /metrics endpoint");
     };
-    eprintln!(
-        "simulated vLLM server (16 running sequences, 224 KV blocks): {}  metrics: http://{metrics}/metrics",
-        sim.base_url()
-    );
-    eprintln!(
-        "scenario {SCENARIO_PATH}: 4-second stages at concurrency 4, 8, 16, 32, 64, 128 until congested\n"
-    );
+    if !ui.quiet {
+        eprintln!(
+            "simulated vLLM server (16 running sequences, 224 KV blocks): {}  metrics: http://{metrics}/metrics",
+            sim.base_url()
+        );
+        eprintln!(
+            "scenario {SCENARIO_PATH}: 4-second stages at concurrency 4, 8, 16, 32, 64, 128 until congested\n"
+        );
+    }
 
     let mut argv = vec![
         "generate".to_string(),
@@ -67,9 +70,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         argv.extend(["--output-dir".into(), dir.display().to_string()]);
     }
     let generate = GenerateCommand::try_parse_from(argv).context("the demo's generate flags")?;
-    let code = generate::run_scenario(&scenario, &generate.args, Summary::Quiet).await;
+    let code = generate::run_scenario(&scenario, &generate.args, Summary::Quiet, ui).await;
     sim.shutdown().await;
-    if code.is_ok() {
+    if code.is_ok() && !ui.quiet {
         eprintln!(
             "\nNext: run the same kind of sweep against your own server with\n  \
              nyann-bench generate --config examples/scenarios/balanced.star --target http://HOST:8000/v1 \\\n    \

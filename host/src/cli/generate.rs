@@ -12,6 +12,8 @@ use nyann_load::{ClientArgs, Live, RunOutcome, RunResult, parse_duration};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 use nyann_signals::SignalArgs;
 
+use super::Ui;
+use super::progress::Progress;
 use crate::report;
 use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs};
 
@@ -140,7 +142,7 @@ impl SingleStageArgs {
     }
 }
 
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     let scenario = match &args.config {
         Some(path) => {
             if args.single.any() {
@@ -153,7 +155,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => args.single.scenario()?,
     };
-    run_scenario(&scenario, &args, Summary::Stdout).await
+    run_scenario(&scenario, &args, Summary::Stdout, ui).await
 }
 
 /// Where the JSON summary goes besides `--output-dir`.
@@ -172,6 +174,7 @@ pub async fn run_scenario(
     scenario: &Scenario,
     args: &Args,
     summary: Summary,
+    ui: Ui,
 ) -> anyhow::Result<ExitCode> {
     let check = CongestionCheck::prepare(scenario, &args.signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
@@ -193,9 +196,11 @@ pub async fn run_scenario(
         check.start();
     }
 
-    let progress = nyann_load::progress::Progress::start(live);
+    let progress = (ui.terminal && !ui.quiet).then(|| Progress::start(live));
     let result = nyann_load::run(scenario, options, check).await;
-    progress.finish().await;
+    if let Some(progress) = progress {
+        progress.finish().await;
+    }
     let result = match result {
         Ok(result) => result,
         Err(nyann_load::RunError::Interrupted) => {
@@ -205,9 +210,14 @@ pub async fn run_scenario(
         Err(err) => return Err(err.into()),
     };
 
-    eprint!("{}", report::stage_table(&result));
-    if let Some(dir) = &args.output_dir {
-        eprintln!("results: {}", dir.display());
+    if ui.quiet {
+        eprintln!("{}", report::outcome_line(&result));
+    } else {
+        eprint!("{}", report::stage_table(&result));
+        eprintln!("{}", report::outcome_line(&result));
+        if let Some(dir) = &args.output_dir {
+            eprintln!("results: {}", dir.display());
+        }
     }
     if summary == Summary::Stdout {
         println!(

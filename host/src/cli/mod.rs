@@ -4,17 +4,28 @@
 mod demo;
 mod generate;
 mod policy;
+pub mod progress;
 mod scenario;
 mod sim;
 
+use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+
+/// `0.1.0 (1a2b3c4d5e6f 2026-12-01)`: the version and the commit built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("NYANN_BUILD_COMMIT"),
+    ")"
+);
 
 #[derive(Debug, Parser)]
 #[command(
     name = "nyann-bench",
-    version,
+    version = VERSION,
     about = "Load generator for LLM inference servers that stops a sweep when the server is congested",
     long_about = None,
 )]
@@ -23,8 +34,85 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
+    /// Only errors and the final verdict line on stderr (stdout is unchanged).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// When to colour stderr: auto (on a terminal, unless NO_COLOR is set),
+    /// always or never.
+    #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = Color::Auto)]
+    pub color: Color,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Color {
+    Auto,
+    Always,
+    Never,
+}
+
+/// How stderr is written, decided once from `-q`, `--color`, `NO_COLOR`
+/// and whether stderr is a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ui {
+    /// Only errors and the final verdict line.
+    pub quiet: bool,
+    /// ANSI colours in the log.
+    pub color: bool,
+    /// stderr is a terminal: progress bars are drawn.
+    pub terminal: bool,
+}
+
+impl Cli {
+    /// Parses the command line. `--color` is looked for first, so that
+    /// clap's own help and error messages follow it too.
+    pub fn parse_args() -> Cli {
+        let args: Vec<OsString> = std::env::args_os().collect();
+        let mut command = Cli::command();
+        if let Some(color) = color_flag(&args) {
+            command = command.color(match color {
+                Color::Auto => clap::ColorChoice::Auto,
+                Color::Always => clap::ColorChoice::Always,
+                Color::Never => clap::ColorChoice::Never,
+            });
+        }
+        let matches = command.get_matches_from(args);
+        Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit())
+    }
+
+    pub fn ui(&self) -> Ui {
+        let terminal = std::io::stderr().is_terminal();
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Ui {
+            quiet: self.quiet,
+            color: match self.color {
+                Color::Always => true,
+                Color::Never => false,
+                Color::Auto => terminal && !no_color,
+            },
+            terminal,
+        }
+    }
+}
+
+/// The last `--color WHEN` / `--color=WHEN` before a `--`, if valid.
+fn color_flag(args: &[OsString]) -> Option<Color> {
+    let mut found = None;
+    let mut args = args.iter().map(|a| a.to_string_lossy());
+    while let Some(arg) = args.next() {
+        let value = match arg.as_ref() {
+            "--" => break,
+            "--color" => args.next().map(|v| v.into_owned()),
+            other => other.strip_prefix("--color=").map(str::to_owned),
+        };
+        if let Some(color) = value.and_then(|v| Color::from_str(&v, false).ok()) {
+            found = Some(color);
+        }
+    }
+    found
 }
 
 #[derive(Debug, Subcommand)]
@@ -40,44 +128,79 @@ pub enum Command {
     /// Inspect, check and scaffold congestion policies.
     #[command(subcommand)]
     Policy(policy::Command),
+    /// Print a shell completion script, e.g. `nyann-bench completions bash >
+    /// ~/.local/share/bash-completion/completions/nyann-bench`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 impl Command {
-    pub async fn run(self) -> anyhow::Result<ExitCode> {
+    pub async fn run(self, ui: Ui) -> anyhow::Result<ExitCode> {
         match self {
-            Command::Generate(args) => generate::run(args).await,
-            Command::Demo(args) => demo::run(args).await,
+            Command::Generate(args) => generate::run(args, ui).await,
+            Command::Demo(args) => demo::run(args, ui).await,
             Command::Sim(args) => sim::run(args).await,
             Command::Scenario(args) => scenario::run(args).await,
             Command::Policy(command) => policy::run(command).await,
+            Command::Completions { shell } => {
+                clap_complete::generate(
+                    shell,
+                    &mut Cli::command(),
+                    "nyann-bench",
+                    &mut std::io::stdout(),
+                );
+                Ok(ExitCode::SUCCESS)
+            }
         }
     }
 }
 
-/// Logs go to stderr (stdout carries results). `-v` raises the level; RUST_LOG wins.
-pub fn init_logging(verbose: u8) {
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
+/// Logs go to stderr (stdout carries results), above the progress bar when
+/// one is drawn. `-v` raises the level, `-q` keeps errors only; RUST_LOG
+/// wins over both.
+pub fn init_logging(verbose: u8, ui: Ui) {
+    let default = match (ui.quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        (false, _) => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(progress::StderrAboveBar)
+        .with_ansi(ui.color)
         .with_target(false)
         .init();
 }
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use super::*;
 
     /// Clap's own consistency checks (unique argument ids across flattened
     /// structs, valid defaults, ...) for every command.
     #[test]
     fn command_line_is_consistent() {
-        super::Cli::command().debug_assert();
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn color_flag_is_found_before_parsing() {
+        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            color_flag(&args(&["x", "--color", "never", "-h"])),
+            Some(Color::Never)
+        );
+        assert_eq!(
+            color_flag(&args(&["x", "demo", "--color=always"])),
+            Some(Color::Always)
+        );
+        assert_eq!(color_flag(&args(&["x", "--color", "sometimes"])), None);
+        assert_eq!(color_flag(&args(&["x", "--", "--color=always"])), None);
+        assert_eq!(color_flag(&args(&["x", "demo"])), None);
     }
 }

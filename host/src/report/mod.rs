@@ -91,7 +91,7 @@ fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
     ]
 }
 
-/// The per-stage table (times in milliseconds), then a line on how the run ended.
+/// The per-stage table (times in milliseconds) and its footnotes.
 pub fn stage_table(result: &RunResult) -> String {
     // Each judged stage's record, read back from its annotation once.
     let records: Vec<Option<CongestionRecord>> = result
@@ -162,17 +162,17 @@ pub fn stage_table(result: &RunResult) -> String {
             let _ = writeln!(out, "{}: {error}", stage.label);
         }
     }
-    let _ = writeln!(
-        out,
-        "{}",
-        match &result.outcome {
-            RunOutcome::Completed => "run completed".to_string(),
-            RunOutcome::Stopped { reason, .. } => format!("sweep {reason}"),
-            RunOutcome::Aborted { reason } => format!("run ABORTED: {reason}"),
-            RunOutcome::Interrupted => "run interrupted".to_string(),
-        }
-    );
     out
+}
+
+/// How the run ended, in one line (all `-q` leaves on stderr).
+pub fn outcome_line(result: &RunResult) -> String {
+    match &result.outcome {
+        RunOutcome::Completed => "run completed".to_string(),
+        RunOutcome::Stopped { reason, .. } => format!("sweep {reason}"),
+        RunOutcome::Aborted { reason } => format!("run ABORTED: {reason}"),
+        RunOutcome::Interrupted => "run interrupted".to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -238,14 +238,18 @@ mod tests {
             stage: 0,
             reason: "stopped after stage #0 c=64: congested: KV cache".into(),
         };
-        let table = stage_table(&run(outcome, vec![measured("#0 c=64", client), skipped]));
+        let run = run(outcome, vec![measured("#0 c=64", client), skipped]);
+        let table = stage_table(&run);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("stage") && lines[0].contains("TTFT mean"));
         assert!(
             lines[1].contains("#0 c=64") && lines[1].contains("1200") && lines[1].contains("42.1")
         );
         assert!(lines[2].contains("skipped") && lines[2].contains('-'));
-        assert!(table.contains("sweep stopped after stage #0 c=64: congested: KV cache"));
+        assert_eq!(
+            outcome_line(&run),
+            "sweep stopped after stage #0 c=64: congested: KV cache"
+        );
     }
 
     #[test]

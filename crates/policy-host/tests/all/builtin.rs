@@ -217,3 +217,24 @@ fn thresholds_are_inclusive_through_the_component() {
             .congested
     );
 }
+
+/// The binary embeds the committed `policies/builtin/builtin.wasm`; it must
+/// be exactly what `policies/builtin` builds (paths are remapped and the
+/// toolchain is pinned, so the build is the same bytes on any machine).
+#[test]
+fn embedded_component_is_built_from_policies_builtin() {
+    let built = nyann_guests::repository_guest(nyann_guests::BUILTIN_PACKAGE)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let built = std::fs::read(&built).unwrap();
+    let embedded = nyann_policy_host::BUILTIN_WASM;
+    let first_difference = built.iter().zip(embedded).position(|(a, b)| a != b);
+    assert!(
+        built == embedded,
+        "{} ({} bytes) is not what policies/builtin builds ({} bytes, first difference at byte {}): regenerate it with `{}` and commit it",
+        nyann_guests::BUILTIN_COMMITTED,
+        embedded.len(),
+        built.len(),
+        first_difference.unwrap_or(built.len().min(embedded.len())),
+        nyann_guests::REGENERATE_BUILTIN,
+    );
+}

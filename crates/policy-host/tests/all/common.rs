@@ -1,16 +1,12 @@
 //! Shared helpers: one host per test binary, the built-in and guest
 //! components loaded once (compiling a component in a debug build takes
-//! seconds), guests built with the same nested build as build.rs.
+//! seconds), guests built by nyann-guests.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use nyann_model::scenario::{Param, SourceLocation, StopCondition, Value};
 use nyann_policy_host::{HostConfig, Policy, PolicyHost};
-
-#[path = "../../build/guest.rs"]
-#[allow(dead_code)]
-pub mod guest;
 
 /// A host with default limits and no code cache (tests must not touch the
 /// user's cache directory).
@@ -32,32 +28,23 @@ pub fn builtin() -> Policy {
         .clone()
 }
 
-/// Build (once) and return the `.wasm` of a guest package: the example
-/// policies from the repository workspace, `hostile-policy` from
+/// Build (once per test binary) and return the `.wasm` of a guest package:
+/// the example policies from the repository workspace, `hostile-policy` from
 /// `tests/guests`.
 pub fn guest_wasm(package: &str) -> PathBuf {
-    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let root = Path::new(env!("NYANN_POLICY_WORKSPACE_ROOT"));
-    let manifest = if package == "hostile-policy" {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests/Cargo.toml")
-    } else {
-        root.join("Cargo.toml")
-    };
-    let target_dir = Path::new(env!("NYANN_POLICY_GUEST_TARGET_DIR"));
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    let out = target_dir.join(guest::WASM_TARGET).join("release");
-    if !built.iter().any(|p| p == package) {
-        guest::build(
-            Path::new(env!("CARGO")),
-            Path::new(env!("NYANN_POLICY_RUSTC")),
-            &manifest,
-            &[package],
-            target_dir,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        built.push(package.to_string());
+    if let Some((_, path)) = built.iter().find(|(p, _)| p == package) {
+        return path.clone();
     }
-    out.join(format!("{}.wasm", package.replace('-', "_")))
+    let path = if package == "hostile-policy" {
+        nyann_guests::test_guest(package)
+    } else {
+        nyann_guests::repository_guest(package)
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
+    built.push((package.to_string(), path.clone()));
+    path
 }
 
 /// Load a guest package's component (once per test binary).

@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod build_script;
 mod builtin;
 mod cache;
 mod common;

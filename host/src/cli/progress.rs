@@ -1,23 +1,34 @@
-//! The live progress bar on stderr: one bar per stage showing elapsed time
-//! against the stage duration, req/s, requests in flight, errors and TTFT p50.
+//! What `generate` shows on stderr while it runs: a progress bar per stage
+//! on a terminal (elapsed time against the stage duration, req/s, requests
+//! in flight, errors, TTFT p50), and log lines written above the bar rather
+//! than through it. Without a terminal there is no bar: the runner's
+//! one-line-per-stage log says the same.
 
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use nyann_load::{CancellationToken, Live};
 
-use crate::live::Live;
+/// The bar being drawn, if any: log lines hide it while they are written.
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
 
-/// Draws progress until dropped (or [`Progress::finish`]).
+fn set_bar(bar: Option<ProgressBar>) {
+    *BAR.lock().unwrap_or_else(PoisonError::into_inner) = bar;
+}
+
+/// Draws progress until [`Progress::finish`].
 pub struct Progress {
     task: tokio::task::JoinHandle<()>,
-    stop: tokio_util::sync::CancellationToken,
+    stop: CancellationToken,
 }
 
 impl Progress {
-    /// Starts redrawing `live` on stderr every 200 ms (hidden when stderr is not a terminal).
+    /// Starts redrawing `live` on stderr every 200 ms. Call it only when
+    /// stderr is a terminal.
     pub fn start(live: Arc<Live>) -> Self {
-        let stop = tokio_util::sync::CancellationToken::new();
+        let stop = CancellationToken::new();
         let task = tokio::spawn(draw(live, stop.clone()));
         Progress { task, stop }
     }
@@ -29,7 +40,7 @@ impl Progress {
     }
 }
 
-async fn draw(live: Arc<Live>, stop: tokio_util::sync::CancellationToken) {
+async fn draw(live: Arc<Live>, stop: CancellationToken) {
     let style = ProgressStyle::with_template("{prefix:>14} [{bar:30}] {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ");
@@ -56,6 +67,7 @@ async fn draw(live: Arc<Live>, stop: tokio_util::sync::CancellationToken) {
             } else {
                 s.label.clone()
             });
+            set_bar(Some(pb.clone()));
             bar = Some((index, pb));
         }
         if let Some((_, pb)) = &bar {
@@ -85,7 +97,47 @@ async fn draw(live: Arc<Live>, stop: tokio_util::sync::CancellationToken) {
             ));
         }
     }
+    set_bar(None);
     if let Some((_, pb)) = bar {
         pb.finish_and_clear();
+    }
+}
+
+/// The log's writer: stderr, with the progress bar (when one is drawn)
+/// hidden while a line is written and redrawn below it.
+pub struct StderrAboveBar;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for StderrAboveBar {
+    type Writer = LineAboveBar;
+
+    fn make_writer(&'a self) -> LineAboveBar {
+        LineAboveBar(Vec::new())
+    }
+}
+
+/// One log event, buffered and written when dropped.
+pub struct LineAboveBar(Vec<u8>);
+
+impl Write for LineAboveBar {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LineAboveBar {
+    fn drop(&mut self) {
+        let write = || {
+            let _ = std::io::stderr().write_all(&self.0);
+        };
+        let bar = BAR.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        match bar {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
     }
 }
