@@ -15,6 +15,12 @@ fn main() {
         println!("cargo::error=RUSTC or OUT_DIR is not set: build this crate with cargo");
         return;
     };
+    // Checked again whenever the target's library directory changes (or,
+    // while it is missing, on every build): a target removed later is
+    // noticed, not remembered as present.
+    if let Some(libdir) = toolchain::target_libdir(Path::new(&rustc)) {
+        println!("cargo::rerun-if-changed={libdir}");
+    }
     if !toolchain::target_installed(Path::new(&rustc)) {
         println!("cargo::error={}", toolchain::MISSING_TARGET);
         return;
