@@ -6,6 +6,8 @@
 //! concurrent sweeps would compete with each other's simulator for CPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod browser;
 mod cli;
+mod report;
 mod support;
 mod sweep;

@@ -24,7 +24,12 @@ pub struct StageDetail {
     pub output_tokens: u64,
     pub ttft_mean_seconds: f64,
     pub ttft_p90_seconds: f64,
+    /// Absent from files written before it existed: read as 0.
+    #[serde(default)]
+    pub itl_p90_seconds: f64,
     pub e2e_mean_seconds: f64,
+    #[serde(default)]
+    pub e2e_p90_seconds: f64,
 }
 
 /// Accumulates the records of one stage.
@@ -150,7 +155,9 @@ impl StageAccumulator {
             output_tokens: self.output_tokens,
             ttft_mean_seconds: mean(&self.ttft),
             ttft_p90_seconds: quantile(&self.ttft, 0.9),
+            itl_p90_seconds: quantile(&self.itl, 0.9),
             e2e_mean_seconds: mean(&self.e2e),
+            e2e_p90_seconds: quantile(&self.e2e, 0.9),
         };
         (client, detail)
     }

@@ -19,7 +19,8 @@ const SCENARIO: &str = include_str!("../../../examples/scenarios/demo.star");
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Also write requests.jsonl, stages.json and summary.json here.
+    /// Also write requests.jsonl, stages.json, summary.json and the HTML
+    /// report (report.html) here.
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
 
@@ -70,7 +71,14 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
         argv.extend(["--output-dir".into(), dir.display().to_string()]);
     }
     let generate = GenerateCommand::try_parse_from(argv).context("the demo's generate flags")?;
-    let code = generate::run_scenario(&scenario, &generate.args, Summary::Quiet, ui).await;
+    let code = generate::run_scenario(
+        &scenario,
+        Some(SCENARIO),
+        &generate.args,
+        Summary::Quiet,
+        ui,
+    )
+    .await;
     sim.shutdown().await;
     if code.is_ok() && !ui.quiet {
         eprintln!(

@@ -143,19 +143,36 @@ impl SingleStageArgs {
 }
 
 pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
-    let scenario = match &args.config {
+    let (scenario, source) = match &args.config {
         Some(path) => {
             if args.single.any() {
                 anyhow::bail!(
                     "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
                 );
             }
-            nyann_scenario::load_file(path)
-                .with_context(|| format!("loading scenario {}", path.display()))?
+            let scenario = nyann_scenario::load_file(path)
+                .with_context(|| format!("loading scenario {}", path.display()))?;
+            (scenario, starlark_source(path))
         }
-        None => args.single.scenario()?,
+        None => (args.single.scenario()?, None),
     };
-    run_scenario(&scenario, &args, Summary::Stdout, ui).await
+    run_scenario(&scenario, source.as_deref(), &args, Summary::Stdout, ui).await
+}
+
+/// The text of a Starlark scenario that compiled, to save with the results
+/// (read again, bounded like the compiler's read).
+fn starlark_source(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    if path.extension().is_none_or(|e| e != "star") {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(nyann_scenario::MAX_SOURCE_BYTES as u64)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 /// Where the JSON summary goes besides `--output-dir`.
@@ -170,8 +187,11 @@ pub enum Summary {
 /// Run a compiled scenario with the flags of `args` (its `--config` and
 /// single-stage flags are not looked at): check everything that can fail
 /// before load is sent, run the stages with the congestion check, and report.
+/// `source` is the Starlark text it was compiled from, if any (saved with
+/// the results).
 pub async fn run_scenario(
     scenario: &Scenario,
+    source: Option<&str>,
     args: &Args,
     summary: Summary,
     ui: Ui,
@@ -210,6 +230,9 @@ pub async fn run_scenario(
         Err(err) => return Err(err.into()),
     };
 
+    if let Some(dir) = &args.output_dir {
+        save_report(dir, &result, scenario, source);
+    }
     if ui.quiet {
         eprintln!("{}", report::outcome_line(&result));
     } else {
@@ -226,6 +249,40 @@ pub async fn run_scenario(
         );
     }
     Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// Saves the scenario beside the run's results and writes `report.html`.
+/// The results are already on disk: a failure here is a warning.
+fn save_report(
+    dir: &std::path::Path,
+    result: &RunResult,
+    scenario: &Scenario,
+    source: Option<&str>,
+) {
+    use report::saved::{REPORT_FILE, SCENARIO_FILE, SOURCE_FILE, SavedRun};
+    let saved = (|| -> anyhow::Result<()> {
+        let ir = serde_json::to_vec_pretty(scenario).context("encoding the scenario")?;
+        std::fs::write(dir.join(SCENARIO_FILE), ir).context(SCENARIO_FILE)?;
+        if let Some(source) = source {
+            std::fs::write(dir.join(SOURCE_FILE), source).context(SOURCE_FILE)?;
+        }
+        let label = dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let mut run = SavedRun::new(
+            label,
+            result.clone(),
+            Some(scenario.clone()),
+            source.map(str::to_owned),
+        );
+        run.read_requests(&dir.join("requests.jsonl"))?;
+        super::report::write(std::slice::from_ref(&run), &dir.join(REPORT_FILE))?;
+        Ok(())
+    })();
+    if let Err(err) = saved {
+        tracing::warn!("the HTML report was not written: {err:#}");
+    }
 }
 
 /// 0 when the run completed or stopped on congestion (the feature working);

@@ -5,6 +5,7 @@ mod demo;
 mod generate;
 mod policy;
 pub mod progress;
+mod report;
 mod scenario;
 mod sim;
 
@@ -125,6 +126,8 @@ pub enum Command {
     Sim(sim::Args),
     /// Compile a scenario file and print its IR as JSON.
     Scenario(scenario::Args),
+    /// Build the HTML report of saved runs (several are overlaid).
+    Report(report::Args),
     /// Inspect, check and scaffold congestion policies.
     #[command(subcommand)]
     Policy(policy::Command),
@@ -143,6 +146,7 @@ impl Command {
             Command::Demo(args) => demo::run(args, ui).await,
             Command::Sim(args) => sim::run(args).await,
             Command::Scenario(args) => scenario::run(args).await,
+            Command::Report(args) => report::run(args, ui).await,
             Command::Policy(command) => policy::run(command).await,
             Command::Completions { shell } => {
                 clap_complete::generate(

@@ -1,0 +1,73 @@
+//! `nyann-bench report`: (re)build the HTML report from the files runs
+//! saved with `--output-dir`; several directories are overlaid in one page
+//! for comparison (before/after a server change).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use super::Ui;
+use crate::report::html;
+use crate::report::saved::{REPORT_FILE, SavedRun};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Results directories (`generate --output-dir`); with several, the runs
+    /// are overlaid in one report.
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+
+    /// Name of a run in the report, in the order of the directories
+    /// (repeatable) [default: the directory's name].
+    #[arg(long = "label", value_name = "NAME")]
+    pub labels: Vec<String>,
+
+    /// Where to write the report [default: DIR/report.html with one
+    /// directory, ./report.html with several].
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
+    if args.labels.len() > args.dirs.len() {
+        anyhow::bail!(
+            "{} --label values for {} directories: give at most one label per directory, in the same order",
+            args.labels.len(),
+            args.dirs.len()
+        );
+    }
+    let started = Instant::now();
+    let mut labels = args.labels.into_iter();
+    let mut runs = Vec::with_capacity(args.dirs.len());
+    for dir in &args.dirs {
+        let run = SavedRun::load(dir, labels.next())
+            .with_context(|| format!("reading the run in {}", dir.display()))?;
+        runs.push(run);
+    }
+    let output = match (&args.output, args.dirs.as_slice()) {
+        (Some(path), _) => path.clone(),
+        (None, [one]) => one.join(REPORT_FILE),
+        (None, _) => PathBuf::from(REPORT_FILE),
+    };
+    let size = write(&runs, &output)?;
+    if !ui.quiet {
+        eprintln!(
+            "wrote {} ({} KB, {} run{}) in {:.2} s",
+            output.display(),
+            size.div_ceil(1024),
+            runs.len(),
+            if runs.len() == 1 { "" } else { "s" },
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the report of `runs` to `path`; returns its size in bytes.
+pub fn write(runs: &[SavedRun], path: &Path) -> anyhow::Result<usize> {
+    let page = html::page(runs)?;
+    std::fs::write(path, &page).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(page.len())
+}

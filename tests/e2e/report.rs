@@ -1,0 +1,196 @@
+//! The HTML report, opened in a real headless browser: a sweep against the
+//! simulator writes it, every chart renders, nothing is logged as an error,
+//! the stop reason is on the page; `report` overlays two runs.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::browser::Browser;
+use crate::support::{nyann_bench, serial};
+
+/// What the browser measured of the charts: per SVG, its rendered area and
+/// how many drawn shapes it holds.
+const CHARTS: &str = "Array.from(document.querySelectorAll('figure svg')).map(svg => { \
+    const box = svg.getBBox(); \
+    const shapes = Array.from(svg.querySelectorAll('polyline, path, polygon, circle, line, rect')) \
+        .filter(s => { const b = s.getBBox(); return b.width > 0 || b.height > 0; }).length; \
+    return [svg.querySelector('text') ? svg.querySelector('text').textContent : '', box.width * box.height, shapes]; })";
+
+fn charts(browser: &mut Browser) -> Vec<(String, f64, u64)> {
+    let Value::Array(charts) = browser.evaluate(CHARTS) else {
+        panic!("no chart list")
+    };
+    charts
+        .iter()
+        .map(|c| {
+            (
+                c[0].as_str().unwrap_or("").to_string(),
+                c[1].as_f64().unwrap_or(0.0),
+                c[2].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn page_text(browser: &mut Browser) -> String {
+    browser
+        .evaluate("document.body.innerText")
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
+    let _serial = serial().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = nyann_bench()
+        .args(["demo", "-q", "--output-dir"])
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = dir.path().join("report.html");
+    let size = std::fs::metadata(&report).unwrap().len();
+    assert!(size < 512 * 1024, "report.html is {size} bytes");
+    for saved in ["scenario.json", "scenario.star"] {
+        assert!(dir.path().join(saved).exists(), "{saved} not saved");
+    }
+
+    let mut browser = Browser::launch();
+    browser.open(&report);
+    let errors = browser.console_errors();
+    assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
+    let charts = charts(&mut browser);
+    // 2 throughput, 3 latency, 4 server signals, 3 timeline charts.
+    assert_eq!(charts.len(), 12, "{charts:?}");
+    for (title, area, shapes) in &charts {
+        assert!(
+            *area > 10_000.0 && *shapes > 10,
+            "chart {title:?} did not render: area {area}, {shapes} shapes"
+        );
+    }
+    let text = page_text(&mut browser);
+    assert!(
+        text.contains("sweep stopped after stage #3 c=16: congested"),
+        "stop reason missing:\n{text}"
+    );
+    assert!(
+        text.contains("knee (the last stage before congestion): #2 c=8"),
+        "{text}"
+    );
+    assert!(text.contains("policy builtin"), "{text}");
+    let png = browser.screenshot();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 50_000,
+        "{} bytes",
+        png.len()
+    );
+    std::fs::write(dir.path().join("report.png"), &png).unwrap();
+    // `NYANN_REPORT_SCREENSHOT=docs/report.png` refreshes the README's picture.
+    if let Some(path) = std::env::var_os("NYANN_REPORT_SCREENSHOT") {
+        std::fs::write(Path::new(&path), &png).unwrap();
+    }
+
+    // Two runs in one report: both named, both in the legends and headlines.
+    let overlay = dir.path().join("overlay.html");
+    let out = nyann_bench()
+        .arg("report")
+        .arg(dir.path())
+        .arg(dir.path())
+        .args(["--label", "before", "--label", "after", "-o"])
+        .arg(&overlay)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    browser.open(&overlay);
+    let text = page_text(&mut browser);
+    for label in ["before", "after"] {
+        assert!(
+            text.contains(&format!("{label}: sweep stopped after stage #3")),
+            "{text}"
+        );
+    }
+    let legends = browser
+        .evaluate(
+            "Array.from(document.querySelectorAll('svg text')).map(t => t.textContent).join('|')",
+        )
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        legends.contains("before: req/s") && legends.contains("after: req/s"),
+        "{legends}"
+    );
+    assert_eq!(
+        charts_len(&mut browser),
+        12 + 3,
+        "one more timeline per run"
+    );
+    assert!(browser.console_errors().is_empty());
+}
+
+fn charts_len(browser: &mut Browser) -> usize {
+    charts(browser).len()
+}
+
+#[test]
+fn report_refuses_what_is_not_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nyann-bench"))
+        .arg("report")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("summary.json") && stderr.contains("--output-dir of a nyann-bench run"),
+        "{stderr}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nyann-bench"))
+        .arg("report")
+        .arg(dir.path())
+        .args(["--label", "a", "--label", "b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most one label per directory"));
+}
+
+/// The checks above can fail: a page with a broken SVG path logs an error
+/// the browser reports, and an empty chart renders nothing.
+#[test]
+fn the_browser_checks_catch_a_broken_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("broken.html");
+    std::fs::write(
+        &page,
+        "<!DOCTYPE html><html><body><figure><svg width=\"100\" height=\"100\">\
+         <path d=\"M 0 0 L NaN 5\" stroke=\"black\"/></svg></figure></body></html>",
+    )
+    .unwrap();
+    let mut browser = Browser::launch();
+    browser.open(&page);
+    let errors = browser.console_errors();
+    assert!(
+        errors.iter().any(|e| e.contains("Expected number")),
+        "{errors:?}"
+    );
+    let charts = charts(&mut browser);
+    assert_eq!(charts.len(), 1);
+    assert!(charts[0].1 == 0.0 && charts[0].2 == 0, "{charts:?}");
+}
