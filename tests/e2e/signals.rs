@@ -14,7 +14,7 @@ use nyann_testkit::exporter::{Engine, Exporter};
 use nyann_testkit::{PrivateCa, PrometheusServer, ScrapeJob, WebTls};
 use serde_json::Value;
 
-use crate::support::{Run, generate, nyann_bench, serial, simulator, sweep};
+use crate::support::{Run, generate, serial, simulator, sweep};
 
 /// Thresholds no stage reaches.
 const NEVER: &str =
@@ -42,30 +42,6 @@ fn preempting(exporter: &Exporter) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// `generate` that must be refused before any load: exit 1, no request at
-/// the simulator; returns stderr.
-async fn refused(args: &[String]) -> String {
-    let sim = simulator(false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sweep.star");
-    std::fs::write(&config, sweep(&[2], NEVER)).unwrap();
-    let out = nyann_bench()
-        .args(["generate", "--config"])
-        .arg(&config)
-        .args(["--target", &sim.base_url()])
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        sim.requests().is_empty(),
-        "no request may be sent: {stderr}"
-    );
-    stderr
-}
-
 fn prometheus_args(prom: &PrometheusServer, deploy_name: &str) -> Vec<String> {
     vec![
         "--prometheus-url".into(),
@@ -91,7 +67,12 @@ fn coverage<'a>(run: &'a Run, stage: usize, signal: &str) -> &'a Value {
 async fn a_wrong_deploy_name_is_refused_before_load_with_a_hint() {
     let exporter = Exporter::start(Engine::new()).await;
     let prom = prometheus("vllm-aggregate", &exporter, "mymodel-0").await;
-    let stderr = refused(&prometheus_args(&prom, "mymdoel")).await;
+    let stderr = refused(
+        &sweep(&[2], NEVER),
+        false,
+        &prometheus_args(&prom, "mymdoel"),
+    )
+    .await;
     assert!(
         stderr.contains(&format!(
             "role aggregate: no series of any signal in Prometheus {} at selector {{job=\"vllm-aggregate\",pod=~\"mymdoel.*\"}}",
@@ -196,12 +177,11 @@ async fn a_prometheus_down_at_start_exits_1_before_load() {
         l.local_addr().unwrap().port()
     };
     let url = format!("http://127.0.0.1:{port}");
-    let stderr = refused(&[
-        "--prometheus-url".into(),
-        url.clone(),
-        "--deploy-name".into(),
-        "sim".into(),
-    ])
+    let stderr = refused(
+        &sweep(&[2], NEVER),
+        false,
+        &["--prometheus-url", &url, "--deploy-name", "sim"],
+    )
     .await;
     assert!(
         stderr.contains(&format!(
@@ -239,7 +219,7 @@ async fn sglang_names_through_the_profile_stop_the_sweep_like_vllm_names() {
         if server == "sglang" {
             assert_eq!(kv["metric"], "sglang:token_usage");
             assert_eq!(preemptions["metric"], "sglang:num_retracted_requests_total");
-            let stderr = refused(&prometheus_args(&prom, "sim")).await;
+            let stderr = refused(&sweep(&[2], NEVER), false, &prometheus_args(&prom, "sim")).await;
             assert!(
                 stderr.contains(
                     "found job=\"vllm-aggregate\", pod=\"sim-0\" (sglang:num_queue_reqs); did you mean --server sglang?"
@@ -284,7 +264,7 @@ async fn ca_cert_reaches_an_https_prometheus_behind_a_private_ca() {
     assert_eq!(run.stopped_at(), Some(0), "{}", run.stderr());
     assert_eq!(run.congestion(0)["signal_errors"], serde_json::json!([]));
 
-    let stderr = refused(&prometheus_args(&prom, "sim")).await;
+    let stderr = refused(&sweep(&[2], NEVER), false, &prometheus_args(&prom, "sim")).await;
     assert!(
         stderr.contains(&format!(
             "cannot read server signals from Prometheus {} before the first stage: ",

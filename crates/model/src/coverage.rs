@@ -69,15 +69,16 @@ impl RoleCoverage {
             .map(|s| s.signal.as_str())
     }
 
+    /// True when every signal of the role has `status`.
+    pub fn all(&self, status: SeriesStatus) -> bool {
+        self.signals.iter().all(|s| s.status == status)
+    }
+
     /// True when no signal of the role had series and none failed: the
     /// role's selector matches nothing, so everything it shows is a 0 that
     /// was never measured.
     pub fn nothing_found(&self) -> bool {
-        !self.signals.is_empty()
-            && self
-                .signals
-                .iter()
-                .all(|s| s.status == SeriesStatus::Missing)
+        !self.signals.is_empty() && self.all(SeriesStatus::Missing)
     }
 }
 

@@ -367,10 +367,7 @@ async fn fault_with(a: &SignalArgs, expect: &str) -> Vec<String> {
     assert!(!out.errors.is_empty());
     // A failure is recorded as such, not as a missing series.
     assert!(
-        out.coverage[0]
-            .signals
-            .iter()
-            .all(|s| s.status == SeriesStatus::Failed),
+        out.coverage[0].all(SeriesStatus::Failed),
         "{:?}",
         out.coverage
     );

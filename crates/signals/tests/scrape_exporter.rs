@@ -184,10 +184,7 @@ async fn a_down_url_is_an_error_not_a_crash() {
     assert!(e.to_lowercase().contains("connect"), "{e}");
     // Unread because the scrapes failed: recorded as failed, not missing.
     assert!(
-        out.coverage[0]
-            .signals
-            .iter()
-            .all(|s| s.status == SeriesStatus::Failed),
+        out.coverage[0].all(SeriesStatus::Failed),
         "{:?}",
         out.coverage[0]
     );
