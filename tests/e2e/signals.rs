@@ -14,7 +14,7 @@ use nyann_testkit::exporter::{Engine, Exporter};
 use nyann_testkit::{PrivateCa, PrometheusServer, ScrapeJob, WebTls};
 use serde_json::Value;
 
-use crate::support::{Run, generate, serial, simulator, sweep};
+use crate::support::{Run, generate, refused, serial, simulator, sweep};
 
 /// Thresholds no stage reaches.
 const NEVER: &str =
@@ -42,6 +42,12 @@ fn preempting(exporter: &Exporter) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// A one-stage sweep with `args` that must be refused before any load.
+async fn refused_before_load(args: Vec<String>) -> String {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    refused(&sweep(&[2], NEVER), false, &args).await
+}
+
 fn prometheus_args(prom: &PrometheusServer, deploy_name: &str) -> Vec<String> {
     vec![
         "--prometheus-url".into(),
@@ -67,12 +73,7 @@ fn coverage<'a>(run: &'a Run, stage: usize, signal: &str) -> &'a Value {
 async fn a_wrong_deploy_name_is_refused_before_load_with_a_hint() {
     let exporter = Exporter::start(Engine::new()).await;
     let prom = prometheus("vllm-aggregate", &exporter, "mymodel-0").await;
-    let stderr = refused(
-        &sweep(&[2], NEVER),
-        false,
-        &prometheus_args(&prom, "mymdoel"),
-    )
-    .await;
+    let stderr = refused_before_load(prometheus_args(&prom, "mymdoel")).await;
     assert!(
         stderr.contains(&format!(
             "role aggregate: no series of any signal in Prometheus {} at selector {{job=\"vllm-aggregate\",pod=~\"mymdoel.*\"}}",
@@ -219,7 +220,7 @@ async fn sglang_names_through_the_profile_stop_the_sweep_like_vllm_names() {
         if server == "sglang" {
             assert_eq!(kv["metric"], "sglang:token_usage");
             assert_eq!(preemptions["metric"], "sglang:num_retracted_requests_total");
-            let stderr = refused(&sweep(&[2], NEVER), false, &prometheus_args(&prom, "sim")).await;
+            let stderr = refused_before_load(prometheus_args(&prom, "sim")).await;
             assert!(
                 stderr.contains(
                     "found job=\"vllm-aggregate\", pod=\"sim-0\" (sglang:num_queue_reqs); did you mean --server sglang?"
@@ -264,7 +265,7 @@ async fn ca_cert_reaches_an_https_prometheus_behind_a_private_ca() {
     assert_eq!(run.stopped_at(), Some(0), "{}", run.stderr());
     assert_eq!(run.congestion(0)["signal_errors"], serde_json::json!([]));
 
-    let stderr = refused(&sweep(&[2], NEVER), false, &prometheus_args(&prom, "sim")).await;
+    let stderr = refused_before_load(prometheus_args(&prom, "sim")).await;
     assert!(
         stderr.contains(&format!(
             "cannot read server signals from Prometheus {} before the first stage: ",

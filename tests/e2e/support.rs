@@ -1,7 +1,6 @@
 //! What every end-to-end test needs: the binary, an in-process simulator,
 //! scenario files, a `generate` run and its results, the guest policies.
 
-use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::Output;
 
@@ -131,7 +130,7 @@ pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run 
 /// simulator if `scrape`) on a scenario that must be refused before any
 /// load: its stderr, after checking the exit status and that the simulator
 /// saw nothing.
-pub async fn refused(scenario: &str, scrape: bool, extra: &[impl AsRef<OsStr>]) -> String {
+pub async fn refused(scenario: &str, scrape: bool, extra: &[&str]) -> String {
     let sim = simulator(false).await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.star");

@@ -329,7 +329,7 @@ async fn monitor_mode_records_every_verdict_and_never_stops() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
-    let stderr = refused(&sweep(&[4], STOPS_AT_16), false, &[] as &[&str]).await;
+    let stderr = refused(&sweep(&[4], STOPS_AT_16), false, &[]).await;
     assert!(
         stderr.contains("--prometheus-url") && stderr.contains("--scrape"),
         "{stderr}"

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nyann_load::{ClientArgs, Live, RunOutcome, RunResult};
-use nyann_model::parse_duration;
-use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
+use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
 use nyann_signals::SignalArgs;
 
 use super::Ui;
