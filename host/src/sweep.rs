@@ -7,13 +7,16 @@
 //! stage's requests completed and before the next stage starts, while the
 //! load holds the finished stage's level. Everything it can check up front
 //! (a signal source is configured, the policy loads, every stop condition's
-//! parameters pass the policy's `describe`/`validate`) is checked by
+//! parameters pass the policy's `describe`/`validate`, the signal source
+//! answers and every role finds its server's series) is checked by
 //! [`CongestionCheck::prepare`] before any request is sent.
 //!
 //! Failures never stop a sweep by themselves unless asked to: a failed
 //! signal query reads as zero and is recorded with the stage (SEED.md's
 //! fail-open rule); a failed policy call is recorded and, by default, the
-//! sweep goes on (`--on-policy-error stop` changes that).
+//! sweep goes on (`--on-policy-error stop` changes that). A signal without
+//! series also reads zero, but the record says "no data" for it, and a stage
+//! judged with a whole role missing is a warning naming the role.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nyann_load::{FinishedStage, HookOutcome, StageHook};
-use nyann_model::{Param, RoleSignals, Scenario, StageObservation, Step, StopCondition, Verdict};
+use nyann_model::{
+    Param, RoleCoverage, RoleSignals, Scenario, SeriesStatus, StageObservation, Step,
+    StopCondition, Verdict,
+};
 use nyann_policy_host::{HostConfig, Policy, PolicyHost};
 use nyann_signals::{SignalArgs, SignalSource};
 use serde::{Deserialize, Serialize};
@@ -65,7 +71,12 @@ pub struct PolicyArgs {
     pub on_policy_error: OnPolicyError,
 
     /// Time limit of one policy call.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "100ms",
+        value_parser = nyann_model::parse_duration
+    )]
     pub policy_timeout: Duration,
 }
 
@@ -95,6 +106,10 @@ pub struct CongestionRecord {
     pub mode: PolicyMode,
     /// The server signals per role the policy was shown.
     pub roles: Vec<RoleSignals>,
+    /// Per role and signal: whether series were found (a missing signal
+    /// reads 0 in `roles`), the metric read, and lower bounds.
+    #[serde(default)]
+    pub coverage: Vec<RoleCoverage>,
     /// Signal queries that failed (those signals read as zero).
     pub signal_errors: Vec<String>,
     /// The policy's answer; `None` when the call failed.
@@ -197,6 +212,9 @@ impl CongestionCheck {
         if !errors.is_empty() {
             bail!("{}", errors.join("\n"));
         }
+        for warning in source.preflight().await? {
+            tracing::warn!("{warning}");
+        }
         let info = policy.info();
         tracing::info!(
             "congestion policy {} {} ({}, mode {}); server signals: {source}",
@@ -241,8 +259,16 @@ impl CongestionCheck {
         for error in &observation.signal_errors {
             tracing::warn!("stage {}: {error} (reads as 0)", done.label);
         }
-        for role in &observation.roles {
-            tracing::info!("stage {}: {}", done.label, describe_role(role));
+        for (role, coverage) in observation.roles.iter().zip(&signals.coverage) {
+            if coverage.nothing_found() {
+                tracing::warn!(
+                    "stage {}: role {} has no series of any signal ({}): every signal of the role reads 0 for this verdict",
+                    done.label,
+                    role.role,
+                    self.source.place(&role.role)
+                );
+            }
+            tracing::info!("stage {}: {}", done.label, describe_role(role, coverage));
         }
         let judged = self.policy.judge(params, &observation, &self.history).await;
         let info = self.policy.info();
@@ -254,6 +280,7 @@ impl CongestionCheck {
             },
             mode: self.mode,
             roles: observation.roles.clone(),
+            coverage: signals.coverage,
             signal_errors: observation.signal_errors.clone(),
             verdict: None,
             policy_error: None,
@@ -306,15 +333,27 @@ impl StageHook for CongestionCheck {
     }
 }
 
-/// `[decode] waiting_p50=40 ttft_p99=2.500s kv_usage_max=98.0% preemptions=3`
-fn describe_role(role: &RoleSignals) -> String {
+/// `[decode] waiting_p50=40 ttft_p99=2.500s kv_usage_max=98.0% preemptions=3`,
+/// with `no data` for a signal without series and `>=` before a lower bound.
+fn describe_role(role: &RoleSignals, coverage: &RoleCoverage) -> String {
+    let show = |signal: &str, text: String| match coverage.get(signal) {
+        Some(c) if c.status == SeriesStatus::Missing => "no data".to_string(),
+        Some(c) if c.lower_bound => format!(">={text}"),
+        _ => text,
+    };
     format!(
-        "[{}] waiting_p50={} ttft_p99={:.3}s kv_usage_max={:.1}% preemptions={}",
+        "[{}] waiting_p50={} ttft_p99={} kv_usage_max={} preemptions={}",
         role.role,
-        role.waiting_requests_p50,
-        role.ttft_p99_seconds,
-        role.kv_cache_usage_max * 100.0,
-        role.preemptions
+        show(
+            "waiting_requests_p50",
+            role.waiting_requests_p50.to_string()
+        ),
+        show("ttft_p99_seconds", format!("{:.3}s", role.ttft_p99_seconds)),
+        show(
+            "kv_cache_usage_max",
+            format!("{:.1}%", role.kv_cache_usage_max * 100.0)
+        ),
+        show("preemptions", format!("{:.0}", role.preemptions))
     )
 }
 

@@ -9,5 +9,6 @@
 mod browser;
 mod cli;
 mod report;
+mod signals;
 mod support;
 mod sweep;

@@ -126,6 +126,34 @@ pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run 
     }
 }
 
+/// Run `generate` with `extra` flags (and `--scrape` flags for the
+/// simulator if `scrape`) on a scenario that must be refused before any
+/// load: its stderr, after checking the exit status and that the simulator
+/// saw nothing.
+pub async fn refused(scenario: &str, scrape: bool, extra: &[&str]) -> String {
+    let sim = simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.star");
+    std::fs::write(&config, scenario).unwrap();
+    let mut command = nyann_bench();
+    command
+        .args(["generate", "--config"])
+        .arg(&config)
+        .args(["--target", &sim.base_url()]);
+    if scrape {
+        command.args(scrape_flags(&sim));
+    }
+    command.args(extra);
+    let out = command.output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        sim.requests().is_empty(),
+        "no request may be sent: {stderr}"
+    );
+    stderr
+}
+
 /// `--scrape ROLE=URL` flags for every metrics endpoint of the simulator.
 pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
     sim.metrics_endpoints()

@@ -13,7 +13,9 @@ use std::time::Duration;
 use nyann_testkit::exporter::{Engine, Exporter};
 use nyann_testkit::{PrometheusServer, ScrapeJob};
 
-use crate::support::{generate, nyann_bench, policy_wasm, scrape_flags, serial, simulator, sweep};
+use crate::support::{
+    generate, nyann_bench, policy_wasm, refused, scrape_flags, serial, simulator, sweep,
+};
 
 /// Thresholds the simulator crosses at c=16 (KV pressure with preemptions)
 /// and not before; the queueing rule is out of reach at c <= 16.
@@ -323,30 +325,6 @@ async fn monitor_mode_records_every_verdict_and_never_stops() {
         );
         assert_eq!(run.congestion(stage)["mode"], "monitor");
     }
-}
-
-/// Run `generate` with `extra` flags on a scenario that must be refused
-/// before any load: its stderr, after checking the exit status and that the
-/// simulator saw nothing.
-async fn refused(scenario: &str, scrape: bool, extra: &[&str]) -> String {
-    let sim = simulator(false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("bad.star");
-    std::fs::write(&config, scenario).unwrap();
-    let mut command = nyann_bench();
-    command
-        .args(["generate", "--config"])
-        .arg(&config)
-        .args(["--target", &sim.base_url()]);
-    if scrape {
-        command.args(scrape_flags(&sim));
-    }
-    command.args(extra);
-    let out = command.output().await.unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(sim.requests().is_empty(), "no request may be sent");
-    stderr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

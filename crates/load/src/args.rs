@@ -4,20 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nyann_model::parse_duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Api, ClientConfig};
 use crate::runner::RunOptions;
-
-/// Parses `750ms`, `2s`, `1m30s` or a plain number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if let Ok(seconds) = text.parse::<f64>() {
-        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
-    }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?}: {e} (examples: 750ms, 2s, 1m30s)"))
-}
 
 /// How to reach the server and what to do on failures.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,8 +45,9 @@ pub struct ClientArgs {
     #[arg(long = "header", value_name = "'NAME: VALUE'")]
     pub headers: Vec<String>,
 
-    /// PEM file of CA certificates to trust for an https target, in addition
-    /// to the system's (repeatable; for servers behind a private CA).
+    /// PEM file of CA certificates to trust for an https target, Prometheus
+    /// or --scrape URL, in addition to the system's (repeatable; for servers
+    /// behind a private CA).
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Vec<PathBuf>,
 
@@ -150,10 +142,6 @@ mod tests {
 
     #[test]
     fn durations_and_headers() {
-        assert_eq!(parse_duration("750ms"), Ok(Duration::from_millis(750)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert!(parse_duration("soon").is_err());
         let cli = Cli::parse_from([
             "x",
             "--header",

@@ -21,7 +21,7 @@ pub mod sse;
 pub mod stats;
 pub mod workload;
 
-pub use args::{ClientArgs, parse_duration};
+pub use args::ClientArgs;
 pub use client::{Api, ClientConfig};
 pub use hook::{FinishedStage, HookDecision, HookOutcome, NoHook, StageHook};
 pub use live::{Live, LiveSnapshot};

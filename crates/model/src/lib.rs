@@ -2,13 +2,20 @@
 //!
 //! `scenario` is the IR a Starlark file compiles to (and what `--config
 //! FILE.json` reads back); `observation` is what a congestion policy is shown
-//! after a stage and what it answers. Both are plain serde types with no
+//! after a stage and what it answers; `coverage` says which server signals
+//! had data, beside what the policy sees. They are plain serde types with no
 //! behaviour, so that the crates that produce them (scenario, load, signals)
 //! and the ones that consume them (load, policy host, report) depend on this
-//! small crate and not on each other.
+//! small crate and not on each other. `duration` is the one duration grammar
+//! of the scenario language and of every flag.
 
+pub mod coverage;
+pub mod duration;
 pub mod observation;
 pub mod scenario;
+
+pub use coverage::{RoleCoverage, SeriesStatus, SignalCoverage};
+pub use duration::{DURATION_HELP, parse_duration, parse_seconds};
 
 pub use observation::{
     ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Verdict,

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::scenario::Value;
 
 /// Server-side signals of one role (`aggregate`, `prefill` or `decode`) over one stage.
-/// Missing series evaluate as zero.
+/// Missing series evaluate as zero; [`RoleCoverage`](crate::RoleCoverage)
+/// says which signals had series.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoleSignals {
     pub role: String,

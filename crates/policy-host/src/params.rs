@@ -64,31 +64,13 @@ pub(crate) fn convert(spec: &ParamSpec, value: &Value) -> Result<Value, String> 
         (ParamKind::Duration, Value::Number(n)) if n.is_finite() && *n >= 0.0 => {
             Ok(Value::Number(*n))
         }
-        (ParamKind::Duration, Value::Text(t)) => parse_duration(t)
+        (ParamKind::Duration, Value::Text(t)) => nyann_model::parse_seconds(t)
             .map(Value::Number)
             .map_err(|e| format!("{}: {e}", wrong())),
         (ParamKind::Text, Value::Text(t)) => Ok(Value::Text(t.clone())),
         (ParamKind::Flag, Value::Flag(b)) => Ok(Value::Flag(*b)),
         _ => Err(wrong()),
     }
-}
-
-/// `"750ms"`, `"2s"`, `"1m30s"`, `"1.5s"`, or a plain number of seconds
-/// written as text (`"90"`); in seconds.
-pub fn parse_duration(text: &str) -> Result<f64, String> {
-    let t = text.trim();
-    if let Ok(n) = t.parse::<f64>() {
-        return if n.is_finite() && n >= 0.0 {
-            Ok(n)
-        } else {
-            Err(format!("`{text}` is not a duration"))
-        };
-    }
-    humantime::parse_duration(t)
-        .map(|d| d.as_secs_f64())
-        .map_err(|e| {
-            format!("`{text}` is not a duration ({e}); write e.g. \"750ms\", \"2s\" or \"1m30s\"")
-        })
 }
 
 /// What a kind accepts, for messages.
@@ -194,11 +176,19 @@ mod tests {
 
     #[test]
     fn durations_accept_the_documented_forms() {
-        assert_eq!(parse_duration("2s"), Ok(2.0));
-        assert_eq!(parse_duration("750ms"), Ok(0.75));
-        assert_eq!(parse_duration("1m30s"), Ok(90.0));
-        assert_eq!(parse_duration("90"), Ok(90.0));
-        assert!(parse_duration("soon").unwrap_err().contains("\"750ms\""));
+        let ttft = |text: &str| {
+            check(
+                &info(),
+                &[
+                    p("waiting_requests_p50", Value::Number(1.0)),
+                    p("ttft_p99", Value::Text(text.into())),
+                ],
+            )
+            .map(|params| params[1].clone())
+        };
+        assert_eq!(ttft("1m30s"), Ok(p("ttft_p99", Value::Number(90.0))));
+        assert_eq!(ttft("90"), Ok(p("ttft_p99", Value::Number(90.0))));
+        assert!(ttft("soon").unwrap_err().contains("\"750ms\""));
         let out = check(
             &info(),
             &[

@@ -28,9 +28,9 @@ use starlark::values::range::Range;
 use starlark::values::tuple::TupleRef;
 use starlark::values::{UnpackValue, Value};
 
-use crate::duration::{DURATION_HELP, parse_duration};
 use crate::validate::{MAX_STEPS, scenario_problems, stage_problems, workload_problems};
 use crate::values::{BarrierValue, StageValue, State, WorkloadValue};
+use nyann_model::{DURATION_HELP, parse_seconds};
 
 /// Longest `range(...)` a scenario may build. Scenarios need a few thousand
 /// numbers at most; refusing huge ranges up front stops `list(range(10**9))`
@@ -176,7 +176,7 @@ impl Args {
     /// A duration string or integer seconds, > 0, as seconds.
     fn duration(&mut self, name: &str, v: Value) -> Option<f64> {
         let seconds = if let Some(text) = v.unpack_str() {
-            match parse_duration(text) {
+            match parse_seconds(text) {
                 Ok(s) => s,
                 Err(e) => {
                     self.problem(format!("{name}: {e}"));

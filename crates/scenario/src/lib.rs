@@ -9,7 +9,6 @@
 
 mod builtins;
 mod compile;
-mod duration;
 mod error;
 mod shape;
 mod validate;

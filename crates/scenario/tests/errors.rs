@@ -253,9 +253,9 @@ fn durations() {
         &["invalid duration \"2x\": unknown unit \"x\"", "\"1m30s\""],
     );
     assert_error(
-        &on_line_3("stage(\"90\")"),
+        &on_line_3("stage(\"1.5\")"),
         3,
-        &["missing unit after \"90\""],
+        &["missing unit after \"1.5\" (write e.g. \"1.5s\")"],
     );
     assert_error(&on_line_3("stage(0)"), 3, &["duration must be > 0, got 0"]);
     assert_error(&on_line_3("stage(\"0s\")"), 3, &["duration must be > 0"]);
@@ -268,7 +268,7 @@ fn durations() {
         &on_line_3("stage(1.5)"),
         3,
         &[
-            "duration must be a duration string like \"2m\"",
+            "duration must be a duration like \"750ms\"",
             "got float 1.5",
         ],
     );

@@ -1,12 +1,15 @@
 //! The command-line flags of the signal sources and what they resolve to:
-//! roles with their PromQL selectors, scrape targets, metric names with
-//! their fallbacks.
+//! roles with their PromQL selectors, scrape targets, headers. Metric names
+//! are in [`crate::profile`].
 
-use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use nyann_model::parse_duration;
+
 use crate::SignalError;
+use crate::profile::Server;
 
 /// Flags that choose and configure the server-signal source. Flatten into a
 /// command with `#[command(flatten)]`.
@@ -48,25 +51,25 @@ pub struct SignalArgs {
     pub scrape: Vec<String>,
 
     /// How often --scrape samples each URL.
-    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
     pub scrape_interval: Duration,
 
     /// Timeout of one --scrape request.
-    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
     pub scrape_timeout: Duration,
 
     /// Fixed delay after a stage before its signals are computed (on top of
     /// --settle-wait).
-    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
     pub settle: Duration,
 
     /// Longest wait after a stage for samples covering its end to be
     /// ingested (Prometheus) or scraped (--scrape). 0s disables the wait.
-    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
     pub settle_wait: Duration,
 
     /// Timeout of one Prometheus query.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
     pub prometheus_timeout: Duration,
 
     /// Bearer token sent to Prometheus (Authorization header).
@@ -88,13 +91,21 @@ pub struct SignalArgs {
     )]
     pub prometheus_headers: Vec<String>,
 
-    /// Metric names of a signal, tried in order until one has data, e.g.
-    /// kv_cache_usage=sglang:token_usage. SIGNAL is one of waiting, running,
-    /// kv_cache_usage, ttft, itl, preemptions, generation_tokens (histograms
-    /// without `_bucket`). Defaults: vLLM names, `kv_cache_usage_perc` then
-    /// `gpu_cache_usage_perc`, `inter_token_latency_seconds` then
-    /// `time_per_output_token_seconds`, each also in the `vllm_` spelling.
-    /// Repeatable.
+    /// Which server's metric names to read (the README's profile table):
+    /// vllm, or sglang (`sglang:num_queue_reqs`, `sglang:token_usage`, ...).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = Server::Vllm,
+        value_name = "SERVER",
+        help_heading = "Server signals"
+    )]
+    pub server: Server,
+
+    /// Metric names of a signal, tried in order until one has data, on top
+    /// of the --server profile, e.g. kv_cache_usage=my:kv_usage. SIGNAL is
+    /// one of waiting, running, kv_cache_usage, ttft, itl, preemptions,
+    /// generation_tokens (histograms without `_bucket`). Repeatable.
     #[arg(
         long = "metric",
         id = "metric_names",
@@ -102,6 +113,36 @@ pub struct SignalArgs {
         help_heading = "Server signals"
     )]
     pub metrics: Vec<String>,
+
+    /// Start even when a role finds no series of any signal before the first
+    /// stage (its signals then read 0 at every stage, recorded as "no
+    /// data"). Without it, such a role refuses to start.
+    #[arg(long, help_heading = "Server signals")]
+    pub allow_missing_signals: bool,
+
+    /// Client certificate (PEM) presented to Prometheus (mutual TLS); needs
+    /// --prometheus-client-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "prometheus_client_key",
+        help_heading = "Server signals"
+    )]
+    pub prometheus_client_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --prometheus-client-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "prometheus_client_cert",
+        help_heading = "Server signals"
+    )]
+    pub prometheus_client_key: Option<PathBuf>,
+
+    /// CA certificates (DER) trusted for https Prometheus and --scrape URLs
+    /// besides the system's; the binary fills it from `--ca-cert`.
+    #[arg(skip)]
+    pub ca_certs: Vec<Vec<u8>>,
 }
 
 impl Default for SignalArgs {
@@ -118,139 +159,14 @@ impl Default for SignalArgs {
             prometheus_timeout: Duration::from_secs(10),
             prometheus_bearer_token: None,
             prometheus_headers: Vec::new(),
+            server: Server::Vllm,
             metrics: Vec::new(),
+            allow_missing_signals: false,
+            prometheus_client_cert: None,
+            prometheus_client_key: None,
+            ca_certs: Vec::new(),
         }
     }
-}
-
-/// A server metric a signal is computed from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    Waiting,
-    Running,
-    KvCacheUsage,
-    Ttft,
-    Itl,
-    Preemptions,
-    GenerationTokens,
-}
-
-impl Family {
-    pub const ALL: [Family; 7] = [
-        Family::Waiting,
-        Family::Running,
-        Family::KvCacheUsage,
-        Family::Ttft,
-        Family::Itl,
-        Family::Preemptions,
-        Family::GenerationTokens,
-    ];
-
-    /// The SIGNAL key of `--metric`.
-    pub fn key(self) -> &'static str {
-        match self {
-            Family::Waiting => "waiting",
-            Family::Running => "running",
-            Family::KvCacheUsage => "kv_cache_usage",
-            Family::Ttft => "ttft",
-            Family::Itl => "itl",
-            Family::Preemptions => "preemptions",
-            Family::GenerationTokens => "generation_tokens",
-        }
-    }
-
-    /// Histograms are named without their `_bucket` suffix.
-    pub fn is_histogram(self) -> bool {
-        matches!(self, Family::Ttft | Family::Itl)
-    }
-
-    fn default_names(self) -> Vec<String> {
-        let base: &[&str] = match self {
-            Family::Waiting => &["num_requests_waiting"],
-            Family::Running => &["num_requests_running"],
-            Family::KvCacheUsage => &["kv_cache_usage_perc", "gpu_cache_usage_perc"],
-            Family::Ttft => &["time_to_first_token_seconds"],
-            Family::Itl => &[
-                "inter_token_latency_seconds",
-                "time_per_output_token_seconds",
-            ],
-            Family::Preemptions => &["num_preemptions_total"],
-            Family::GenerationTokens => &["generation_tokens_total"],
-        };
-        // The colon spelling first (what vLLM writes), then the underscore
-        // spelling an OpenMetrics scrape with escaping=underscores stores.
-        let mut names: Vec<String> = base.iter().map(|b| format!("vllm:{b}")).collect();
-        names.extend(base.iter().map(|b| format!("vllm_{b}")));
-        names
-    }
-}
-
-/// Metric names per family, in fallback order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MetricNames(BTreeMap<Family, Vec<String>>);
-
-impl Default for MetricNames {
-    fn default() -> Self {
-        Self(
-            Family::ALL
-                .iter()
-                .map(|f| (*f, f.default_names()))
-                .collect(),
-        )
-    }
-}
-
-impl MetricNames {
-    /// Defaults with `--metric SIGNAL=NAME[,NAME...]` overrides applied.
-    pub fn from_flags(flags: &[String]) -> Result<Self, SignalError> {
-        let mut names = Self::default();
-        for flag in flags {
-            let bad = |why: &str| SignalError::Metric {
-                flag: flag.clone(),
-                why: why.to_string(),
-            };
-            let (key, list) = flag
-                .split_once('=')
-                .ok_or_else(|| bad("expected SIGNAL=NAME[,NAME...]"))?;
-            let family = Family::ALL
-                .into_iter()
-                .find(|f| f.key() == key.trim())
-                .ok_or_else(|| {
-                    bad(&format!(
-                        "unknown signal {:?}; expected one of {}",
-                        key.trim(),
-                        Family::ALL.map(Family::key).join(", ")
-                    ))
-                })?;
-            let list: Vec<String> = list
-                .split(',')
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect();
-            if list.is_empty() {
-                return Err(bad("no metric name given"));
-            }
-            if let Some(n) = list.iter().find(|n| !valid_metric_name(n)) {
-                return Err(bad(&format!(
-                    "{n:?} is not a metric name (letters, digits, '_' and ':')"
-                )));
-            }
-            names.0.insert(family, list);
-        }
-        Ok(names)
-    }
-
-    /// The names of `family`, primary first.
-    pub fn get(&self, family: Family) -> &[String] {
-        self.0.get(&family).map(Vec::as_slice).unwrap_or(&[])
-    }
-}
-
-fn valid_metric_name(n: &str) -> bool {
-    !n.is_empty()
-        && !n.starts_with(|c: char| c.is_ascii_digit())
-        && n.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
 }
 
 /// A role and the label matchers selecting its pods' series.
@@ -259,6 +175,9 @@ pub struct RoleSelector {
     pub role: String,
     /// The matchers inside the braces, e.g. `job="vllm-decode",pod=~"m.*"`.
     pub matchers: String,
+    /// The default of `--deploy-name` (not a `--selector`): what a hint
+    /// suggests changing when it matches nothing.
+    pub from_deploy_name: bool,
 }
 
 impl RoleSelector {
@@ -310,25 +229,33 @@ fn role_rank(role: &str) -> usize {
     }
 }
 
+/// The `job` of a role's `--deploy-name` selector (SEED.md).
+pub fn default_job(role: &str) -> Option<&'static str> {
+    match role {
+        "prefill" => Some("vllm-prefill"),
+        "decode" => Some("vllm-decode"),
+        "aggregate" => Some("vllm-aggregate"),
+        _ => None,
+    }
+}
+
 /// The default roles of `--deploy-name` (SEED.md).
 pub fn default_roles(deploy_name: &str) -> Vec<RoleSelector> {
     let pod = |name: &str| format!("{}.*", regex_literal(name));
-    let sel = |role: &str, job: &str, name: &str| RoleSelector {
+    let sel = |role: &str, name: &str| RoleSelector {
         role: role.to_string(),
         matchers: format!(
             "job=\"{}\",pod=~\"{}\"",
-            promql_string(job),
+            promql_string(default_job(role).unwrap_or(role)),
             promql_string(&pod(name))
         ),
+        from_deploy_name: true,
     };
     if deploy_name.contains("-decode") {
         let prefill = deploy_name.replacen("-decode", "-prefill", 1);
-        vec![
-            sel("prefill", "vllm-prefill", &prefill),
-            sel("decode", "vllm-decode", deploy_name),
-        ]
+        vec![sel("prefill", &prefill), sel("decode", deploy_name)]
     } else {
-        vec![sel("aggregate", "vllm-aggregate", deploy_name)]
+        vec![sel("aggregate", deploy_name)]
     }
 }
 
@@ -364,6 +291,7 @@ pub fn resolve_roles(
         let new = RoleSelector {
             role: role.to_string(),
             matchers,
+            from_deploy_name: false,
         };
         match roles.iter_mut().find(|r| r.role == role) {
             Some(existing) => *existing = new,
@@ -485,25 +413,6 @@ mod tests {
     }
 
     #[test]
-    fn metric_overrides_and_defaults() {
-        let m = MetricNames::default();
-        assert_eq!(
-            m.get(Family::KvCacheUsage),
-            [
-                "vllm:kv_cache_usage_perc",
-                "vllm:gpu_cache_usage_perc",
-                "vllm_kv_cache_usage_perc",
-                "vllm_gpu_cache_usage_perc"
-            ]
-        );
-        let m = MetricNames::from_flags(&["waiting=sglang:num_queue_reqs,x_y".into()]).unwrap();
-        assert_eq!(m.get(Family::Waiting), ["sglang:num_queue_reqs", "x_y"]);
-        assert!(MetricNames::from_flags(&["nope=x".into()]).is_err());
-        assert!(MetricNames::from_flags(&["waiting=a b".into()]).is_err());
-        assert!(MetricNames::from_flags(&["waiting=".into()]).is_err());
-    }
-
-    #[test]
     fn scrape_flags() {
         let t = parse_scrape("127.0.0.1:8000").unwrap();
         assert_eq!(t.role, "aggregate");
@@ -542,17 +451,28 @@ mod tests {
             "1m30s",
             "--metric",
             "kv_cache_usage=x",
+            "--settle-wait",
+            "30",
+            "--server",
+            "sglang",
         ])
         .unwrap();
         let a = cli.signals;
         assert_eq!(a.selectors.len(), 2);
         assert_eq!(a.scrape_interval, Duration::from_millis(500));
         assert_eq!(a.prometheus_timeout, Duration::from_secs(90));
-        assert_eq!(a.settle_wait, SignalArgs::default().settle_wait);
+        assert_eq!(a.settle_wait, Duration::from_secs(30));
+        assert_eq!(a.server, Server::Sglang);
         assert_eq!(a.scrape_timeout, SignalArgs::default().scrape_timeout);
+        assert!(!a.allow_missing_signals);
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("regexes"), "{help}");
         assert!(Cli::try_parse_from(["x", "--settle", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--settle-wait", "1.5"]).is_err());
+        // A client certificate needs its key, and the other way round.
+        let e = Cli::try_parse_from(["x", "--prometheus-client-cert", "c.pem"]).unwrap_err();
+        assert!(e.to_string().contains("--prometheus-client-key"), "{e}");
+        assert!(Cli::try_parse_from(["x", "--prometheus-client-key", "k.pem"]).is_err());
     }
 
     #[test]

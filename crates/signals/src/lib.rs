@@ -17,13 +17,19 @@
 //!   `running_requests_p50`.
 //!
 //! Two sources compute them: a Prometheus server (`--prometheus-url`) or
-//! direct sampling of the servers' `/metrics` (`--scrape`). Computing a
-//! stage's signals never fails as a whole: a failed query zeroes its signal
-//! and adds an error string naming the role and the signal (fail-open).
+//! direct sampling of the servers' `/metrics` (`--scrape`); the metric
+//! names come from a server profile (`--server vllm|sglang`). Before the
+//! first stage, [`SignalSource::preflight`] checks that every role finds its
+//! server's series. Computing a stage's signals never fails as a whole: a
+//! failed query zeroes its signal and adds an error string naming the role
+//! and the signal (fail-open), and the coverage says, per role and signal,
+//! whether series were found, so that a missing signal is never taken for a
+//! measured 0.
 //!
 //! ```no_run
 //! # async fn demo(args: nyann_signals::SignalArgs) -> Result<(), nyann_signals::SignalError> {
 //! if let Some(source) = nyann_signals::SignalSource::from_args(&args).await? {
+//!     for warning in source.preflight().await? { tracing::warn!("{warning}"); }
 //!     source.start(); // starts the --scrape sampler; no-op for Prometheus
 //!     tracing::info!("server signals: {source}");
 //!     // ... run a stage from `start` to `end` (unix seconds) ...
@@ -37,17 +43,22 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nyann_model::RoleSignals;
+use nyann_model::{RoleCoverage, RoleSignals};
 
 pub mod config;
 pub mod exposition;
+mod http;
 pub mod math;
+mod preflight;
+pub mod profile;
 pub mod prometheus;
 mod scrape;
 pub mod spec;
 
-pub use config::{MetricNames, RoleSelector, ScrapeTarget, SignalArgs};
+pub use config::{RoleSelector, ScrapeTarget, SignalArgs};
+pub use profile::{MetricNames, Server};
 
+use http::Tls;
 use prometheus::{PromClient, PrometheusSource};
 use scrape::ScrapeSource;
 
@@ -60,6 +71,9 @@ pub struct StageSignals {
     /// signals concerned read 0 (fail-open). Goes to
     /// `StageObservation::signal_errors`.
     pub errors: Vec<String>,
+    /// Per role (same order as `roles`) and signal: whether series were
+    /// found, the metric read, and whether a value is a lower bound.
+    pub coverage: Vec<RoleCoverage>,
 }
 
 /// A configuration error in the signal flags.
@@ -87,6 +101,21 @@ pub enum SignalError {
     ZeroDuration { flag: &'static str },
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
+    #[error("invalid --ca-cert: {0}")]
+    CaCert(String),
+    #[error("{0}")]
+    ClientCert(String),
+    /// The source could not be read before the first stage.
+    #[error("cannot read server signals from {from} before the first stage: {why}\n{fix}")]
+    Unreachable {
+        from: String,
+        why: String,
+        /// What to check, for this kind of source.
+        fix: &'static str,
+    },
+    /// A role found no series of any signal before the first stage.
+    #[error("{0}")]
+    NothingFound(String),
 }
 
 enum Inner {
@@ -97,15 +126,17 @@ enum Inner {
 /// Where server signals come from, built from [`SignalArgs`].
 pub struct SignalSource {
     inner: Inner,
+    /// `--allow-missing-signals`: a role that finds nothing only warns.
+    allow_missing: bool,
 }
 
 impl SignalSource {
     /// Builds the source the flags describe; `Ok(None)` when neither
     /// `--prometheus-url` nor `--scrape` is given. Does not contact any server.
     pub async fn from_args(args: &SignalArgs) -> Result<Option<SignalSource>, SignalError> {
-        let names = MetricNames::from_flags(&args.metrics)?;
-        match (&args.prometheus_url, args.scrape.is_empty()) {
-            (Some(_), false) => Err(SignalError::BothSources),
+        let names = MetricNames::from_flags(args.server, &args.metrics)?;
+        let inner = match (&args.prometheus_url, args.scrape.is_empty()) {
+            (Some(_), false) => return Err(SignalError::BothSources),
             (Some(url), true) => {
                 if args.prometheus_timeout.is_zero() {
                     return Err(SignalError::ZeroDuration {
@@ -126,16 +157,15 @@ impl SignalSource {
                     args.prometheus_timeout,
                     args.prometheus_bearer_token.as_deref(),
                     &headers,
+                    &Tls::from_args(args)?,
                 )?;
-                Ok(Some(SignalSource {
-                    inner: Inner::Prometheus(PrometheusSource::new(
-                        client,
-                        roles,
-                        names,
-                        args.settle,
-                        args.settle_wait,
-                    )),
-                }))
+                Inner::Prometheus(PrometheusSource::new(
+                    client,
+                    roles,
+                    names,
+                    args.settle,
+                    args.settle_wait,
+                ))
             }
             (None, false) => {
                 if args.deploy_name.is_some() || !args.selectors.is_empty() {
@@ -156,24 +186,41 @@ impl SignalSource {
                     .iter()
                     .map(|s| config::parse_scrape(s))
                     .collect::<Result<Vec<_>, _>>()?;
-                let http = reqwest::Client::builder()
+                let http = Tls::from_args(args)?
+                    .builder()
                     .connect_timeout(args.scrape_timeout)
                     .build()
                     .map_err(|e| SignalError::HttpClient(e.to_string()))?;
-                Ok(Some(SignalSource {
-                    inner: Inner::Scrape(ScrapeSource::new(
-                        targets,
-                        names,
-                        args.scrape_interval,
-                        args.scrape_timeout,
-                        args.settle,
-                        args.settle_wait,
-                        http,
-                    )),
-                }))
+                Inner::Scrape(ScrapeSource::new(
+                    targets,
+                    names,
+                    args.scrape_interval,
+                    args.scrape_timeout,
+                    args.settle,
+                    args.settle_wait,
+                    http,
+                ))
             }
-            (None, true) => Ok(None),
-        }
+            (None, true) => return Ok(None),
+        };
+        Ok(Some(SignalSource {
+            inner,
+            allow_missing: args.allow_missing_signals,
+        }))
+    }
+
+    /// Before any load: checks that every role finds its server's series
+    /// (one Prometheus query per role, or one scrape of each URL). Returns
+    /// the warnings to log (signals missing on a role; with
+    /// `--allow-missing-signals`, roles that found nothing). Fails when the
+    /// source cannot be read, or when a role finds no series of any signal,
+    /// saying what does exist that looks like the server.
+    pub async fn preflight(&self) -> Result<Vec<String>, SignalError> {
+        let (report, names) = match &self.inner {
+            Inner::Prometheus(p) => (p.preflight().await?, p.names()),
+            Inner::Scrape(s) => (s.preflight().await?, s.names()),
+        };
+        report.conclude(names, self.allow_missing)
     }
 
     /// Starts background sampling for `--scrape` (idempotent; a no-op for
@@ -204,6 +251,20 @@ impl SignalSource {
         }
     }
 
+    /// Where `role`'s series come from: its selector (Prometheus) or its
+    /// URLs (`--scrape`), for messages.
+    pub fn place(&self, role: &str) -> String {
+        match &self.inner {
+            Inner::Prometheus(p) => p
+                .roles()
+                .iter()
+                .find(|r| r.role == role)
+                .map(|r| format!("selector {{{}}}", r.matchers))
+                .unwrap_or_default(),
+            Inner::Scrape(s) => s.urls(role).join(" "),
+        }
+    }
+
     /// A one-line description of the source, its roles and selectors, for logs.
     pub fn describe(&self) -> String {
         self.to_string()
@@ -227,13 +288,7 @@ impl fmt::Display for SignalSource {
                     humantime::format_duration(s.interval())
                 )?;
                 for role in s.roles() {
-                    let urls: Vec<&str> = s
-                        .targets()
-                        .iter()
-                        .filter(|t| t.role == role)
-                        .map(|t| t.url.as_str())
-                        .collect();
-                    write!(f, "; {role} {}", urls.join(" "))?;
+                    write!(f, "; {role} {}", s.urls(&role).join(" "))?;
                 }
                 Ok(())
             }

@@ -72,26 +72,35 @@ const SMALL_DELTA_TOLERANCE: f64 = 1e-12;
 /// - no `+Inf` bucket, fewer than two buckets or zero observations: NaN
 ///   ("no value");
 /// - counts are forced monotonic (float noise below 1e-12 relative ignored);
-/// - a rank that falls into the `+Inf` bucket gives the highest finite bound;
+/// - a rank that falls into the `+Inf` bucket gives the highest finite bound
+///   (the second-highest bound, as Prometheus answers);
 /// - otherwise linear interpolation inside the bucket, whose lower edge is
 ///   the previous bound (0 for the first bucket unless its bound is <= 0).
 pub fn histogram_quantile(q: f64, buckets: &[Bucket]) -> f64 {
+    histogram_quantile_with_bound(q, buckets).0
+}
+
+/// [`histogram_quantile`], and whether the rank fell into the `+Inf` bucket:
+/// the value is then the largest finite bound, and the true quantile is at
+/// least that (a lower bound).
+pub fn histogram_quantile_with_bound(q: f64, buckets: &[Bucket]) -> (f64, bool) {
+    let value = |v: f64| (v, false);
     if q.is_nan() {
-        return f64::NAN;
+        return value(f64::NAN);
     }
     if q < 0.0 {
-        return f64::NEG_INFINITY;
+        return value(f64::NEG_INFINITY);
     }
     if q > 1.0 {
-        return f64::INFINITY;
+        return value(f64::INFINITY);
     }
     let mut b: Vec<Bucket> = buckets.to_vec();
     if b.is_empty() {
-        return f64::NAN;
+        return value(f64::NAN);
     }
     b.sort_by(|x, y| x.upper_bound.total_cmp(&y.upper_bound));
     if b.last().is_none_or(|l| l.upper_bound != f64::INFINITY) {
-        return f64::NAN;
+        return value(f64::NAN);
     }
     // coalesceBuckets: merge buckets with the same upper bound.
     let mut merged: Vec<Bucket> = Vec::with_capacity(b.len());
@@ -104,11 +113,11 @@ pub fn histogram_quantile(q: f64, buckets: &[Bucket]) -> f64 {
     let mut b = merged;
     ensure_monotonic(&mut b);
     if b.len() < 2 {
-        return f64::NAN;
+        return value(f64::NAN);
     }
     let observations = b[b.len() - 1].count;
     if observations == 0.0 {
-        return f64::NAN;
+        return value(f64::NAN);
     }
     let mut rank = q * observations;
     // sort.Search(len-1, count >= rank): first bucket reaching the rank, or len-1.
@@ -117,10 +126,10 @@ pub fn histogram_quantile(q: f64, buckets: &[Bucket]) -> f64 {
         .position(|x| x.count >= rank)
         .unwrap_or(b.len() - 1);
     if idx == b.len() - 1 {
-        return b[b.len() - 2].upper_bound;
+        return (b[b.len() - 2].upper_bound, true);
     }
     if idx == 0 && b[0].upper_bound <= 0.0 {
-        return b[0].upper_bound;
+        return value(b[0].upper_bound);
     }
     let bucket_end = b[idx].upper_bound;
     let mut count = b[idx].count;
@@ -130,7 +139,7 @@ pub fn histogram_quantile(q: f64, buckets: &[Bucket]) -> f64 {
         count -= b[idx - 1].count;
         rank -= b[idx - 1].count;
     }
-    bucket_start + (bucket_end - bucket_start) * (rank / count)
+    value(bucket_start + (bucket_end - bucket_start) * (rank / count))
 }
 
 /// `ensureMonotonicAndIgnoreSmallDeltas` from Prometheus.
@@ -229,9 +238,12 @@ mod tests {
         assert!((histogram_quantile(0.99, &b) - 0.95).abs() < 1e-12);
         // First bucket: lower edge 0.
         assert!((histogram_quantile(0.25, &b) - 0.05).abs() < 1e-12);
-        // Rank in the +Inf bucket: highest finite bound.
+        // Rank in the +Inf bucket: highest finite bound, a lower bound of
+        // the truth (Prometheus answers the same second-highest bound).
         let b = bk(&[(0.1, 1.0), (2560.0, 1.0), (f64::INFINITY, 10.0)]);
         assert_eq!(histogram_quantile(0.99, &b), 2560.0);
+        assert_eq!(histogram_quantile_with_bound(0.99, &b), (2560.0, true));
+        assert_eq!(histogram_quantile_with_bound(0.05, &b), (0.05, false));
         // No observations, no +Inf, a single bucket: NaN.
         let b = bk(&[(0.1, 0.0), (f64::INFINITY, 0.0)]);
         assert!(histogram_quantile(0.99, &b).is_nan());

@@ -1,16 +1,23 @@
 //! The Prometheus source: one PromQL query per signal and role over the
 //! stage windows (HTTP API v1), with envelope checks, timeouts, bounded
-//! parallelism, metric-name fallbacks and a bounded wait for ingestion.
+//! parallelism, metric-name fallbacks, a bounded wait for ingestion, and a
+//! check that fails fast once Prometheus stops answering. Before the first
+//! stage, one query per role checks which signals its selector finds.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
+use tokio::sync::watch;
 
-use crate::config::{Family, MetricNames, RoleSelector};
+use crate::config::{RoleSelector, promql_string};
+use crate::http::Tls;
 use crate::math::{self, Window};
-use crate::spec::{self, SPECS, Spec, Stat};
+use crate::preflight::{self, Candidate, RoleFinding};
+use crate::profile::{Family, MetricNames, Server};
+use crate::spec::{self, Reading, SPECS, Spec, Stat};
 use crate::{SignalError, StageSignals, excerpt, unix_now};
 
 /// Queries in flight at once against Prometheus.
@@ -42,11 +49,18 @@ pub enum QueryError {
     /// A sample value that is NaN or infinite where a number was expected.
     #[error("prometheus returned a non-finite value {0}")]
     NonFinite(String),
+    /// Not sent: an earlier query of the same check got no answer in time,
+    /// so this one would most likely only wait out the same timeout.
+    #[error(
+        "prometheus: not queried: an earlier query of this check got no answer within {0} (--prometheus-timeout)"
+    )]
+    NotQueried(String),
 }
 
-/// One series of a query result: its points (unix seconds, value).
+/// One series of a query result: its labels and points (unix seconds, value).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
+    pub labels: BTreeMap<String, String>,
     pub points: Vec<(f64, f64)>,
 }
 
@@ -72,11 +86,15 @@ struct Data {
 
 #[derive(Deserialize)]
 struct VectorItem {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
     value: (f64, String),
 }
 
 #[derive(Deserialize)]
 struct MatrixItem {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
     values: Vec<(f64, String)>,
 }
 
@@ -106,11 +124,12 @@ pub fn format_range(seconds: f64) -> String {
 
 impl PromClient {
     /// `base` is the Prometheus URL (`http://host:9090`, a path prefix is kept).
-    pub fn new(
+    pub(crate) fn new(
         base: &str,
         timeout: Duration,
         bearer_token: Option<&str>,
         headers: &[(String, String)],
+        tls: &Tls,
     ) -> Result<Self, SignalError> {
         let parsed = reqwest::Url::parse(base).map_err(|e| SignalError::PrometheusUrl {
             url: base.to_string(),
@@ -139,7 +158,8 @@ impl PromClient {
             let v = HeaderValue::from_str(value).map_err(|e| bad_header(name, e.to_string()))?;
             map.insert(n, v);
         }
-        let http = reqwest::Client::builder()
+        let http = tls
+            .prometheus_builder()
             .default_headers(map)
             .connect_timeout(timeout)
             .build()
@@ -178,6 +198,19 @@ impl PromClient {
             ],
         )
         .await
+    }
+
+    /// Runs a planned query.
+    pub async fn planned(&self, planned: &Planned) -> Result<Vec<Series>, QueryError> {
+        match planned {
+            Planned::Range {
+                query,
+                start,
+                end,
+                step,
+            } => self.query_range(query, *start, *end, *step).await,
+            Planned::Instant { query, time } => self.query(query, *time).await,
+        }
     }
 
     async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<Vec<Series>, QueryError> {
@@ -290,7 +323,12 @@ fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
                 serde_json::from_value(data.result.clone()).map_err(malformed)?;
             items
                 .into_iter()
-                .map(|i| parse_points(i.values).map(|points| Series { points }))
+                .map(|i| {
+                    parse_points(i.values).map(|points| Series {
+                        labels: i.metric,
+                        points,
+                    })
+                })
                 .collect()
         }
         "vector" => {
@@ -298,13 +336,19 @@ fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
                 serde_json::from_value(data.result.clone()).map_err(malformed)?;
             items
                 .into_iter()
-                .map(|i| parse_points(vec![i.value]).map(|points| Series { points }))
+                .map(|i| {
+                    parse_points(vec![i.value]).map(|points| Series {
+                        labels: i.metric,
+                        points,
+                    })
+                })
                 .collect()
         }
         "scalar" => {
             let point: (f64, String) =
                 serde_json::from_value(data.result.clone()).map_err(malformed)?;
             Ok(vec![Series {
+                labels: BTreeMap::new(),
                 points: parse_points(vec![point])?,
             }])
         }
@@ -377,8 +421,19 @@ pub fn plan(spec: &Spec, metric: &str, role: &RoleSelector, stage: Window) -> Pl
     }
 }
 
+/// What a query result says about a signal.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Evaluated {
+    Value(f64),
+    /// A latency quantile of `+Inf`: its rank lies in the `+Inf` bucket.
+    /// Prometheus itself answers the largest finite bound there; a recording
+    /// rule or a Prometheus-compatible store may answer `+Inf`, which must
+    /// read as "very slow", never as an error that reads 0.
+    BeyondLargestBound,
+}
+
 /// Reduces a query result to the signal value. `Ok(None)`: no series.
-fn evaluate(spec: &Spec, series: &[Series]) -> Result<Option<f64>, QueryError> {
+fn evaluate(spec: &Spec, series: &[Series]) -> Result<Option<Evaluated>, QueryError> {
     if series.is_empty() {
         return Ok(None);
     }
@@ -387,12 +442,15 @@ fn evaluate(spec: &Spec, series: &[Series]) -> Result<Option<f64>, QueryError> {
     let mut by_time: Vec<(f64, f64)> = Vec::new();
     for s in series {
         for &(t, v) in &s.points {
-            if let Quantile(_) = spec.stat
-                && v.is_nan()
-            {
+            if let Quantile(_) = spec.stat {
                 // histogram_quantile gives NaN when there were no observations
                 // (an idle server): no value, which reads as zero.
-                continue;
+                if v.is_nan() {
+                    continue;
+                }
+                if v == f64::INFINITY {
+                    return Ok(Some(Evaluated::BeyondLargestBound));
+                }
             }
             if !v.is_finite() {
                 return Err(QueryError::NonFinite(format_value(v)));
@@ -410,14 +468,14 @@ fn evaluate(spec: &Spec, series: &[Series]) -> Result<Option<f64>, QueryError> {
         }
     }
     let values: Vec<f64> = by_time.iter().map(|(_, v)| *v).collect();
-    Ok(match spec.stat {
+    let value = match spec.stat {
         Stat::P50OfSum => math::quantile(&values, 0.5),
         Stat::Max | Quantile(_) | Stat::RatePerSecond | Stat::StageIncrease => {
             values.iter().copied().reduce(f64::max)
         }
         Stat::Min => values.iter().copied().reduce(f64::min),
-    }
-    .or(Some(0.0)))
+    };
+    Ok(Some(Evaluated::Value(value.unwrap_or(0.0))))
 }
 
 use Stat::Quantile;
@@ -429,6 +487,43 @@ fn format_value(v: f64) -> String {
         "+Inf".into()
     } else {
         "-Inf".into()
+    }
+}
+
+/// Trips at the first timeout of a check: every later query of the check,
+/// and those still waiting, fail at once with [`QueryError::NotQueried`].
+/// A Prometheus that has stopped answering then costs one timeout per
+/// check, not one per signal and role.
+struct Breaker {
+    tripped: watch::Sender<bool>,
+    timeout: String,
+}
+
+impl Breaker {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            tripped: watch::Sender::new(false),
+            timeout: humantime::format_duration(timeout).to_string(),
+        }
+    }
+
+    async fn run(
+        &self,
+        query: impl Future<Output = Result<Vec<Series>, QueryError>>,
+    ) -> Result<Vec<Series>, QueryError> {
+        let mut tripped = self.tripped.subscribe();
+        if *tripped.borrow() {
+            return Err(QueryError::NotQueried(self.timeout.clone()));
+        }
+        tokio::select! {
+            result = query => {
+                if matches!(result, Err(QueryError::Timeout(_))) {
+                    self.tripped.send_replace(true);
+                }
+                result
+            }
+            _ = tripped.wait_for(|t| *t) => Err(QueryError::NotQueried(self.timeout.clone())),
+        }
     }
 }
 
@@ -462,24 +557,104 @@ impl PrometheusSource {
         &self.roles
     }
 
+    pub(crate) fn names(&self) -> &MetricNames {
+        &self.names
+    }
+
     pub(crate) fn url(&self) -> &str {
         self.client.base()
     }
 
+    fn source(&self) -> String {
+        format!("Prometheus {}", self.url())
+    }
+
+    /// One query per role: which of the profile's series its selector finds
+    /// now (`count by (__name__)`), and for a role that finds none, which
+    /// targets carry any server's queue-length series.
+    pub(crate) async fn preflight(&self) -> Result<preflight::Report, SignalError> {
+        let unreachable = |e: QueryError| SignalError::Unreachable {
+            from: self.source(),
+            why: e.to_string(),
+            fix: "check --prometheus-url (and, for a secured Prometheus, --ca-cert, --prometheus-bearer-token or --prometheus-client-cert); no load was sent",
+        };
+        let names = promql_string(&self.names.all_series_names().join("|"));
+        let mut roles = Vec::new();
+        for role in &self.roles {
+            let query = format!(
+                "count by (__name__) ({{__name__=~\"{names}\",{}}})",
+                role.matchers
+            );
+            let series = self
+                .client
+                .query(&query, unix_now())
+                .await
+                .map_err(unreachable)?;
+            let present: BTreeMap<String, u64> = series
+                .iter()
+                .filter_map(|s| {
+                    Some((
+                        s.labels.get("__name__")?.clone(),
+                        s.points.first()?.1 as u64,
+                    ))
+                })
+                .collect();
+            let hints = if self.names.finds_any(&present) {
+                Vec::new()
+            } else {
+                let candidates = self.candidates().await.map_err(unreachable)?;
+                preflight::prometheus_hints(role, self.names.server(), &candidates)
+            };
+            roles.push(RoleFinding {
+                role: role.role.clone(),
+                place: format!("selector {{{}}}", role.matchers),
+                present,
+                hints,
+            });
+        }
+        Ok(preflight::Report {
+            source: self.source(),
+            fix: "fix --deploy-name or --selector (or --server)",
+            roles,
+        })
+    }
+
+    /// The targets carrying any server's queue-length series (or the one
+    /// `--metric waiting=` names), whatever their labels.
+    async fn candidates(&self) -> Result<Vec<Candidate>, QueryError> {
+        let mut names: Vec<String> = Server::ALL
+            .iter()
+            .flat_map(|s| Family::Waiting.default_names(*s))
+            .chain(self.names.get(Family::Waiting).iter().cloned())
+            .collect();
+        names.sort();
+        names.dedup();
+        let query = format!(
+            "count by (__name__, job, namespace, pod, instance) ({{__name__=~\"{}\"}})",
+            promql_string(&names.join("|"))
+        );
+        let series = self.client.query(&query, unix_now()).await?;
+        Ok(series
+            .into_iter()
+            .map(|s| {
+                let mut labels = s.labels;
+                let metric = labels.remove("__name__").unwrap_or_default();
+                Candidate { labels, metric }
+            })
+            .collect())
+    }
+
     /// Runs one signal's query, trying the family's names in order until one
     /// returns series.
-    async fn signal(&self, spec: &Spec, role: &RoleSelector, stage: Window) -> Result<f64, String> {
+    async fn signal(
+        &self,
+        spec: &Spec,
+        role: &RoleSelector,
+        stage: Window,
+        breaker: &Breaker,
+    ) -> Result<Reading, String> {
         for metric in self.names.get(spec.family) {
             let planned = plan(spec, metric, role, stage);
-            let result = match &planned {
-                Planned::Range {
-                    query,
-                    start,
-                    end,
-                    step,
-                } => self.client.query_range(query, *start, *end, *step).await,
-                Planned::Instant { query, time } => self.client.query(query, *time).await,
-            };
             let described = |e: QueryError| {
                 format!(
                     "{}: {}: {e} (query: {})",
@@ -488,16 +663,58 @@ impl PrometheusSource {
                     planned.query()
                 )
             };
-            match result.map_err(described)? {
-                series if series.is_empty() => continue,
-                series => {
-                    return evaluate(spec, &series)
-                        .map(|v| v.unwrap_or(0.0))
-                        .map_err(described);
+            let series = breaker
+                .run(self.client.planned(&planned))
+                .await
+                .map_err(described)?;
+            match evaluate(spec, &series).map_err(described)? {
+                None => continue,
+                Some(Evaluated::Value(v)) => return Ok(Reading::found(v, metric)),
+                Some(Evaluated::BeyondLargestBound) => {
+                    let bound = self
+                        .largest_bound(metric, role, spec.window(stage).end, breaker)
+                        .await;
+                    return Ok(Reading::Found {
+                        value: bound,
+                        metric: metric.clone(),
+                        lower_bound: true,
+                    });
                 }
             }
         }
-        Ok(0.0)
+        Ok(Reading::Missing)
+    }
+
+    /// The largest finite `le` of a histogram's buckets, for a quantile of
+    /// `+Inf`. When the buckets cannot be read, the largest number there is:
+    /// still a reading that reaches any threshold, as `+Inf` means.
+    async fn largest_bound(
+        &self,
+        metric: &str,
+        role: &RoleSelector,
+        time: f64,
+        breaker: &Breaker,
+    ) -> f64 {
+        let query = format!(
+            "count by (le) ({})",
+            role.series(&format!("{metric}_bucket"))
+        );
+        let bounds = breaker.run(self.client.query(&query, time)).await;
+        let largest = bounds.as_ref().ok().and_then(|series| {
+            series
+                .iter()
+                .filter_map(|s| s.labels.get("le")?.parse::<f64>().ok())
+                .filter(|le| le.is_finite())
+                .reduce(f64::max)
+        });
+        largest.unwrap_or_else(|| {
+            tracing::warn!(
+                "{}: {metric} answered a quantile of +Inf and its bucket bounds could not be read ({}); reading it as the largest number",
+                role.role,
+                bounds.err().map_or("no finite le".to_string(), |e| e.to_string())
+            );
+            f64::MAX
+        })
     }
 
     /// Waits (bounded by --settle-wait) until each role's latest waiting
@@ -558,6 +775,11 @@ impl PrometheusSource {
     pub(crate) async fn stage_signals(&self, start: f64, end: f64) -> StageSignals {
         let stage = Window::new(start, end);
         let (mut errors, unreachable) = self.settle(end).await;
+        let mut readings: Vec<[Reading; SPECS.len()]> = self
+            .roles
+            .iter()
+            .map(|_| std::array::from_fn(|_| Reading::Failed))
+            .collect();
         if let Some(e) = unreachable {
             tracing::warn!("prometheus unreachable, every signal reads 0 for this stage: {e}");
             for role in &self.roles {
@@ -565,43 +787,40 @@ impl PrometheusSource {
                     errors.push(format!("{}: {}: {e} (not queried)", role.role, spec.name));
                 }
             }
-            return StageSignals {
-                roles: self
-                    .roles
-                    .iter()
-                    .map(|r| spec::role_signals(&r.role, &[0.0; SPECS.len()]))
-                    .collect(),
-                errors,
-            };
-        }
-        let jobs: Vec<(usize, usize)> = (0..self.roles.len())
-            .flat_map(|r| (0..SPECS.len()).map(move |s| (r, s)))
-            .collect();
-        let results: Vec<(usize, usize, Result<f64, String>)> =
-            futures_util::stream::iter(jobs.into_iter().map(|(r, s)| async move {
-                (r, s, self.signal(&SPECS[s], &self.roles[r], stage).await)
-            }))
-            .buffered(MAX_PARALLEL_QUERIES)
-            .collect()
-            .await;
-        let mut values = vec![[0.0; SPECS.len()]; self.roles.len()];
-        for (r, s, result) in results {
-            match result {
-                Ok(v) => values[r][s] = v,
-                Err(e) => {
-                    tracing::warn!("{e}");
-                    errors.push(e);
+        } else {
+            let breaker = Breaker::new(self.client.timeout);
+            let breaker = &breaker;
+            let jobs: Vec<(usize, usize)> = (0..self.roles.len())
+                .flat_map(|r| (0..SPECS.len()).map(move |s| (r, s)))
+                .collect();
+            let results: Vec<(usize, usize, Result<Reading, String>)> =
+                futures_util::stream::iter(jobs.into_iter().map(|(r, s)| async move {
+                    let reading = self.signal(&SPECS[s], &self.roles[r], stage, breaker).await;
+                    (r, s, reading)
+                }))
+                .buffered(MAX_PARALLEL_QUERIES)
+                .collect()
+                .await;
+            for (r, s, result) in results {
+                match result {
+                    Ok(reading) => readings[r][s] = reading,
+                    Err(e) => {
+                        tracing::warn!("{e}");
+                        errors.push(e);
+                    }
                 }
             }
         }
+        let (roles, coverage) = self
+            .roles
+            .iter()
+            .zip(&readings)
+            .map(|(role, r)| spec::role_result(&role.role, r))
+            .unzip();
         StageSignals {
-            roles: self
-                .roles
-                .iter()
-                .zip(&values)
-                .map(|(role, v)| spec::role_signals(&role.role, v))
-                .collect(),
+            roles,
             errors,
+            coverage,
         }
     }
 }
@@ -643,15 +862,26 @@ mod tests {
     fn evaluate_rules() {
         let waiting = &SPECS[0];
         let s = |pts: &[(f64, f64)]| Series {
+            labels: BTreeMap::new(),
             points: pts.to_vec(),
         };
+        let value = |v: f64| Some(Evaluated::Value(v));
         assert_eq!(evaluate(waiting, &[]).unwrap(), None);
         // Two series summed per timestamp, then p50.
         let v = evaluate(waiting, &[s(&[(1.0, 1.0), (2.0, 5.0)]), s(&[(1.0, 1.0)])]).unwrap();
-        assert_eq!(v, Some(3.5));
+        assert_eq!(v, value(3.5));
         assert!(evaluate(waiting, &[s(&[(1.0, f64::NAN)])]).is_err());
+        assert!(evaluate(waiting, &[s(&[(1.0, f64::INFINITY)])]).is_err());
         let ttft = &SPECS[1];
-        assert_eq!(evaluate(ttft, &[s(&[(1.0, f64::NAN)])]).unwrap(), Some(0.0));
-        assert!(evaluate(ttft, &[s(&[(1.0, f64::INFINITY)])]).is_err());
+        assert_eq!(
+            evaluate(ttft, &[s(&[(1.0, f64::NAN)])]).unwrap(),
+            value(0.0)
+        );
+        // A quantile of +Inf is the slowest reading there is, not an error.
+        assert_eq!(
+            evaluate(ttft, &[s(&[(1.0, f64::INFINITY)])]).unwrap(),
+            Some(Evaluated::BeyondLargestBound)
+        );
+        assert!(evaluate(ttft, &[s(&[(1.0, f64::NEG_INFINITY)])]).is_err());
     }
 }

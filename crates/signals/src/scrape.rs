@@ -2,21 +2,23 @@
 //! in the background, keeps a bounded history of the few figures the signals
 //! need, and computes the per-role signals of a stage from it the way
 //! Prometheus would (same windows, same evaluation grid, same quantiles).
+//! Before the first stage, one scrape of each URL checks which signals it
+//! serves.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use nyann_model::RoleSignals;
 use tokio::task::JoinHandle;
 
-use crate::StageSignals;
-use crate::config::{Family, MetricNames, ScrapeTarget};
+use crate::config::ScrapeTarget;
 use crate::exposition;
 use crate::math::{self, Bucket, Window};
-use crate::spec::{self, SPECS, Stat};
-use crate::unix_now;
+use crate::preflight::{self, RoleFinding};
+use crate::profile::{Family, MetricNames};
+use crate::spec::{self, Reading, SPECS, Stat};
+use crate::{SignalError, StageSignals, unix_now};
 
 /// At most this many samples are kept per URL (the oldest are dropped), so a
 /// long run has bounded memory: 6 h at the default 1 s interval, ~0.5 KB each.
@@ -36,6 +38,8 @@ pub(crate) struct PodSample {
     pub scalars: [Option<(f64, f64, f64)>; Family::ALL.len()],
     /// Per histogram family: cumulative buckets summed by bound.
     pub histograms: [Option<Vec<Bucket>>; Family::ALL.len()],
+    /// Per family: the position, in the family's names, of the name read.
+    pub matched: [Option<usize>; Family::ALL.len()],
 }
 
 fn family_index(f: Family) -> usize {
@@ -50,7 +54,7 @@ pub(crate) fn reduce(t: f64, parsed: &exposition::Parsed, names: &MetricNames) -
     };
     for family in Family::ALL {
         let i = family_index(family);
-        for name in names.get(family) {
+        for (position, name) in names.get(family).iter().enumerate() {
             if family.is_histogram() {
                 let bucket_name = format!("{name}_bucket");
                 let mut buckets: Vec<Bucket> = Vec::new();
@@ -69,6 +73,7 @@ pub(crate) fn reduce(t: f64, parsed: &exposition::Parsed, names: &MetricNames) -
                 if !buckets.is_empty() {
                     buckets.sort_by(|a, b| a.upper_bound.total_cmp(&b.upper_bound));
                     out.histograms[i] = Some(buckets);
+                    out.matched[i] = Some(position);
                     break;
                 }
             } else {
@@ -82,6 +87,7 @@ pub(crate) fn reduce(t: f64, parsed: &exposition::Parsed, names: &MetricNames) -
                 }
                 if agg.is_some() {
                     out.scalars[i] = agg;
+                    out.matched[i] = Some(position);
                     break;
                 }
             }
@@ -179,8 +185,77 @@ impl ScrapeSource {
         }
     }
 
-    pub(crate) fn targets(&self) -> &[ScrapeTarget] {
-        &self.targets
+    /// The URLs of `role`.
+    pub(crate) fn urls(&self, role: &str) -> Vec<&str> {
+        self.targets
+            .iter()
+            .filter(|t| t.role == role)
+            .map(|t| t.url.as_str())
+            .collect()
+    }
+
+    pub(crate) fn names(&self) -> &MetricNames {
+        &self.names
+    }
+
+    /// One scrape of every URL: which of the profile's series each role's
+    /// URLs serve. A URL that cannot be scraped fails the whole check.
+    pub(crate) async fn preflight(&self) -> Result<preflight::Report, SignalError> {
+        let bodies = join_all(
+            self.targets
+                .iter()
+                .map(|t| fetch(&self.http, &t.url, self.timeout)),
+        )
+        .await;
+        let mut series_names: Vec<BTreeMap<String, u64>> = Vec::new();
+        for (target, body) in self.targets.iter().zip(bodies) {
+            let body = body.map_err(|why| SignalError::Unreachable {
+                from: target.url.clone(),
+                why,
+                fix: "check the --scrape URL (and --ca-cert for https); no load was sent",
+            })?;
+            let mut names = BTreeMap::new();
+            for sample in exposition::parse(&body).samples {
+                *names.entry(sample.name).or_insert(0) += 1;
+            }
+            series_names.push(names);
+        }
+        let roles = self
+            .roles
+            .iter()
+            .map(|(role, idx)| {
+                let mut present = BTreeMap::new();
+                for &i in idx {
+                    for (name, count) in &series_names[i] {
+                        *present.entry(name.clone()).or_insert(0) += count;
+                    }
+                }
+                let hints = if self.names.finds_any(&present) {
+                    Vec::new()
+                } else {
+                    idx.iter()
+                        .map(|&i| {
+                            preflight::scrape_hint(
+                                &self.targets[i].url,
+                                self.names.server(),
+                                &series_names[i],
+                            )
+                        })
+                        .collect()
+                };
+                RoleFinding {
+                    role: role.clone(),
+                    place: self.urls(role).join(" "),
+                    present,
+                    hints,
+                }
+            })
+            .collect();
+        Ok(preflight::Report {
+            source: "--scrape".to_string(),
+            fix: "fix the --scrape URL (or --server)",
+            roles,
+        })
     }
 
     pub(crate) fn roles(&self) -> Vec<String> {
@@ -254,6 +329,7 @@ impl ScrapeSource {
             // Copy the role's histories out of the locks, trimmed to the stage
             // plus one sample before it (the baseline).
             let mut pods: Vec<Vec<PodSample>> = Vec::new();
+            let errors_before = out.errors.len();
             for &i in idx {
                 let Ok(st) = self.state[i].lock() else {
                     continue;
@@ -285,8 +361,18 @@ impl ScrapeSource {
                     ));
                 }
             }
-            out.roles
-                .push(compute_role(role, &pods, stage, self.interval));
+            let mut readings = compute_readings(&pods, stage, self.interval, &self.names);
+            if out.errors.len() > errors_before || !started {
+                // Nothing read because the scrapes failed: not an absence.
+                for reading in &mut readings {
+                    if *reading == Reading::Missing {
+                        *reading = Reading::Failed;
+                    }
+                }
+            }
+            let (signals, coverage) = spec::role_result(role, &readings);
+            out.roles.push(signals);
+            out.coverage.push(coverage);
         }
         out
     }
@@ -383,18 +469,20 @@ fn at(pod: &[PodSample], t: f64, lookback: f64) -> Option<&PodSample> {
     (t - s.t <= lookback).then_some(s)
 }
 
-/// Computes one role's signals from its pods' samples.
-pub(crate) fn compute_role(
-    role: &str,
+/// Computes one role's readings (one per entry of [`SPECS`]) from its pods'
+/// samples.
+pub(crate) fn compute_readings(
     pods: &[Vec<PodSample>],
     stage: Window,
     interval: Duration,
-) -> RoleSignals {
+    names: &MetricNames,
+) -> [Reading; SPECS.len()] {
     let lb = lookback(interval);
-    let mut values = [0.0; SPECS.len()];
-    for (k, spec) in SPECS.iter().enumerate() {
+    std::array::from_fn(|k| {
+        let spec = &SPECS[k];
         let window = spec.window(stage);
         let fi = family_index(spec.family);
+        let mut lower_bound = false;
         let v = match spec.stat {
             Stat::P50OfSum | Stat::Max | Stat::Min => {
                 // Evaluate on the same grid a range query would use.
@@ -424,7 +512,11 @@ pub(crate) fn compute_role(
                 for pod in pods {
                     all.extend(bucket_increase(pod, window, fi));
                 }
-                Some(math::histogram_quantile(q, &all))
+                (!all.is_empty()).then(|| {
+                    let (value, bound) = math::histogram_quantile_with_bound(q, &all);
+                    lower_bound = bound;
+                    value
+                })
             }
             Stat::RatePerSecond => {
                 let mut total = None;
@@ -458,10 +550,30 @@ pub(crate) fn compute_role(
                 total
             }
         };
-        // Missing data, NaN (no observations) and infinities read as zero.
-        values[k] = v.filter(|x| x.is_finite()).unwrap_or(0.0);
-    }
-    spec::role_signals(role, &values)
+        // NaN (no observations) and infinities read as zero (Reading::value).
+        match v {
+            Some(value) => Reading::Found {
+                value,
+                metric: matched_name(pods, window, spec.family, names).unwrap_or_default(),
+                lower_bound,
+            },
+            None => Reading::Missing,
+        }
+    })
+}
+
+/// The name a family was read from in `window`, from the first pod that has it.
+fn matched_name(
+    pods: &[Vec<PodSample>],
+    window: Window,
+    family: Family,
+    names: &MetricNames,
+) -> Option<String> {
+    let fi = family_index(family);
+    pods.iter()
+        .flat_map(|pod| bounded(pod, window))
+        .find_map(|s| s.matched[fi])
+        .and_then(|position| names.get(family).get(position).cloned())
 }
 
 /// The samples bounding `window`: the latest at or before its start (or the
@@ -531,6 +643,16 @@ mod tests {
 
     fn sample(t: f64, text: &str) -> PodSample {
         reduce(t, &exposition::parse(text), &MetricNames::default())
+    }
+
+    fn compute_role(
+        role: &str,
+        pods: &[Vec<PodSample>],
+        stage: Window,
+        interval: Duration,
+    ) -> nyann_model::RoleSignals {
+        let readings = compute_readings(pods, stage, interval, &MetricNames::default());
+        spec::role_result(role, &readings).0
     }
 
     #[test]
@@ -627,13 +749,53 @@ mod tests {
     }
 
     #[test]
-    fn no_samples_gives_zero_signals() {
-        let r = compute_role(
-            "x",
+    fn no_samples_gives_zero_signals_recorded_as_missing() {
+        let readings = compute_readings(
             &[vec![]],
             Window::new(0.0, 10.0),
             Duration::from_secs(1),
+            &MetricNames::default(),
         );
-        assert_eq!(r, spec::role_signals("x", &[0.0; SPECS.len()]));
+        assert!(
+            readings.iter().all(|r| *r == Reading::Missing),
+            "{readings:?}"
+        );
+    }
+
+    #[test]
+    fn readings_name_the_metric_and_mark_a_quantile_beyond_the_buckets() {
+        // TTFT: every observation above the largest finite bound (2.5 here).
+        let pod: Vec<PodSample> = (0..=30)
+            .map(|t| {
+                let n = t as f64;
+                let text = format!(
+                    "vllm:gpu_cache_usage_perc 0.5\n\
+                     vllm:time_to_first_token_seconds_bucket{{le=\"1.0\"}} 0\n\
+                     vllm:time_to_first_token_seconds_bucket{{le=\"2.5\"}} 0\n\
+                     vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {n}\n"
+                );
+                sample(n, &text)
+            })
+            .collect();
+        let readings = compute_readings(
+            &[pod],
+            Window::new(0.0, 30.0),
+            Duration::from_secs(1),
+            &MetricNames::default(),
+        );
+        assert_eq!(
+            readings[1],
+            Reading::Found {
+                value: 2.5,
+                metric: "vllm:time_to_first_token_seconds".into(),
+                lower_bound: true,
+            }
+        );
+        assert_eq!(
+            readings[2],
+            Reading::found(0.5, "vllm:gpu_cache_usage_perc")
+        );
+        assert_eq!(readings[0], Reading::Missing);
+        assert_eq!(readings[3], Reading::Missing);
     }
 }

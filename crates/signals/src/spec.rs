@@ -1,11 +1,12 @@
 //! The list of per-role signals, how each is computed, and how the computed
-//! values become a [`RoleSignals`]. Both sources walk this one table, so they
-//! cannot drift apart on which figures exist or over which window.
+//! readings become a [`RoleSignals`] and its [`RoleCoverage`]. Both sources
+//! walk this one table, so they cannot drift apart on which figures exist or
+//! over which window.
 
-use nyann_model::RoleSignals;
+use nyann_model::{RoleCoverage, RoleSignals, SeriesStatus, SignalCoverage};
 
-use crate::config::Family;
 use crate::math::Window;
+use crate::profile::Family;
 
 /// How a signal reduces its metric over a window.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,20 +100,93 @@ impl Spec {
     }
 }
 
-/// Builds a [`RoleSignals`] from one value per entry of [`SPECS`], in order.
-pub fn role_signals(role: &str, values: &[f64; SPECS.len()]) -> RoleSignals {
-    RoleSignals {
+/// What computing one signal of one role gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reading {
+    /// Computed from the series of `metric`. `lower_bound`: a quantile
+    /// beyond the histogram's largest finite bound, read as that bound.
+    Found {
+        value: f64,
+        metric: String,
+        lower_bound: bool,
+    },
+    /// No series of any name of the signal's family: reads 0.
+    Missing,
+    /// The query or scrape failed (its error is recorded apart): reads 0.
+    Failed,
+}
+
+impl Reading {
+    /// A plain value read from `metric`.
+    pub fn found(value: f64, metric: &str) -> Reading {
+        Reading::Found {
+            value,
+            metric: metric.to_string(),
+            lower_bound: false,
+        }
+    }
+
+    /// The number the policy sees: missing and failed signals read 0
+    /// (SEED.md), and so does a value that is not finite.
+    pub fn value(&self) -> f64 {
+        match self {
+            Reading::Found { value, .. } if value.is_finite() => *value,
+            _ => 0.0,
+        }
+    }
+
+    fn coverage(&self, signal: &str) -> SignalCoverage {
+        let (status, metric, lower_bound) = match self {
+            Reading::Found {
+                metric,
+                lower_bound,
+                ..
+            } => (SeriesStatus::Found, Some(metric.clone()), *lower_bound),
+            Reading::Missing => (SeriesStatus::Missing, None, false),
+            Reading::Failed => (SeriesStatus::Failed, None, false),
+        };
+        SignalCoverage {
+            signal: signal.to_string(),
+            status,
+            metric,
+            lower_bound,
+        }
+    }
+}
+
+/// Builds a role's [`RoleSignals`] and [`RoleCoverage`] from one reading per
+/// entry of [`SPECS`], in order.
+pub fn role_result(role: &str, readings: &[Reading; SPECS.len()]) -> (RoleSignals, RoleCoverage) {
+    let signals = RoleSignals {
         role: role.to_string(),
-        waiting_requests_p50: values[0],
-        ttft_p99_seconds: values[1],
-        kv_cache_usage_max: values[2],
-        preemptions: values[3],
+        waiting_requests_p50: readings[0].value(),
+        ttft_p99_seconds: readings[1].value(),
+        kv_cache_usage_max: readings[2].value(),
+        preemptions: readings[3].value(),
         extra: SPECS[4..]
             .iter()
-            .zip(&values[4..])
-            .map(|(s, v)| (s.name.to_string(), *v))
+            .zip(&readings[4..])
+            .map(|(s, r)| (s.name.to_string(), r.value()))
             .collect(),
-    }
+    };
+    let coverage = RoleCoverage {
+        role: role.to_string(),
+        signals: SPECS
+            .iter()
+            .zip(readings)
+            .map(|(s, r)| r.coverage(s.name))
+            .collect(),
+    };
+    (signals, coverage)
+}
+
+/// The signals computed from `family`, for messages.
+pub fn signals_of(family: Family) -> Vec<&'static str> {
+    SPECS
+        .iter()
+        .filter(|s| s.family == family)
+        .map(|s| s.name)
+        .collect()
 }
 
 /// The range-query step for a window: `max(window / 200, 0.2 s)`, rounded
@@ -158,15 +232,43 @@ mod tests {
     }
 
     #[test]
-    fn role_signals_fill_fields_then_extras() {
-        let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
-        let r = role_signals("decode", &v);
+    fn readings_fill_fields_then_extras_and_the_coverage() {
+        let mut readings: [Reading; SPECS.len()] =
+            std::array::from_fn(|i| Reading::found(i as f64 + 1.0, "m"));
+        readings[3] = Reading::Missing;
+        readings[5] = Reading::Failed;
+        readings[1] = Reading::Found {
+            value: 2560.0,
+            metric: "vllm:time_to_first_token_seconds".into(),
+            lower_bound: true,
+        };
+        readings[9] = Reading::found(f64::INFINITY, "m");
+        let (r, coverage) = role_result("decode", &readings);
         assert_eq!(r.waiting_requests_p50, 1.0);
-        assert_eq!(r.ttft_p99_seconds, 2.0);
+        assert_eq!(r.ttft_p99_seconds, 2560.0);
         assert_eq!(r.kv_cache_usage_max, 3.0);
-        assert_eq!(r.preemptions, 4.0);
+        assert_eq!(r.preemptions, 0.0, "missing reads 0");
         assert_eq!(r.extra("ttft_p50_seconds"), Some(5.0));
-        assert_eq!(r.extra("running_requests_p50"), Some(10.0));
+        assert_eq!(r.extra("itl_p50_seconds"), Some(0.0), "failed reads 0");
+        assert_eq!(
+            r.extra("running_requests_p50"),
+            Some(0.0),
+            "non-finite reads 0"
+        );
         assert_eq!(r.extra.len(), 6);
+        assert_eq!(coverage.role, "decode");
+        assert_eq!(coverage.signals.len(), SPECS.len());
+        assert_eq!(coverage.status("preemptions"), SeriesStatus::Missing);
+        assert_eq!(coverage.status("itl_p50_seconds"), SeriesStatus::Failed);
+        let ttft = coverage.get("ttft_p99_seconds").unwrap();
+        assert!(ttft.lower_bound);
+        assert_eq!(
+            ttft.metric.as_deref(),
+            Some("vllm:time_to_first_token_seconds")
+        );
+        assert_eq!(
+            signals_of(Family::Ttft),
+            ["ttft_p99_seconds", "ttft_p50_seconds"]
+        );
     }
 }

@@ -1,15 +1,18 @@
 //! The Prometheus source against a fake Prometheus: the exact queries and
 //! windows (the Go tool's three cases), metric-name fallbacks, the settle
-//! wait, auth headers, and every fault turning into a clear error with zero
-//! signals.
+//! wait, auth headers, the preflight before any load, and every fault
+//! turning into a clear error with zero signals (a hung Prometheus costing
+//! one timeout per check, a quantile of +Inf reading as slow, not as 0).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Answer, FakeProm, Req, empty, matrix, vector};
-use nyann_signals::{SignalArgs, SignalSource, StageSignals};
+use common::{Answer, FakeProm, Req, empty, every_vllm_series, labelled, matrix, vector};
+use nyann_model::SeriesStatus;
+use nyann_signals::prometheus::MAX_PARALLEL_QUERIES;
+use nyann_signals::{SignalArgs, SignalError, SignalSource, StageSignals};
 
 const DECODE: &str = r#"{job="vllm-decode",pod=~"model-decode.*"}"#;
 const PREFILL: &str = r#"{job="vllm-prefill",pod=~"model-prefill.*"}"#;
@@ -183,7 +186,7 @@ async fn go_case_kv_pressure_with_preemptions() {
 }
 
 #[tokio::test]
-async fn go_case_healthy_missing_series_read_zero_after_all_fallbacks() {
+async fn missing_series_read_zero_after_all_fallbacks_and_are_recorded_missing() {
     let fake = FakeProm::start(answering(vec![])).await;
     let out = signals(&args(&fake.url(), "model-decode"), 100.0, 160.0).await;
     assert!(out.errors.is_empty(), "{:?}", out.errors);
@@ -194,6 +197,14 @@ async fn go_case_healthy_missing_series_read_zero_after_all_fallbacks() {
         assert_eq!(r.preemptions, 0.0);
         assert!(r.extra.iter().all(|(_, v)| *v == 0.0));
         assert_eq!(r.extra.len(), 6);
+    }
+    // The zeros are not measurements: every signal of both roles is recorded
+    // as missing, so each role as a whole found nothing.
+    assert_eq!(out.coverage.len(), 2);
+    for c in &out.coverage {
+        assert_eq!(c.signals.len(), 10);
+        assert!(c.nothing_found(), "{c:?}");
+        assert!(c.signals.iter().all(|s| s.metric.is_none()));
     }
     // Each name of each family was tried, in order.
     let got: Vec<String> = fake
@@ -231,6 +242,11 @@ async fn fallback_name_with_data_is_used() {
     assert_eq!(out.roles.len(), 1);
     assert_eq!(out.roles[0].role, "aggregate");
     assert_eq!(out.roles[0].waiting_requests_p50, 7.0);
+    let waiting = out.coverage[0].get("waiting_requests_p50").unwrap();
+    assert_eq!(waiting.status, SeriesStatus::Found);
+    assert_eq!(waiting.metric.as_deref(), Some("vllm_num_requests_waiting"));
+    assert_eq!(out.coverage[0].status("preemptions"), SeriesStatus::Missing);
+    assert!(!out.coverage[0].nothing_found());
 }
 
 #[tokio::test]
@@ -349,6 +365,12 @@ async fn fault_with(a: &SignalArgs, expect: &str) -> Vec<String> {
     );
     assert!(r.extra.iter().all(|(_, v)| *v == 0.0), "{:?}", r.extra);
     assert!(!out.errors.is_empty());
+    // A failure is recorded as such, not as a missing series.
+    assert!(
+        out.coverage[0].all(SeriesStatus::Failed),
+        "{:?}",
+        out.coverage
+    );
     eprintln!("sample error: {}", out.errors[0]);
     for e in &out.errors {
         assert!(e.starts_with("aggregate: "), "{e}");
@@ -445,9 +467,47 @@ async fn fault_html_502_is_excerpted() {
 #[tokio::test]
 async fn fault_hang_past_timeout() {
     let started = std::time::Instant::now();
-    fault(|| Answer::Hang, "prometheus: no answer within 300ms").await;
-    // 10 queries, 4 in parallel, 300 ms each: well under the 1 h hang.
+    fault(
+        || Answer::Hang,
+        "no answer within 300ms (--prometheus-timeout)",
+    )
+    .await;
+    // Bounded by the timeouts, nowhere near the 1 h hang.
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// With `--settle-wait 0s` nothing probes Prometheus first: once a query of
+/// the check times out, the others fail at once instead of each waiting out
+/// its own timeout (20 queries, 4 at a time, used to cost 5 timeouts).
+#[tokio::test]
+async fn a_hung_prometheus_costs_one_round_of_queries_per_check() {
+    let fake = FakeProm::start(|_req: &Req| Answer::Hang).await;
+    let mut a = args(&fake.url(), "m-decode");
+    a.prometheus_timeout = Duration::from_millis(300);
+    let out = signals(&a, 100.0, 160.0).await;
+    // Only the first round of parallel queries was sent.
+    let sent = fake.requests().len();
+    assert!(sent <= MAX_PARALLEL_QUERIES, "{sent} queries sent");
+    assert_eq!(out.errors.len(), 20, "{:?}", out.errors);
+    let timed_out = out
+        .errors
+        .iter()
+        .filter(|e| e.contains(": prometheus: no answer within 300ms"))
+        .count();
+    let skipped = out
+        .errors
+        .iter()
+        .filter(|e| {
+            e.contains(": prometheus: not queried: an earlier query of this check got no answer within 300ms")
+        })
+        .count();
+    assert!(timed_out >= 1, "{:?}", out.errors);
+    assert_eq!(timed_out + skipped, 20, "{:?}", out.errors);
+    assert!(
+        out.errors
+            .iter()
+            .any(|e| e.starts_with("decode: preemptions: "))
+    );
 }
 
 #[tokio::test]
@@ -467,10 +527,7 @@ async fn fault_connection_refused() {
 
 #[tokio::test]
 async fn fault_nan_and_inf_values() {
-    for (v, text) in [
-        ("NaN", "non-finite value NaN"),
-        ("+Inf", "non-finite value +Inf"),
-    ] {
+    for v in ["NaN", "+Inf"] {
         let fake = FakeProm::start(move |req: &Req| {
             let body = if req.path.ends_with("query_range") {
                 matrix(&[(112.0, v), (157.0, v)])
@@ -484,20 +541,72 @@ async fn fault_nan_and_inf_values() {
         let out = signals(&a, 100.0, 160.0).await;
         let r = &out.roles[0];
         assert_eq!(r.waiting_requests_p50, 0.0);
-        assert_eq!(r.ttft_p99_seconds, 0.0);
         assert_eq!(r.kv_cache_usage_max, 0.0);
         assert_eq!(r.preemptions, 0.0);
-        assert!(r.extra.iter().all(|(_, v)| *v == 0.0));
-        // histogram_quantile's NaN means "no observations" (idle), not an
-        // error; every other non-finite value is one.
-        let expected = if v == "NaN" { 6 } else { 10 };
-        assert_eq!(out.errors.len(), expected, "{:?}", out.errors);
-        assert!(
-            out.errors.iter().all(|e| e.contains(text)),
-            "{:?}",
-            out.errors
-        );
+        // Gauges and counters: a non-finite value is an error. Quantiles:
+        // NaN means "no observations" (idle), +Inf means "beyond the largest
+        // bucket" (here the buckets cannot be read: the largest number).
+        let errors: Vec<&String> = out
+            .errors
+            .iter()
+            .filter(|e| e.contains(&format!("non-finite value {v}")))
+            .collect();
+        assert_eq!(errors.len(), 6, "{:?}", out.errors);
+        assert_eq!(out.errors.len(), 6, "{:?}", out.errors);
+        let expected_ttft = if v == "NaN" { 0.0 } else { f64::MAX };
+        assert_eq!(r.ttft_p99_seconds, expected_ttft);
+        assert_eq!(r.extra("itl_p50_seconds"), Some(expected_ttft));
+        let ttft = out.coverage[0].get("ttft_p99_seconds").unwrap();
+        assert_eq!(ttft.status, SeriesStatus::Found);
+        assert_eq!(ttft.lower_bound, v == "+Inf");
     }
+}
+
+/// A store answering `histogram_quantile` with +Inf (Prometheus answers the
+/// largest finite bound instead): the signal reads the largest finite `le`
+/// of the buckets, recorded as a lower bound, so the worst congestion cannot
+/// read as none.
+#[tokio::test]
+async fn a_quantile_of_inf_reads_the_largest_bucket_bound_as_a_lower_bound() {
+    let fake = FakeProm::start(|req: &Req| {
+        let q = req.query();
+        let body = if q.starts_with(
+            "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{",
+        ) {
+            vector(157.0, "+Inf")
+        } else if q.starts_with("histogram_quantile(") {
+            vector(157.0, "0.25")
+        } else if q.starts_with("count by (le) (vllm:time_to_first_token_seconds_bucket{") {
+            labelled(&[
+                (&[("le", "0.5")], "1"),
+                (&[("le", "2560.0")], "1"),
+                (&[("le", "+Inf")], "1"),
+            ])
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    })
+    .await;
+    let out = signals(&args(&fake.url(), "m"), 100.0, 160.0).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let r = &out.roles[0];
+    assert_eq!(r.ttft_p99_seconds, 2560.0);
+    assert_eq!(r.extra("ttft_p50_seconds"), Some(0.25));
+    let c = &out.coverage[0];
+    assert!(c.get("ttft_p99_seconds").unwrap().lower_bound);
+    assert!(!c.get("ttft_p50_seconds").unwrap().lower_bound);
+    // The bounds were asked at the end of the steady window.
+    let bounds = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.query().starts_with("count by (le)"))
+        .unwrap();
+    assert_eq!(
+        bounds.query(),
+        r#"count by (le) (vllm:time_to_first_token_seconds_bucket{job="vllm-aggregate",pod=~"m.*"})"#
+    );
+    assert_eq!(bounds.num("time"), 157.0);
 }
 
 #[tokio::test]
@@ -539,4 +648,180 @@ async fn unreachable_prometheus_is_probed_once_not_per_signal() {
             .iter()
             .all(|r| r.waiting_requests_p50 == 0.0 && r.preemptions == 0.0)
     );
+}
+
+/// The preflight's query of one role: `count by (__name__)` of every signal
+/// name of the profile under the role's selector.
+fn preflight_query(matchers: &str) -> String {
+    format!(
+        "count by (__name__) ({{__name__=~\"{}\",{matchers}}})",
+        [
+            "vllm:num_requests_waiting",
+            "vllm_num_requests_waiting",
+            "vllm:num_requests_running",
+            "vllm_num_requests_running",
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+            "vllm_kv_cache_usage_perc",
+            "vllm_gpu_cache_usage_perc",
+            "vllm:time_to_first_token_seconds_bucket",
+            "vllm_time_to_first_token_seconds_bucket",
+            "vllm:inter_token_latency_seconds_bucket",
+            "vllm:time_per_output_token_seconds_bucket",
+            "vllm_inter_token_latency_seconds_bucket",
+            "vllm_time_per_output_token_seconds_bucket",
+            "vllm:num_preemptions_total",
+            "vllm_num_preemptions_total",
+            "vllm:generation_tokens_total",
+            "vllm_generation_tokens_total",
+        ]
+        .join("|")
+    )
+}
+
+/// Prefill finds every signal; decode's selector finds nothing, while the
+/// targets Prometheus has include a decode pod under another name.
+fn one_role_blind(req: &Req) -> Answer {
+    let q = req.query();
+    let body = if q == preflight_query(&PREFILL[1..PREFILL.len() - 1]) {
+        every_vllm_series()
+    } else if q.starts_with("count by (__name__, job, namespace, pod, instance) (") {
+        labelled(&[
+            (
+                &[
+                    ("__name__", "vllm:num_requests_waiting"),
+                    ("job", "vllm-decode"),
+                    ("pod", "mymodel-decode-0"),
+                ],
+                "1",
+            ),
+            (
+                &[
+                    ("__name__", "vllm:num_requests_waiting"),
+                    ("job", "vllm-prefill"),
+                    ("pod", "mymodel-prefill-0"),
+                ],
+                "1",
+            ),
+        ])
+    } else {
+        empty(req)
+    };
+    Answer::json(200, body)
+}
+
+#[tokio::test]
+async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
+    let fake = FakeProm::start(one_role_blind).await;
+    let a = args(&fake.url(), "model-decode");
+    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let e = source.preflight().await.unwrap_err();
+    assert!(matches!(e, SignalError::NothingFound(_)), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "role decode: no series of any signal in Prometheus {} at selector {DECODE} (vLLM names, e.g. vllm:num_requests_waiting, vllm_num_requests_waiting)",
+            fake.url()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\n  found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting); did you mean --deploy-name mymodel-decode?"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("--allow-missing-signals"), "{text}");
+    assert!(!text.contains("role prefill"), "{text}");
+    // One query per role, then one for the candidates.
+    let queries: Vec<String> = fake
+        .requests()
+        .iter()
+        .map(|r| r.query().to_string())
+        .collect();
+    assert_eq!(queries.len(), 3, "{queries:#?}");
+    assert_eq!(queries[1], preflight_query(&DECODE[1..DECODE.len() - 1]));
+
+    // --allow-missing-signals: the refusal becomes a warning.
+    let mut a = a;
+    a.allow_missing_signals = true;
+    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let warnings = source.preflight().await.unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].starts_with("role decode: no series of any signal"));
+    assert!(warnings[0].contains("starting anyway (--allow-missing-signals)"));
+}
+
+#[tokio::test]
+async fn preflight_warns_once_per_missing_signal() {
+    let fake = FakeProm::start(|req: &Req| {
+        let body = if req.query().starts_with("count by (__name__) (") {
+            labelled(&[
+                (&[("__name__", "vllm_num_requests_waiting")], "2"),
+                (&[("__name__", "vllm_kv_cache_usage_perc")], "2"),
+                (
+                    &[("__name__", "vllm_time_to_first_token_seconds_bucket")],
+                    "46",
+                ),
+                (
+                    &[("__name__", "vllm_inter_token_latency_seconds_bucket")],
+                    "40",
+                ),
+                (&[("__name__", "vllm_num_requests_running")], "2"),
+                (&[("__name__", "vllm_generation_tokens_total")], "2"),
+            ])
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    })
+    .await;
+    let source = SignalSource::from_args(&args(&fake.url(), "m"))
+        .await
+        .unwrap()
+        .unwrap();
+    let warnings = source.preflight().await.unwrap();
+    assert_eq!(
+        warnings,
+        [format!(
+            "role aggregate: no series for preemptions in Prometheus {} at selector {{job=\"vllm-aggregate\",pod=~\"m.*\"}} (tried vllm:num_preemptions_total, vllm_num_preemptions_total): preemptions read 0 at every stage, recorded as no data",
+            fake.url()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn preflight_fails_when_prometheus_is_down_or_refuses_the_query() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let source = SignalSource::from_args(&args(&url, "m"))
+        .await
+        .unwrap()
+        .unwrap();
+    let e = source.preflight().await.unwrap_err();
+    assert!(matches!(e, SignalError::Unreachable { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "cannot read server signals from Prometheus {url} before the first stage: prometheus: request to {url}/api/v1/query failed: "
+        )),
+        "{text}"
+    );
+
+    // A selector Prometheus cannot parse is found now, not at every stage.
+    let fake = FakeProm::start(|_req: &Req| {
+        Answer::json(
+            400,
+            r#"{"status":"error","errorType":"bad_data","error":"1:40: parse error: unexpected character"}"#,
+        )
+    })
+    .await;
+    let mut a = args(&fake.url(), "m");
+    a.selectors = vec!["aggregate={job=\"x\" pod=\"y\"}".into()];
+    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let text = source.preflight().await.unwrap_err().to_string();
+    assert!(text.contains("bad_data: 1:40: parse error"), "{text}");
 }

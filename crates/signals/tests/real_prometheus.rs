@@ -3,7 +3,8 @@
 //! second: aggregate (two pods) and disaggregated (prefill + decode). They
 //! must agree (waiting p50 and KV max within a small tolerance, TTFT p99 in
 //! the same bucket), and both must see congestion when the servers are
-//! overloaded and none when idle. Fails, never skips, without `prometheus`.
+//! overloaded and none when idle. Also: Prometheus over https with a private
+//! CA and client certificates. Fails, never skips, without `prometheus`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -13,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{Engine, Exporter, bucket_of, congested, now};
-use nyann_signals::{SignalArgs, SignalSource, StageSignals};
-use nyann_testkit::{PrometheusServer, ScrapeJob};
+use nyann_signals::{SignalArgs, SignalError, SignalSource, StageSignals};
+use nyann_testkit::{PrivateCa, PrometheusServer, ScrapeJob, WebTls};
 
 /// What a scripted engine does each 50 ms tick in each phase.
 #[derive(Clone, Copy, PartialEq)]
@@ -205,4 +206,83 @@ async fn prometheus_and_scrape_sources_agree_idle_and_overloaded() {
         }
     }
     drop(prom);
+}
+
+/// Prometheus serving its API over https with a private CA's certificate
+/// and requiring client certificates (mutual TLS): with the CA trusted
+/// (`--ca-cert`) and the client certificate, the preflight and a stage read
+/// the signals; without the client certificate or without the CA, the
+/// preflight fails before any load, and an unreadable key is refused when
+/// the source is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_prometheus_with_a_private_ca_and_client_certificates() {
+    let mut engine = Engine::new();
+    engine.waiting = 5.0;
+    let exporter = Exporter::start(engine).await;
+    let ca = PrivateCa::new().unwrap();
+    let prom = PrometheusServer::start_https(
+        &[ScrapeJob::new("vllm-aggregate").target(exporter.addr, &[("pod", "m-0")])],
+        WebTls {
+            ca: &ca,
+            require_client_cert: true,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(prom.url().starts_with("https://127.0.0.1:"));
+    let base = SignalArgs {
+        prometheus_url: Some(prom.url()),
+        deploy_name: Some("m".into()),
+        settle_wait: Duration::ZERO,
+        ..Default::default()
+    };
+
+    let trusted = SignalArgs {
+        ca_certs: vec![ca.ca_der.clone()],
+        prometheus_client_cert: Some(ca.client_cert.clone()),
+        prometheus_client_key: Some(ca.client_key.clone()),
+        ..base.clone()
+    };
+    let source = SignalSource::from_args(&trusted).await.unwrap().unwrap();
+    assert_eq!(source.preflight().await.unwrap(), Vec::<String>::new());
+    let end = now();
+    let out = source.stage_signals(end - 5.0, end).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.roles[0].waiting_requests_p50, 5.0);
+
+    let refused = |args: SignalArgs| async move {
+        let source = SignalSource::from_args(&args).await.unwrap().unwrap();
+        let e = source.preflight().await.unwrap_err();
+        assert!(matches!(e, SignalError::Unreachable { .. }), "{e:?}");
+        e.to_string()
+    };
+    let without_client_cert = refused(SignalArgs {
+        ca_certs: vec![ca.ca_der.clone()],
+        ..base.clone()
+    })
+    .await;
+    assert!(
+        without_client_cert.contains(&format!("from Prometheus {}", prom.url())),
+        "{without_client_cert}"
+    );
+    let untrusted = refused(SignalArgs {
+        prometheus_client_cert: Some(ca.client_cert.clone()),
+        prometheus_client_key: Some(ca.client_key.clone()),
+        ..base.clone()
+    })
+    .await;
+    assert!(untrusted.contains("certificate"), "{untrusted}");
+
+    let unreadable = SignalArgs {
+        prometheus_client_key: Some("/nonexistent/key.pem".into()),
+        ..trusted.clone()
+    };
+    let e = SignalSource::from_args(&unreadable)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("--prometheus-client-key /nonexistent/key.pem: cannot read it: "),
+        "{e}"
+    );
 }

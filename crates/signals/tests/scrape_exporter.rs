@@ -1,6 +1,7 @@
 //! The direct-scrape source against scripted exporters on 127.0.0.1: exact
-//! signals from controlled values, pods combined, the real vLLM fixture, and
-//! a down URL reported as an error rather than a crash.
+//! signals from controlled values, pods combined, the real vLLM fixture,
+//! SGLang's names through the profile, the preflight scrape, and a down URL
+//! reported as an error rather than a crash.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,7 +11,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use common::{Engine, Exporter, now};
-use nyann_signals::{SignalArgs, SignalSource};
+use nyann_model::SeriesStatus;
+use nyann_signals::{Server, SignalArgs, SignalError, SignalSource};
 
 fn scrape_args(urls: &[String]) -> SignalArgs {
     SignalArgs {
@@ -180,6 +182,81 @@ async fn a_down_url_is_an_error_not_a_crash() {
         "{e}"
     );
     assert!(e.to_lowercase().contains("connect"), "{e}");
+    // Unread because the scrapes failed: recorded as failed, not missing.
+    assert!(
+        out.coverage[0].all(SeriesStatus::Failed),
+        "{:?}",
+        out.coverage[0]
+    );
+    assert_eq!(
+        out.coverage[1].status("waiting_requests_p50"),
+        SeriesStatus::Found
+    );
+
+    // Before any load, the same URL stops the run with the reason.
+    let e = source.preflight().await.unwrap_err();
+    assert!(matches!(e, SignalError::Unreachable { .. }), "{e:?}");
+    assert!(
+        e.to_string().starts_with(&format!(
+            "cannot read server signals from {down} before the first stage: "
+        )),
+        "{e}"
+    );
+}
+
+/// An SGLang server read with vLLM's names finds nothing and is refused
+/// with the fix; with `--server sglang` every signal is found, and its
+/// values come from SGLang's own names.
+#[tokio::test]
+async fn sglang_names_through_the_profile() {
+    let mut e = Engine::sglang();
+    e.waiting = 12.0;
+    e.kv = 0.97;
+    let exporter = Exporter::start(e).await;
+    let driver = drive(&exporter);
+
+    let vllm = SignalSource::from_args(&scrape_args(&[exporter.url()]))
+        .await
+        .unwrap()
+        .unwrap();
+    let e = vllm.preflight().await.unwrap_err();
+    assert!(matches!(e, SignalError::NothingFound(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(&format!("{} serves SGLang series (sglang:", exporter.url()))
+            && e.to_string().contains("did you mean --server sglang?"),
+        "{e}"
+    );
+
+    let args = SignalArgs {
+        server: Server::Sglang,
+        ..scrape_args(&[exporter.url()])
+    };
+    let source = SignalSource::from_args(&args).await.unwrap().unwrap();
+    assert_eq!(source.preflight().await.unwrap(), Vec::<String>::new());
+    source.start();
+    let out = stage(&source, 2.0).await;
+    driver.abort();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let r = &out.roles[0];
+    assert_eq!(r.waiting_requests_p50, 12.0);
+    assert_eq!(r.kv_cache_usage_max, 0.97);
+    assert!(r.preemptions >= 10.0, "{}", r.preemptions);
+    // SGLang's buckets: every observation (0.3 s) in (0.2, 0.4].
+    assert!(
+        (r.ttft_p99_seconds - 0.398).abs() < 1e-9,
+        "{}",
+        r.ttft_p99_seconds
+    );
+    let c = &out.coverage[0];
+    assert_eq!(
+        c.get("preemptions").unwrap().metric.as_deref(),
+        Some("sglang:num_retracted_requests_total")
+    );
+    assert_eq!(
+        c.get("kv_cache_usage_max").unwrap().metric.as_deref(),
+        Some("sglang:token_usage")
+    );
 }
 
 #[tokio::test]

@@ -98,7 +98,7 @@ pub struct SimArgs {
     pub fault_stall_rate: f64,
 
     /// How long a stalled request waits before its first token can be produced.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = nyann_model::parse_duration)]
     pub fault_stall: Duration,
 
     /// Fraction of requests whose connection is closed without a response (0..1).

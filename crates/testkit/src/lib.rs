@@ -1,11 +1,13 @@
-//! Test support for nyann-bench: a real Prometheus for a test, and a bounded
-//! polling helper.
+//! Test support for nyann-bench: a real Prometheus for a test, a scripted
+//! `/metrics` exporter, a private CA, and a bounded polling helper.
 //!
 //! [`PrometheusServer::start`] writes a temporary config (`scrape_interval:
 //! 1s`) with the given jobs, targets and labels, starts the Debian
 //! `prometheus` binary on `127.0.0.1` with an ephemeral port and a temporary
 //! TSDB, waits (bounded) until it is ready and every target is up, and kills
-//! it by PID when dropped. When the binary is missing it fails with a message
+//! it by PID when dropped. [`PrometheusServer::start_https`] serves its API
+//! over TLS with a certificate of a [`PrivateCa`], optionally requiring a
+//! client certificate. When the binary is missing it fails with a message
 //! saying how to install it: a test that needs Prometheus must fail, never
 //! pass silently.
 //!
@@ -21,6 +23,9 @@
 //! ```
 
 pub mod exporter;
+mod tls;
+
+pub use tls::PrivateCa;
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -103,6 +108,19 @@ pub struct PrometheusServer {
     child: Child,
     addr: SocketAddr,
     dir: tempfile::TempDir,
+    /// `http` or `https`.
+    scheme: &'static str,
+    /// Reaches the API (trusting the private CA, with its client
+    /// certificate, when served over TLS).
+    http: reqwest::Client,
+}
+
+/// How [`PrometheusServer::start_https`] serves the API.
+#[derive(Debug, Clone, Copy)]
+pub struct WebTls<'a> {
+    pub ca: &'a PrivateCa,
+    /// Refuse clients without a certificate signed by the CA (mutual TLS).
+    pub require_client_cert: bool,
 }
 
 /// Polls `check` every [`POLL_INTERVAL`] until it returns `Some`, or fails
@@ -207,10 +225,20 @@ impl PrometheusServer {
     /// process takes it in between, Prometheus exits and the start is retried
     /// with a new port (at most 3 attempts, each reported on stderr).
     pub async fn start(jobs: &[ScrapeJob]) -> Result<Self, TestkitError> {
+        Self::start_with(jobs, None).await
+    }
+
+    /// [`PrometheusServer::start`], serving the API over https with a
+    /// certificate for 127.0.0.1 signed by `tls.ca`.
+    pub async fn start_https(jobs: &[ScrapeJob], tls: WebTls<'_>) -> Result<Self, TestkitError> {
+        Self::start_with(jobs, Some(tls)).await
+    }
+
+    async fn start_with(jobs: &[ScrapeJob], tls: Option<WebTls<'_>>) -> Result<Self, TestkitError> {
         let bin = prometheus_binary()?;
         let mut last_err = None;
         for attempt in 1..=3 {
-            match Self::start_once(&bin, jobs).await {
+            match Self::start_once(&bin, jobs, tls).await {
                 Ok(server) => {
                     server.wait_targets_up(jobs, START_TIMEOUT).await?;
                     return Ok(server);
@@ -230,7 +258,11 @@ impl PrometheusServer {
         }))
     }
 
-    async fn start_once(bin: &Path, jobs: &[ScrapeJob]) -> Result<Self, TestkitError> {
+    async fn start_once(
+        bin: &Path,
+        jobs: &[ScrapeJob],
+        tls: Option<WebTls<'_>>,
+    ) -> Result<Self, TestkitError> {
         let io = |what: &str| {
             let what = what.to_string();
             move |source| TestkitError::Io { what, source }
@@ -245,7 +277,22 @@ impl PrometheusServer {
             .map_err(io("creating prometheus.log"))?;
         let log2 = log.try_clone().map_err(io("duplicating the log handle"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        let mut http = reqwest::Client::builder();
+        let mut scheme = "http";
+        if let Some(tls) = tls {
+            let web = dir.path().join("web.yml");
+            std::fs::write(&web, tls.ca.web_config(tls.require_client_cert))
+                .map_err(io("writing web.yml"))?;
+            command.arg(format!("--web.config.file={}", web.display()));
+            http = tls.ca.trusting_client(http)?;
+            scheme = "https";
+        }
+        let http = http.build().map_err(|e| TestkitError::Io {
+            what: "building the HTTP client".into(),
+            source: std::io::Error::other(e),
+        })?;
+        let child = command
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
@@ -257,14 +304,20 @@ impl PrometheusServer {
             .stderr(log2)
             .spawn()
             .map_err(io("starting prometheus"))?;
-        let mut server = PrometheusServer { child, addr, dir };
+        let mut server = PrometheusServer {
+            child,
+            addr,
+            dir,
+            scheme,
+            http,
+        };
         server.wait_ready(START_TIMEOUT).await?;
         Ok(server)
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` when started with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -280,7 +333,8 @@ impl PrometheusServer {
     /// (`None` on any HTTP or API error). For assertions in tests.
     pub async fn query(&self, promql: &str) -> Option<Vec<serde_json::Value>> {
         let url = format!("{}/api/v1/query", self.url());
-        let body = reqwest::Client::new()
+        let body = self
+            .http
             .get(&url)
             .query(&[("query", promql)])
             .send()
@@ -332,7 +386,7 @@ impl PrometheusServer {
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> Result<(), TestkitError> {
-        let http = reqwest::Client::new();
+        let http = self.http.clone();
         let url = format!("{}/-/ready", self.url());
         let deadline = Instant::now() + timeout;
         loop {
@@ -361,7 +415,7 @@ impl PrometheusServer {
         timeout: Duration,
     ) -> Result<(), TestkitError> {
         let expected: usize = jobs.iter().map(|j| j.targets.len()).sum();
-        let http = reqwest::Client::new();
+        let http = self.http.clone();
         let url = format!("{}/api/v1/targets?state=active", self.url());
         let last = std::cell::RefCell::new(String::new());
         let result = wait_until("all scrape targets to be up", timeout, || {

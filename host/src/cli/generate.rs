@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nyann_load::{ClientArgs, Live, RunOutcome, RunResult, parse_duration};
-use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
+use nyann_load::{ClientArgs, Live, RunOutcome, RunResult};
+use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
 use nyann_signals::SignalArgs;
 
 use super::Ui;
@@ -196,12 +196,22 @@ pub async fn run_scenario(
     summary: Summary,
     ui: Ui,
 ) -> anyhow::Result<ExitCode> {
-    let check = CongestionCheck::prepare(scenario, &args.signals, &args.policy).await?;
+    let mut options = args.client.to_options()?;
+    options.output_dir = args.output_dir.clone();
+    // --ca-cert is trusted for Prometheus and --scrape URLs as for the target.
+    let signals = SignalArgs {
+        ca_certs: options
+            .client
+            .ca_certs
+            .iter()
+            .map(|c| c.as_ref().to_vec())
+            .collect(),
+        ..(*args.signals).clone()
+    };
+    let check = CongestionCheck::prepare(scenario, &signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
     }
-    let mut options = args.client.to_options()?;
-    options.output_dir = args.output_dir.clone();
     let live = Arc::new(Live::new());
     options.live = Some(live.clone());
     if let Some(addr) = args.client.metrics {

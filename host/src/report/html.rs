@@ -11,7 +11,7 @@
 use std::fmt::Write;
 
 use nyann_load::{RunOutcome, StageResult, StageStatus};
-use nyann_model::{ClientStats, RoleSignals, Value};
+use nyann_model::{ClientStats, RoleSignals, SeriesStatus, Value};
 
 use super::charts::{
     Band, CONGESTED, LevelAxis, LevelFigure, Line, Mark, MarkKind, RUN_SHADES, Span, SpanKind,
@@ -68,7 +68,7 @@ pub fn page(runs: &[SavedRun]) -> anyhow::Result<String> {
         }
         out.push_str(
             "<p class=\"note\">Per role; the dashed line is the stop condition's threshold \
-             (built-in policy parameters). Grey circles on the axis: no data for that signal.</p>\n</div>\n",
+             (built-in policy parameters). Grey circles on the axis: no data for that signal (no series found, or the query failed; the policy saw 0).</p>\n</div>\n",
         );
     }
 
@@ -365,6 +365,8 @@ struct Signal {
     title: &'static str,
     unit: Unit,
     param: &'static str,
+    /// Its name in the record's coverage.
+    field: &'static str,
     value: fn(&RoleSignals) -> f64,
 }
 
@@ -373,37 +375,47 @@ const SIGNALS: [Signal; 4] = [
         title: "Server waiting requests (p50)",
         unit: Unit::Count,
         param: "waiting_requests_p50",
+        field: "waiting_requests_p50",
         value: |r| r.waiting_requests_p50,
     },
     Signal {
         title: "Server time to first token (p99)",
         unit: Unit::Millis,
         param: "ttft_p99",
+        field: "ttft_p99_seconds",
         value: |r| r.ttft_p99_seconds,
     },
     Signal {
         title: "Server KV-cache usage (max)",
         unit: Unit::Percent,
         param: "kv_cache_usage",
+        field: "kv_cache_usage_max",
         value: |r| r.kv_cache_usage_max,
     },
     Signal {
         title: "Server preemptions (per stage)",
         unit: Unit::Count,
         param: "preemptions",
+        field: "preemptions",
         value: |r| r.preemptions,
     },
 ];
+
+/// Whether the record has a measured value of `field` for `role` (not a 0
+/// standing for missing series or a failed query).
+fn has_data(record: &CongestionRecord, role: &str, field: &str) -> bool {
+    record
+        .coverage
+        .iter()
+        .find(|c| c.role == role)
+        .is_none_or(|c| c.status(field) == SeriesStatus::Found)
+}
 
 /// A parameter value as a number: numbers as they are, durations in seconds.
 fn param_value(value: &Value) -> Option<f64> {
     match value {
         Value::Number(n) => Some(*n),
-        Value::Text(text) => text.parse::<f64>().ok().or_else(|| {
-            humantime::parse_duration(text)
-                .ok()
-                .map(|d| d.as_secs_f64())
-        }),
+        Value::Text(text) => nyann_model::parse_seconds(text).ok(),
         Value::Flag(_) => None,
     }
 }
@@ -448,8 +460,10 @@ fn server_signal(
             let mut points = Vec::new();
             for (x, record, _) in &judged {
                 match record.roles.iter().find(|s| s.role == *role) {
-                    Some(signals) => points.push((*x, (signal.value)(signals))),
-                    None => figure.marks.push(Mark {
+                    Some(signals) if has_data(record, role, signal.field) => {
+                        points.push((*x, (signal.value)(signals)))
+                    }
+                    _ => figure.marks.push(Mark {
                         kind: MarkKind::NoData,
                         x: *x,
                         y: None,
@@ -502,6 +516,7 @@ fn server_signal(
                     y: record
                         .roles
                         .iter()
+                        .filter(|r| has_data(record, &r.role, signal.field))
                         .map(signal.value)
                         .fold(None, |max: Option<f64>, v| {
                             Some(max.map_or(v, |m| m.max(v)))
@@ -833,6 +848,7 @@ mod tests {
             }),
             policy_error: None,
             check_seconds: 0.1,
+            coverage: vec![],
         };
         stage.annotation = Some(serde_json::json!({ ANNOTATION_KEY: record }));
         stage
@@ -967,6 +983,36 @@ mod tests {
             "{:?}",
             figure.marks
         );
+    }
+
+    /// A signal whose series were missing reads 0 for the policy, but the
+    /// report shows "no data", never a measured 0.
+    #[test]
+    fn a_signal_without_series_is_no_data_not_zero() {
+        let mut run = sweep();
+        let mut annotation = run.result.stages[0].annotation.clone().unwrap();
+        annotation[ANNOTATION_KEY]["coverage"] = serde_json::json!([{
+            "role": "aggregate",
+            "signals": [
+                {"signal": "waiting_requests_p50", "status": "missing"},
+                {"signal": "kv_cache_usage_max", "status": "found", "metric": "vllm:kv_cache_usage_perc"}
+            ]
+        }]);
+        run.result.stages[0].annotation = Some(annotation);
+        run.records[0] = CongestionRecord::of(run.result.stages[0].annotation.as_ref());
+        let axis = level_axis(std::slice::from_ref(&run));
+        let waiting = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
+        let measured = waiting.lines.iter().find(|l| !l.dashed).unwrap();
+        assert_eq!(measured.points, vec![(128.0, 40.0)], "no point at c=64");
+        assert!(
+            waiting
+                .marks
+                .iter()
+                .any(|m| m.kind == MarkKind::NoData && m.x == 64.0)
+        );
+        let kv = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[2]);
+        let measured = kv.lines.iter().find(|l| !l.dashed).unwrap();
+        assert_eq!(measured.points.len(), 2, "found signals are drawn");
     }
 
     #[test]

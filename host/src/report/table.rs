@@ -4,14 +4,16 @@
 use std::fmt::Write;
 
 use nyann_load::{RunOutcome, RunResult, StageResult, StageStatus};
-use nyann_model::RoleSignals;
+use nyann_model::{RoleSignals, SeriesStatus};
 
 use crate::sweep::CongestionRecord;
 
 /// Milliseconds with a precision that suits the magnitude.
 fn ms(seconds: f64) -> String {
     let ms = seconds * 1000.0;
-    if ms >= 100.0 {
+    if ms >= 1e12 {
+        format!("{ms:.1e}")
+    } else if ms >= 100.0 {
         format!("{ms:.0}")
     } else if ms >= 10.0 {
         format!("{ms:.1}")
@@ -64,14 +66,46 @@ const HEADER: [&str; 20] = [
     "judged",
 ];
 
-/// The server columns of a judged stage: the largest value across roles,
-/// since the rules compare the worst role with each threshold.
+/// What a server cell says for a signal no role had series of.
+const NO_DATA: &str = "no data";
+
+/// The server columns of a judged stage: the largest value across the roles
+/// that had series for the signal, since the rules compare the worst role
+/// with each threshold; `no data` when none had, `>=` before a lower bound.
 fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
     let Some(record) = record else {
         return std::array::from_fn(|_| "-".to_string());
     };
-    let max = |f: &dyn Fn(&RoleSignals) -> f64| record.roles.iter().map(f).fold(0.0, f64::max);
-    let ttft_p50 = max(&|r| r.extra("ttft_p50_seconds").unwrap_or(0.0));
+    // (value, is a lower bound) of the largest reading of `signal`.
+    let largest = |signal: &str, value: &dyn Fn(&RoleSignals) -> f64| -> Option<(f64, bool)> {
+        record
+            .roles
+            .iter()
+            .filter_map(|role| {
+                let coverage = record.coverage.iter().find(|c| c.role == role.role);
+                let entry = coverage.and_then(|c| c.get(signal));
+                match entry {
+                    Some(e) if e.status == SeriesStatus::Missing => None,
+                    _ => Some((value(role), entry.is_some_and(|e| e.lower_bound))),
+                }
+            })
+            .reduce(|a, b| if b.0 > a.0 { b } else { a })
+    };
+    let show = |reading: Option<(f64, bool)>, format: &dyn Fn(f64) -> String| match reading {
+        None => NO_DATA.to_string(),
+        Some((v, true)) => format!(">={}", format(v)),
+        Some((v, false)) => format(v),
+    };
+    let ttft_p99 = largest("ttft_p99_seconds", &|r| r.ttft_p99_seconds);
+    let ttft = match ttft_p99 {
+        None => NO_DATA.to_string(),
+        Some(_) => {
+            let p50 = largest("ttft_p50_seconds", &|r| {
+                r.extra("ttft_p50_seconds").unwrap_or(0.0)
+            });
+            format!("{}/{}", show(p50, &ms), show(ttft_p99, &ms))
+        }
+    };
     let judged = match (&record.verdict, &record.policy_error) {
         (Some(v), _) if v.congested => "congested",
         (Some(_), _) => "ok",
@@ -83,10 +117,20 @@ fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
         "*"
     };
     [
-        format!("{}/{}", ms(ttft_p50), ms(max(&|r| r.ttft_p99_seconds))),
-        format!("{}", max(&|r| r.waiting_requests_p50)),
-        format!("{:.1}%", 100.0 * max(&|r| r.kv_cache_usage_max)),
-        format!("{}", max(&|r| r.preemptions)),
+        ttft,
+        show(
+            largest("waiting_requests_p50", &|r| r.waiting_requests_p50),
+            &|v| format!("{v}"),
+        ),
+        show(
+            largest("kv_cache_usage_max", &|r| r.kv_cache_usage_max),
+            &|v| format!("{:.1}%", 100.0 * v),
+        ),
+        // increase() extrapolates to the window edges, so the count is rarely
+        // whole: rounded here, kept as computed in the record.
+        show(largest("preemptions", &|r| r.preemptions), &|v| {
+            format!("{v:.0}")
+        }),
         format!("{judged}{errors}"),
     ]
 }
@@ -137,6 +181,16 @@ impl StageTable {
         let judged = || records.iter().flatten();
         if judged().any(|r| r.roles.len() > 1) {
             notes.push("server columns (SRV ... preempt): the largest value across roles".into());
+        }
+        let server_cells = || rows.iter().skip(1).flat_map(|r| &r[HEADER.len() - 5..]);
+        if server_cells().any(|c| c.contains(NO_DATA)) {
+            notes.push(
+                "no data: no series of that signal on any role (the policy saw 0); see coverage in stages.json"
+                    .into(),
+            );
+        }
+        if server_cells().any(|c| c.contains(">=")) {
+            notes.push(">=: the quantile lies beyond the histogram's largest bucket bound".into());
         }
         if judged().any(|r| !r.signal_errors.is_empty()) {
             notes.push(
@@ -205,7 +259,7 @@ mod tests {
     use super::*;
     use crate::sweep::{ANNOTATION_KEY, CongestionRecord, PolicyMode, PolicyRef};
     use nyann_load::StageDetail;
-    use nyann_model::{ClientStats, Mode, Verdict};
+    use nyann_model::{ClientStats, Mode, RoleCoverage, SignalCoverage, Verdict};
 
     fn measured(label: &str, client: ClientStats) -> StageResult {
         StageResult {
@@ -277,45 +331,110 @@ mod tests {
         );
     }
 
-    #[test]
-    fn judged_stage_shows_server_columns_and_the_congested_mark() {
-        let role = |name: &str, waiting: f64, kv: f64| RoleSignals {
+    fn role(name: &str, waiting: f64, kv: f64) -> RoleSignals {
+        RoleSignals {
             role: name.into(),
             waiting_requests_p50: waiting,
             ttft_p99_seconds: 2.5,
             kv_cache_usage_max: kv,
-            preemptions: 3.0,
+            preemptions: 27.931965517241377,
             extra: vec![("ttft_p50_seconds".into(), 0.25)],
-        };
-        let record = CongestionRecord {
+        }
+    }
+
+    fn judged(roles: Vec<RoleSignals>, coverage: Vec<RoleCoverage>) -> CongestionRecord {
+        CongestionRecord {
             policy: PolicyRef {
                 name: "builtin".into(),
                 version: "0.1.0".into(),
                 origin: "builtin".into(),
             },
             mode: PolicyMode::Enforce,
-            roles: vec![role("prefill", 40.0, 0.5), role("decode", 2.0, 0.98)],
-            signal_errors: vec!["decode: preemptions: timeout".into()],
+            roles,
+            coverage,
+            signal_errors: vec![],
             verdict: Some(Verdict {
                 congested: true,
                 reasons: vec!["queueing".into()],
             }),
             policy_error: None,
             check_seconds: 0.01,
-        };
+        }
+    }
+
+    /// The table of one stage judged with `record`: (first row, whole table).
+    fn judged_table(record: CongestionRecord) -> (String, String) {
         let stage = StageResult {
             annotation: Some(serde_json::json!({ ANNOTATION_KEY: record })),
             ..measured("#0 c=64", ClientStats::default())
         };
         let table = stage_table(&run(RunOutcome::Completed, vec![stage]));
-        let row = table.lines().nth(1).unwrap();
+        (table.lines().nth(1).unwrap().to_string(), table)
+    }
+
+    #[test]
+    fn judged_stage_shows_server_columns_and_the_congested_mark() {
+        let mut record = judged(
+            vec![role("prefill", 40.0, 0.5), role("decode", 2.0, 0.98)],
+            vec![],
+        );
+        record.signal_errors = vec!["decode: preemptions: timeout".into()];
+        let (row, table) = judged_table(record);
         assert!(row.contains("CONGESTED"), "{row}");
-        // Largest value across roles: waiting from prefill, KV from decode.
+        // Largest value across roles: waiting from prefill, KV from decode;
+        // preemptions rounded (Prometheus' increase() extrapolates).
         assert!(
             row.contains("250/2500") && row.contains("  40  ") && row.contains("98.0%"),
             "{row}"
         );
+        assert!(row.contains("  28  ") && !row.contains("27.9"), "{row}");
         assert!(row.contains("congested*"), "{row}");
         assert!(table.contains("largest value across roles"));
+        assert!(!table.contains("no data"), "{table}");
+    }
+
+    #[test]
+    fn signals_without_series_read_no_data_not_zero() {
+        let entry = |signal: &str, status: SeriesStatus, lower_bound: bool| SignalCoverage {
+            signal: signal.into(),
+            status,
+            metric: None,
+            lower_bound,
+        };
+        use SeriesStatus::{Found, Missing};
+        let coverage = vec![
+            RoleCoverage {
+                role: "prefill".into(),
+                signals: vec![
+                    entry("waiting_requests_p50", Missing, false),
+                    entry("ttft_p99_seconds", Missing, false),
+                    entry("kv_cache_usage_max", Missing, false),
+                    entry("preemptions", Missing, false),
+                ],
+            },
+            RoleCoverage {
+                role: "decode".into(),
+                signals: vec![
+                    entry("waiting_requests_p50", Found, false),
+                    entry("ttft_p99_seconds", Found, true),
+                    entry("kv_cache_usage_max", Found, false),
+                    entry("preemptions", Missing, false),
+                ],
+            },
+        ];
+        let mut roles = vec![role("prefill", 0.0, 0.0), role("decode", 2.0, 0.5)];
+        roles[0].ttft_p99_seconds = 0.0;
+        let (row, table) = judged_table(judged(roles, coverage));
+        // Prefill's zeros are not shown as measured; decode's values are.
+        assert!(
+            row.contains("250/>=2500") && row.contains("  2  ") && row.contains("50.0%"),
+            "{row}"
+        );
+        assert!(row.trim_end().ends_with("no data  congested"), "{row}");
+        assert!(
+            table.contains("no data: no series of that signal on any role"),
+            "{table}"
+        );
+        assert!(table.contains(">=: the quantile lies beyond"), "{table}");
     }
 }

@@ -142,6 +142,28 @@ pub fn vector(t: f64, v: &str) -> String {
     )
 }
 
+/// `{"status":"success"}` with a vector of samples at time 1, each with
+/// its labels.
+pub fn labelled(samples: &[(&[(&str, &str)], &str)]) -> String {
+    let items: Vec<String> = samples
+        .iter()
+        .map(|(labels, v)| {
+            let labels: serde_json::Map<String, serde_json::Value> = labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+                .collect();
+            format!(
+                r#"{{"metric":{},"value":[1,"{v}"]}}"#,
+                serde_json::Value::Object(labels)
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+        items.join(",")
+    )
+}
+
 /// An empty result of the type the endpoint returns.
 pub fn empty(req: &Req) -> String {
     let kind = if req.path.ends_with("query_range") {
@@ -154,6 +176,24 @@ pub fn empty(req: &Req) -> String {
 
 #[allow(unused_imports)] // not every test binary uses every item
 pub use nyann_testkit::exporter::{Engine, Exporter, TTFT_BOUNDS};
+
+/// `count by (__name__)` of every signal series of the vLLM profile: what a
+/// selector that finds a complete vLLM server answers at preflight.
+pub fn every_vllm_series() -> String {
+    let names = [
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:num_preemptions_total",
+        "vllm:generation_tokens_total",
+    ];
+    let labels: Vec<[(&str, &str); 1]> = names.iter().map(|n| [("__name__", *n)]).collect();
+    let samples: Vec<(&[(&str, &str)], &str)> =
+        labels.iter().map(|l| (l.as_slice(), "1")).collect();
+    labelled(&samples)
+}
 
 /// Index of the TTFT bucket holding `v` (same bucket = same answer within
 /// the histogram's resolution).
