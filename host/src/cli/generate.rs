@@ -150,8 +150,8 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
                     "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
                 );
             }
-            nyann_scenario::load_file(path)
-                .with_context(|| format!("loading scenario {}", path.display()))?
+            // Its errors name the file (and line) themselves.
+            nyann_scenario::load_file(path)?
         }
         None => args.single.scenario()?,
     };
