@@ -93,12 +93,20 @@ pub enum ArgsError {
     Header(String),
     #[error("invalid --ca-cert: {0}")]
     CaCert(String),
+    #[error(
+        "--request-timeout 0s would time out every request: give it a time \
+         that a whole response fits in (default 10m)"
+    )]
+    ZeroRequestTimeout,
 }
 
 impl ClientArgs {
     /// The run options these flags describe (no output dir, a fresh
     /// interrupt token). Reads the `--ca-cert` files.
     pub fn to_options(&self) -> Result<RunOptions, ArgsError> {
+        if self.request_timeout.is_zero() {
+            return Err(ArgsError::ZeroRequestTimeout);
+        }
         let mut headers = Vec::new();
         for header in &self.headers {
             let (name, value) = header
@@ -173,5 +181,14 @@ mod tests {
         assert_eq!(options.max_consecutive_errors, 5);
         let bad = Cli::parse_from(["x", "--header", "nocolon"]);
         assert!(bad.client.to_options().is_err());
+    }
+
+    #[test]
+    fn a_zero_request_timeout_is_refused() {
+        for zero in ["0s", "0", "0ms"] {
+            let cli = Cli::parse_from(["x", "--request-timeout", zero]);
+            let err = cli.client.to_options().unwrap_err().to_string();
+            assert!(err.contains("--request-timeout 0s"), "{zero}: {err}");
+        }
     }
 }

@@ -28,6 +28,9 @@ use crate::sse::{self, Event, SseParser, Usage};
 /// Largest excerpt of an error body kept in a record.
 pub const ERROR_BODY_EXCERPT: usize = 512;
 
+/// Longest wait for the answer to a small request (`/models`, `/tokenize`).
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Inter-chunk gaps a request reserves room for up front.
 const ITL_PREALLOCATED: usize = 64;
 
@@ -243,14 +246,16 @@ impl Client {
         timeout: Duration,
     ) -> Result<Vec<String>, ClientError> {
         let url = target.url("models");
-        let start = Instant::now();
+        let deadline = Instant::now() + timeout;
         let mut last;
         loop {
-            match self.models(target).await {
+            // No single attempt outlasts the whole wait.
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.models(target, left.min(FETCH_TIMEOUT)).await {
                 Ok(models) => return Ok(models),
                 Err(err) => last = err,
             }
-            if start.elapsed() >= timeout {
+            if Instant::now() >= deadline {
                 return Err(ClientError::NotReady {
                     url,
                     waited: timeout,
@@ -262,7 +267,7 @@ impl Client {
         }
     }
 
-    async fn models(&self, target: &Target) -> Result<Vec<String>, String> {
+    async fn models(&self, target: &Target, timeout: Duration) -> Result<Vec<String>, String> {
         #[derive(Deserialize)]
         struct Models {
             data: Vec<ModelEntry>,
@@ -271,7 +276,7 @@ impl Client {
         struct ModelEntry {
             id: String,
         }
-        let (status, body) = self.fetch(target, "GET", "models", b"").await?;
+        let (status, body) = self.fetch(target, "GET", "models", b"", timeout).await?;
         if !(200..300).contains(&status) {
             return Err(format!(
                 "{}: {}",
@@ -298,7 +303,9 @@ impl Client {
             serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
         let body = body.to_string();
         for path in ["/tokenize", "tokenize"] {
-            let Ok((status, bytes)) = self.fetch(target, "POST", path, body.as_bytes()).await
+            let Ok((status, bytes)) = self
+                .fetch(target, "POST", path, body.as_bytes(), FETCH_TIMEOUT)
+                .await
             else {
                 continue;
             };
@@ -312,13 +319,14 @@ impl Client {
         None
     }
 
-    /// A small request whose whole response body is wanted (10 s bound).
+    /// A small request whose whole response body is wanted within `timeout`.
     async fn fetch(
         &self,
         target: &Target,
         method: &str,
         path: &str,
         body: &[u8],
+        timeout: Duration,
     ) -> Result<(u16, Vec<u8>), String> {
         /// Larger answers to these requests are cut (and then unreadable).
         const LIMIT: usize = 16 << 20;
@@ -337,9 +345,9 @@ impl Client {
             response.finish(target);
             Ok::<_, HttpError>((status, body))
         };
-        match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        match tokio::time::timeout(timeout, exchange).await {
             Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err("no answer within 10 s".into()),
+            Err(_) => Err(format!("no answer within {timeout:?}")),
         }
     }
 

@@ -104,10 +104,12 @@ pub enum RunError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
-    #[error("cannot write to output directory {path}: {source}")]
+    /// (The OS error is part of the message, not a `source`: a printed
+    /// error chain says it once.)
+    #[error("cannot write to output directory {path}: {error}")]
     Output {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("interrupted before any load was sent")]
     Interrupted,
@@ -121,22 +123,23 @@ pub async fn run<H: StageHook>(
 ) -> Result<RunResult, RunError> {
     validate(scenario)?;
     let client = Client::new(options.client.clone())?;
+    // Everything that needs no server is checked before waiting for it.
+    if let Some(dir) = &options.output_dir {
+        std::fs::create_dir_all(dir).map_err(|error| RunError::Output {
+            path: dir.clone(),
+            error,
+        })?;
+    }
+    let (sink, writer) =
+        RecordSink::create(options.output_dir.as_deref()).map_err(|error| RunError::Output {
+            path: options.output_dir.clone().unwrap_or_default(),
+            error,
+        })?;
     // Waiting for the server can take a while: Ctrl-C must work here too.
     let settings = tokio::select! {
         settings = prepare(scenario, &options, &client) => settings?,
         _ = options.interrupt.cancelled() => return Err(RunError::Interrupted),
     };
-    if let Some(dir) = &options.output_dir {
-        std::fs::create_dir_all(dir).map_err(|source| RunError::Output {
-            path: dir.clone(),
-            source,
-        })?;
-    }
-    let (sink, writer) =
-        RecordSink::create(options.output_dir.as_deref()).map_err(|source| RunError::Output {
-            path: options.output_dir.clone().unwrap_or_default(),
-            source,
-        })?;
 
     let steps = &scenario.steps;
     let clock = Clock::now();
@@ -409,13 +412,13 @@ pub async fn run<H: StageHook>(
     drop(runner);
     // Every task has ended: this is the last handle on the record channel.
     drop(shared);
-    writer.finish().await.map_err(|source| RunError::Output {
+    writer.finish().await.map_err(|error| RunError::Output {
         path: options
             .output_dir
             .clone()
             .unwrap_or_default()
             .join("requests.jsonl"),
-        source,
+        error,
     })?;
     let result = RunResult {
         outcome,
@@ -430,9 +433,9 @@ pub async fn run<H: StageHook>(
         stages: results,
     };
     if let Some(dir) = &options.output_dir {
-        result.write_files(dir).map_err(|source| RunError::Output {
+        result.write_files(dir).map_err(|error| RunError::Output {
             path: dir.clone(),
-            source,
+            error,
         })?;
     }
     Ok(result)
