@@ -64,6 +64,7 @@ pub struct ClientArgs {
     pub request_timeout: Duration,
 
     /// Abort the run after this many failed requests in a row (0 = never).
+    /// Rejections (429, 503 with Retry-After: a busy server) do not count.
     #[arg(long, default_value_t = 5)]
     pub max_consecutive_errors: u32,
 
@@ -77,9 +78,17 @@ pub struct ClientArgs {
     pub ready_timeout: Duration,
 
     /// After Ctrl-C/SIGTERM or an abort: how long in-flight requests may still
-    /// finish before they are cancelled.
+    /// finish before they are cancelled (a second Ctrl-C/SIGTERM cancels
+    /// them at once; results are written either way).
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub grace: Duration,
+
+    /// At a stage's end, how long its requests still in flight may take to
+    /// finish (at least: twice the stage's E2E p99 when that is longer)
+    /// before they are abandoned, recorded as `late`, and the next stage
+    /// starts.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub drain_timeout: Duration,
 
     /// Serve client-side Prometheus metrics (`nyann_*`) on this address, e.g. 127.0.0.1:9400.
     #[arg(long, value_name = "ADDR")]
@@ -98,6 +107,8 @@ pub enum ArgsError {
          that a whole response fits in (default 10m)"
     )]
     ZeroRequestTimeout,
+    #[error("invalid proxy setting in the environment: {0}")]
+    Proxy(String),
 }
 
 impl ClientArgs {
@@ -131,6 +142,7 @@ impl ClientArgs {
                 headers,
                 request_timeout: self.request_timeout,
                 ca_certs,
+                proxies: crate::http::Proxies::from_env().map_err(ArgsError::Proxy)?,
             },
             target: self.target.clone(),
             model: self.model.clone(),
@@ -138,8 +150,10 @@ impl ClientArgs {
             max_consecutive_errors: self.max_consecutive_errors,
             ready_timeout: self.ready_timeout,
             grace: self.grace,
+            drain_timeout: self.drain_timeout,
             output_dir: None,
             interrupt: CancellationToken::new(),
+            interrupt_now: CancellationToken::new(),
             live: None,
         })
     }

@@ -8,8 +8,10 @@
 //! read that returned it, else the read itself: see [`crate::http`]);
 //! inter-chunk latencies are the gaps between the arrivals of consecutive
 //! text-bearing chunks (chunks of one read share its instant); E2E runs to
-//! the end of the body. Output tokens come from `usage` when the server
-//! sends it, else from the number of text-bearing chunks.
+//! the arrival of the end of the body (the same clock: a client too busy to
+//! read at once does not stretch E2E either). Output tokens come from
+//! `usage` when the server sends it, else from the number of text-bearing
+//! chunks.
 //!
 //! Failures (non-2xx with a bounded body excerpt, an `error` event, an
 //! unreadable event, a stream that ends without `[DONE]` or a finish reason,
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{HttpError, RequestTemplate, Target};
+use crate::http::{HttpError, Proxies, RequestTemplate, Target};
 use crate::sse::{self, Event, SseParser, Usage};
 
 /// Largest excerpt of an error body kept in a record.
@@ -69,6 +71,8 @@ pub struct ClientConfig {
     /// CA certificates an `https` target may chain to besides the
     /// platform's (`--ca-cert`).
     pub ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// Proxies (from the environment: `HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`).
+    pub proxies: Proxies,
 }
 
 impl Default for ClientConfig {
@@ -81,6 +85,7 @@ impl Default for ClientConfig {
             headers: Vec::new(),
             request_timeout: Duration::from_secs(600),
             ca_certs: Vec::new(),
+            proxies: Proxies::default(),
         }
     }
 }
@@ -145,6 +150,27 @@ pub struct Outcome {
     pub response_id: Option<String>,
     pub http_status: Option<u16>,
     pub error: Option<String>,
+    /// `Retry-After` of a 429 or 503 answer.
+    pub retry_after: Option<Duration>,
+    /// The failure was the client's own (out of file descriptors, ports...).
+    pub client_side: bool,
+    /// Sent again on a new connection: the kept-alive one had been closed.
+    pub resent: bool,
+    /// How long after their arrival the response's bytes were read, at
+    /// worst (known with kernel receive timestamps only).
+    pub lag: Option<Duration>,
+}
+
+impl Outcome {
+    /// The server refused the request because it is busy (429, or 503 with
+    /// `Retry-After`) rather than broken.
+    pub fn rejected(&self) -> bool {
+        match self.http_status {
+            Some(429) => true,
+            Some(503) => self.retry_after.is_some(),
+            _ => false,
+        }
+    }
 }
 
 /// The shared client. Cheap to clone.
@@ -222,12 +248,17 @@ impl Client {
     /// connection pool.
     pub fn target(&self, base: &str) -> Result<Arc<Target>, ClientError> {
         let connect_timeout = Duration::from_secs(30).min(self.config.request_timeout);
-        Target::new(base, connect_timeout, &self.config.ca_certs)
-            .map(Arc::new)
-            .map_err(|reason| ClientError::Target {
-                base: base.to_string(),
-                reason,
-            })
+        Target::new(
+            base,
+            connect_timeout,
+            &self.config.ca_certs,
+            &self.config.proxies,
+        )
+        .map(Arc::new)
+        .map_err(|reason| ClientError::Target {
+            base: base.to_string(),
+            reason,
+        })
     }
 
     /// The head of the streaming requests [`Client::send`] posts to `target`.
@@ -399,10 +430,13 @@ impl Client {
             Ok(()) => {}
             Err(_) => {
                 outcome.ok = false;
+                outcome.end = None;
                 outcome.error = Some(format!("timed out after {timeout:?} (--request-timeout)"));
             }
         }
-        outcome.end = Some(Instant::now());
+        // A complete response ends when its last bytes arrived (the clock of
+        // TTFT and ITL); anything else when the client gave up on it.
+        outcome.end.get_or_insert_with(Instant::now);
         outcome
     }
 }
@@ -422,13 +456,17 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
     let mut response = match target.send(request).await {
         Ok(response) => response,
         Err(err) => {
+            out.client_side = err.is_client_side();
+            out.resent = matches!(err, HttpError::Resent(_));
             out.error = Some(format!("request failed: {err}"));
             return;
         }
     };
+    out.resent = response.resent;
     let status = response.status;
     out.http_status = Some(status);
     if !(200..300).contains(&status) {
+        out.retry_after = response.retry_after;
         // Read the whole body (so the connection can be reused) but keep an excerpt.
         let text = match response.collect(ERROR_BODY_EXCERPT).await {
             Ok((excerpt, total)) => {
@@ -440,6 +478,7 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
             }
             Err(err) => format!("(body unreadable: {err})"),
         };
+        out.lag = response.lag();
         response.finish(target);
         out.error = Some(format!("{}: {text}", status_line(status)));
         return;
@@ -452,17 +491,21 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
                 parser.feed(piece, |payload| state.event(payload, at, keep_reply, out));
             }
             Ok(None) => {
+                out.end = Some(response.received_at());
+                out.lag = response.lag();
                 response.finish(target);
                 break;
             }
             Err(err) => {
+                out.lag = response.lag();
                 state.error.get_or_insert(format!("stream broken: {err}"));
                 break;
             }
         }
     }
-    let now = Instant::now();
-    parser.finish(|payload| state.event(payload, now, keep_reply, out));
+    // An event without its closing blank line ends with the body.
+    let end = out.end.unwrap_or_else(Instant::now);
+    parser.finish(|payload| state.event(payload, end, keep_reply, out));
     out.ok = state.error.is_none() && (state.done || out.finish_reason.is_some());
     if let Some(error) = state.error {
         out.error = Some(error);

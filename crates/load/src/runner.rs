@@ -3,8 +3,10 @@
 //!
 //! Rules (the README documents them in the same words):
 //! - A request belongs to the stage in which it was SENT. A stage's
-//!   statistics wait for all of its requests to complete, including those
-//!   still in flight when the stage's time ran out.
+//!   statistics wait for its requests still in flight when its time ran out,
+//!   for at most the drain time (`drain_timeout`, or twice the stage's E2E
+//!   p99 when that is longer); those still in flight then are abandoned,
+//!   recorded `late` (counted, in no latency), and the next stage starts.
 //! - Between the end of a measured stage and the start of the next, the load
 //!   HOLDS the finished stage's level (same concurrency or arrival rate) while
 //!   the stage's last requests complete and the [`StageHook`] decides.
@@ -19,14 +21,21 @@
 //! - A barrier is a no-op, except `drain=True`: the load stops and the barrier
 //!   waits until nothing is in flight.
 //! - `max_requests` ends a stage once that many requests were sent in it.
+//! - After a failed or rejected request a closed-loop stream backs off
+//!   before its next one ([`crate::backoff`]). Rejections (429, 503 with
+//!   `Retry-After`: a busy server) never count toward
+//!   `max_consecutive_errors`.
 //! - After `max_consecutive_errors` failures in a row, or on interrupt, the
 //!   runner stops sending, waits up to the grace period for in-flight
-//!   requests, records the rest as cancelled and writes every output.
+//!   requests (a second interrupt ends the wait), records the rest as
+//!   cancelled and writes every output.
+//! - Before anything, the scenario's peak of requests in flight is checked
+//!   against the open-file limit and the memory ([`crate::preflight`]).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,11 +44,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
 use crate::client::{Client, ClientConfig, ClientError, Message, Outcome, RequestSpec};
 use crate::hook::{FinishedStage, HookDecision, StageHook};
 use crate::http::{RequestTemplate, Target};
 use crate::live::Live;
 use crate::lock;
+use crate::preflight;
 use crate::record::{Phase, RecordSink, RequestRecord, Status, TokenSource};
 use crate::result::{RunOutcome, RunResult, StageResult, StageStatus};
 use crate::schedule::Schedule;
@@ -64,10 +75,17 @@ pub struct RunOptions {
     pub ready_timeout: Duration,
     /// How long in-flight requests may finish after an interrupt or abort.
     pub grace: Duration,
+    /// How long a stage's requests still in flight at its end may take
+    /// (at least: twice the stage's E2E p99 when that is longer) before
+    /// they are abandoned as `late` and the next stage starts.
+    pub drain_timeout: Duration,
     /// Where `requests.jsonl`, `stages.json` and `summary.json` go (created if missing).
     pub output_dir: Option<PathBuf>,
     /// Cancel it (Ctrl-C, SIGTERM) to interrupt the run.
     pub interrupt: CancellationToken,
+    /// Cancel it after `interrupt` (a second signal) to skip the rest of the
+    /// grace period: requests in flight are cancelled at once.
+    pub interrupt_now: CancellationToken,
     /// Live counters for a progress display.
     pub live: Option<Arc<Live>>,
 }
@@ -82,8 +100,10 @@ impl Default for RunOptions {
             max_consecutive_errors: 5,
             ready_timeout: Duration::from_secs(30),
             grace: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
             output_dir: None,
             interrupt: CancellationToken::new(),
+            interrupt_now: CancellationToken::new(),
             live: None,
         }
     }
@@ -100,6 +120,9 @@ pub enum RunError {
     InvalidStage { at: String, message: String },
     #[error("the scenario has no stage")]
     NoStage,
+    /// The scenario does not fit this host (open files, memory).
+    #[error("{0}")]
+    Resources(String),
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
@@ -122,6 +145,10 @@ pub async fn run<H: StageHook>(
     mut hook: H,
 ) -> Result<RunResult, RunError> {
     validate(scenario)?;
+    if let Some(peak) = preflight::peak(scenario) {
+        preflight::check(&peak, &preflight::Limits::of_this_process())
+            .map_err(RunError::Resources)?;
+    }
     let client = Client::new(options.client.clone())?;
     // Everything that needs no server is checked before waiting for it.
     if let Some(dir) = &options.output_dir {
@@ -144,11 +171,14 @@ pub async fn run<H: StageHook>(
     let steps = &scenario.steps;
     let clock = Clock::now();
     let halt = options.interrupt.child_token();
+    let abandon = CancellationToken::new();
     let shared = Arc::new(Shared {
         client,
         sink,
         clock,
-        slots: (0..steps.len()).map(|_| Slot::default()).collect(),
+        slots: (0..steps.len())
+            .map(|_| Slot::new(abandon.child_token()))
+            .collect(),
         settings: settings.per_step.clone(),
         current: Mutex::new(Current {
             stage: 0,
@@ -163,7 +193,8 @@ pub async fn run<H: StageHook>(
         max_consecutive_errors: options.max_consecutive_errors as u64,
         abort_reason: Mutex::new(None),
         halt: halt.clone(),
-        hard_cancel: CancellationToken::new(),
+        abandon,
+        abandoned_by_interrupt: AtomicBool::new(false),
         tracker: TaskTracker::new(),
         live: options.live.clone(),
         seed: options.seed,
@@ -220,7 +251,9 @@ pub async fn run<H: StageHook>(
             Step::Barrier { drain } => {
                 if *drain {
                     runner.stop_load();
-                    runner.interruptible(shared.inflight.wait_zero()).await;
+                    runner
+                        .interruptible(drain_all(&shared, options.drain_timeout))
+                        .await;
                 }
                 results.push(barrier(index, *drain));
                 continue;
@@ -285,9 +318,10 @@ pub async fn run<H: StageHook>(
             ));
             continue;
         }
-        // Every request sent in the stage has to complete before its statistics exist.
+        // Every request sent in the stage has to end (or be cut, late)
+        // before its statistics exist.
         if runner
-            .interruptible(shared.slots[index].inflight.wait_zero())
+            .interruptible(drain_stage(&shared, index, &label, options.drain_timeout))
             .await
             .is_none()
         {
@@ -304,14 +338,7 @@ pub async fn run<H: StageHook>(
         let duration = end.duration_since(start).as_secs_f64();
         measured_seconds += duration;
         let (client_stats, detail) = shared.slots[index].finish(duration);
-        tracing::info!(
-            "stage {label}: ended: {} ok, {} errors, {:.1} req/s, TTFT p50 {:.0} ms, p99 {:.0} ms",
-            client_stats.requests_ok,
-            client_stats.requests_failed,
-            client_stats.requests_per_second,
-            client_stats.ttft_p50_seconds * 1000.0,
-            client_stats.ttft_p99_seconds * 1000.0,
-        );
+        log_stage_end(&label, &client_stats, &detail);
         let mut result = stage_result(
             index,
             stage,
@@ -335,6 +362,8 @@ pub async fn run<H: StageHook>(
             runner.interruptible(hook.after_stage(&done)).await
         };
         let Some(outcome) = outcome else {
+            tracing::warn!("stage {label}: interrupted during its check");
+            result.check_interrupted = true;
             results.push(result);
             break;
         };
@@ -347,15 +376,27 @@ pub async fn run<H: StageHook>(
         }
     }
 
-    // Wind down: stop sending; on a normal end let in-flight requests finish,
-    // after an interrupt or abort give them the grace period, then cancel.
+    // Wind down: stop sending; on a normal end let in-flight requests finish
+    // within the drain time (then they are late); after an interrupt or
+    // abort give them the grace period (a second interrupt ends it at
+    // once), then cancel them.
     runner.stop_load();
     if !halt.is_cancelled() {
-        runner.interruptible(shared.inflight.wait_zero()).await;
+        runner
+            .interruptible(drain_all(&shared, options.drain_timeout))
+            .await;
     }
     if halt.is_cancelled() {
-        let _ = tokio::time::timeout(options.grace, shared.inflight.wait_zero()).await;
-        shared.hard_cancel.cancel();
+        tokio::select! {
+            _ = tokio::time::timeout(options.grace, shared.inflight.wait_zero()) => {}
+            _ = options.interrupt_now.cancelled() => {}
+        }
+        let left = shared.inflight.get();
+        if left > 0 {
+            tracing::warn!("cancelling {left} request(s) still in flight");
+        }
+        shared.abandoned_by_interrupt.store(true, Ordering::SeqCst);
+        shared.abandon.cancel();
     }
     shared.tracker.close();
     shared.tracker.wait().await;
@@ -450,6 +491,87 @@ fn halted_reason(interrupt: &CancellationToken, shared: &Shared) -> String {
             None => "aborted".into(),
         }
     }
+}
+
+/// Waits for the requests of stage `index` still in flight at its end, for
+/// at most `drain` or twice the stage's E2E p99 if that is longer; then
+/// abandons the rest as late.
+async fn drain_stage(shared: &Shared, index: usize, label: &str, drain: Duration) {
+    let slot = &shared.slots[index];
+    let drain = drain.max(secs(2.0 * slot.e2e_p99()));
+    if tokio::time::timeout(drain, slot.inflight.wait_zero())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "stage {label}: {} request(s) still in flight {} after the stage ended: recorded as \
+             late; the next stage starts (--drain-timeout)",
+            slot.inflight.get(),
+            humantime::format_duration(drain),
+        );
+        slot.cut.cancel();
+        // Abandoned requests record themselves at once.
+        slot.inflight.wait_zero().await;
+    }
+}
+
+/// Waits for every request in flight for at most `drain`, then abandons the
+/// rest as late.
+async fn drain_all(shared: &Shared, drain: Duration) {
+    if tokio::time::timeout(drain, shared.inflight.wait_zero())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "{} request(s) still in flight {} after the load stopped: recorded as late \
+             (--drain-timeout)",
+            shared.inflight.get(),
+            humantime::format_duration(drain),
+        );
+        shared.abandon.cancel();
+        shared.inflight.wait_zero().await;
+    }
+}
+
+/// The stage's one-line summary, and what the user should know about the
+/// client itself: its own failures, and whether it kept up.
+fn log_stage_end(label: &str, client: &ClientStats, detail: &StageDetail) {
+    tracing::info!(
+        "stage {label}: ended: {} ok, {} errors, {} rejected, {:.1} req/s, TTFT p50 {:.0} ms, p99 {:.0} ms",
+        client.requests_ok,
+        client.requests_failed,
+        client.requests_rejected,
+        client.requests_per_second,
+        client.ttft_p50_seconds * 1000.0,
+        client.ttft_p99_seconds * 1000.0,
+    );
+    if let Some(warning) = client_warning(client, detail) {
+        tracing::warn!("stage {label}: {warning}");
+    }
+}
+
+/// Client lag p99 above which a stage warns that the client fell behind.
+pub const CLIENT_LAG_WARNING: Duration = Duration::from_millis(10);
+
+/// Why a stage's figures may say more about the client than the server.
+pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<String> {
+    if detail.client_errors > 0 && detail.client_errors * 2 >= client.requests_failed {
+        return Some(format!(
+            "{} of its {} errors were the client's own (out of open files, local ports or \
+             buffers): the client is the cause, not the server; give it more open files \
+             (ulimit -n) or fewer streams",
+            detail.client_errors, client.requests_failed
+        ));
+    }
+    if detail.client_lag_p99_seconds > CLIENT_LAG_WARNING.as_secs_f64() {
+        return Some(format!(
+            "the client is falling behind (it read responses up to {:.0} ms after they \
+             arrived, p99): its latencies are still right, but it cannot hold the configured \
+             load: use more workers or cores",
+            detail.client_lag_p99_seconds * 1000.0
+        ));
+    }
+    None
 }
 
 fn where_(stage: &Stage, index: usize) -> String {
@@ -752,15 +874,32 @@ impl Counter {
 }
 
 /// Per-step bookkeeping.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Slot {
     acc: Mutex<Option<StageAccumulator>>,
     /// Requests sent in this stage and not yet recorded.
     inflight: Counter,
     limit_reached: Notify,
+    /// Cancelled when the stage's drain time ran out: abandons its requests.
+    cut: CancellationToken,
 }
 
 impl Slot {
+    fn new(cut: CancellationToken) -> Self {
+        Slot {
+            acc: Mutex::default(),
+            inflight: Counter::default(),
+            limit_reached: Notify::new(),
+            cut,
+        }
+    }
+
+    fn e2e_p99(&self) -> f64 {
+        lock(&self.acc)
+            .as_ref()
+            .map_or(0.0, StageAccumulator::e2e_p99)
+    }
+
     /// The accumulator is created on first use: skipped stages cost no histogram memory.
     fn add(&self, record: &RequestRecord) {
         lock(&self.acc)
@@ -800,6 +939,8 @@ struct Claim {
     phase: Phase,
     scheduled_at: Option<f64>,
     settings: Arc<StageSettings>,
+    /// Abandons the request (its stage's drain ran out, or the run ended).
+    abandon: CancellationToken,
 }
 
 struct Shared {
@@ -817,8 +958,11 @@ struct Shared {
     abort_reason: Mutex<Option<String>>,
     /// Cancelled on interrupt or abort: stop sending.
     halt: CancellationToken,
-    /// Cancelled when the grace period is over: abandon in-flight requests.
-    hard_cancel: CancellationToken,
+    /// Abandons every request in flight (each stage's `cut` is a child):
+    /// at the end of the drain time, or of the grace period after an
+    /// interrupt or abort (then `abandoned_by_interrupt` is set first).
+    abandon: CancellationToken,
+    abandoned_by_interrupt: AtomicBool,
     tracker: TaskTracker,
     live: Option<Arc<Live>>,
     seed: u64,
@@ -855,12 +999,18 @@ impl Shared {
         if let Some(live) = &self.live {
             live.sent.fetch_add(1, Ordering::Relaxed);
         }
+        // Held load belongs to no stage: only the end of the run abandons it.
+        let abandon = match phase {
+            Phase::Hold => self.abandon.clone(),
+            Phase::Measured | Phase::Warmup => self.slots[stage].cut.clone(),
+        };
         Some(Claim {
             id,
             stage,
             phase,
             scheduled_at,
             settings,
+            abandon,
         })
     }
 
@@ -896,6 +1046,9 @@ impl Shared {
             response_id: None,
             http_status: None,
             error: Some("max_inflight requests in flight: arrival dropped".into()),
+            client_lag_s: None,
+            resent: false,
+            client_error: false,
         };
         if phase != Phase::Hold {
             self.slots[stage].add(&record);
@@ -924,8 +1077,8 @@ impl Shared {
         }
     }
 
-    /// Sends one turn of `conv` and records it; returns whether it succeeded.
-    async fn run_turn(&self, claim: Claim, conv: &mut Conversation) -> bool {
+    /// Sends one turn of `conv` and records it; says how it ended.
+    async fn run_turn(&self, claim: Claim, conv: &mut Conversation) -> Turn {
         let s = &claim.settings;
         conv.turn += 1;
         let chars = if conv.turn == 1 {
@@ -950,22 +1103,28 @@ impl Shared {
             keep_reply,
         };
         let before = Instant::now();
-        let (outcome, cancelled) = tokio::select! {
+        let (outcome, abandoned) = tokio::select! {
             biased;
             outcome = self.client.send(&spec) => (outcome, false),
-            _ = self.hard_cancel.cancelled() => (Outcome::default(), true),
+            _ = claim.abandon.cancelled() => (Outcome::default(), true),
         };
         let mut outcome = outcome;
-        let record = self.make_record(&claim, conv, prompt_chars, &mut outcome, cancelled, before);
-        let ok = record.status == Status::Ok;
-        if ok && keep_reply {
+        let record = self.make_record(&claim, conv, prompt_chars, &mut outcome, abandoned, before);
+        let turn = match record.status {
+            Status::Ok => Turn::Ok,
+            Status::Failed | Status::Rejected => Turn::Failed {
+                retry_after: outcome.retry_after,
+            },
+            Status::Cancelled | Status::Late | Status::Dropped => Turn::Abandoned,
+        };
+        if matches!(turn, Turn::Ok) && keep_reply {
             conv.messages.push(Message {
                 role: "assistant",
                 content: outcome.reply,
             });
         }
         self.finish(claim, record).await;
-        ok
+        turn
     }
 
     fn make_record(
@@ -974,13 +1133,19 @@ impl Shared {
         conv: &Conversation,
         prompt_chars: usize,
         o: &mut Outcome,
-        cancelled: bool,
+        abandoned: bool,
         before: Instant,
     ) -> RequestRecord {
-        let status = if cancelled {
-            Status::Cancelled
+        let status = if abandoned {
+            if self.abandoned_by_interrupt.load(Ordering::SeqCst) {
+                Status::Cancelled
+            } else {
+                Status::Late
+            }
         } else if o.ok {
             Status::Ok
+        } else if o.rejected() {
+            Status::Rejected
         } else {
             Status::Failed
         };
@@ -1015,11 +1180,20 @@ impl Shared {
             finish_reason: o.finish_reason.clone(),
             response_id: o.response_id.take(),
             http_status: o.http_status,
-            error: if cancelled {
-                Some("cancelled: still in flight when the run was interrupted".into())
-            } else {
-                o.error.clone()
+            error: match status {
+                Status::Cancelled => {
+                    Some("cancelled: still in flight when the run was interrupted".into())
+                }
+                Status::Late => Some(
+                    "late: still in flight when the drain time ran out (--drain-timeout); \
+                     abandoned so that the run could go on"
+                        .into(),
+                ),
+                _ => o.error.take(),
             },
+            client_lag_s: o.lag.map(|lag| lag.as_secs_f64()),
+            resent: o.resent,
+            client_error: o.client_side,
         }
     }
 
@@ -1047,7 +1221,8 @@ impl Shared {
                     }
                 }
             }
-            Status::Cancelled | Status::Dropped => {}
+            // A busy server, an abandoned or a dropped request: not a broken server.
+            Status::Rejected | Status::Late | Status::Cancelled | Status::Dropped => {}
         }
         if let Some(live) = &self.live {
             live.finished(&record);
@@ -1060,6 +1235,18 @@ impl Shared {
     }
 }
 
+/// How a turn ended, for the stream that sent it.
+enum Turn {
+    Ok,
+    /// Failed or rejected: the stream backs off (as long as the server's
+    /// `Retry-After`, if it gave one).
+    Failed {
+        retry_after: Option<Duration>,
+    },
+    /// Late or cancelled.
+    Abandoned,
+}
+
 /// A conversation's state across turns.
 struct Conversation {
     id: u64,
@@ -1068,32 +1255,45 @@ struct Conversation {
     salt: Option<String>,
 }
 
-/// Closed-loop streams: how many should run, and which are running.
+/// Closed-loop streams: how many should run and how many do. A stream
+/// exists only once started (no per-stream bookkeeping before): memory
+/// follows the streams running, not the number configured.
 #[derive(Debug, Default)]
-struct StreamSet {
+struct StreamCount {
     target: u32,
-    alive: Vec<bool>,
+    running: u32,
 }
 
 struct Streams {
-    set: Mutex<StreamSet>,
-    /// Cancelled when closed-loop load stops: wakes streams waiting to start.
+    count: Mutex<StreamCount>,
+    /// Cancelled when closed-loop load stops: wakes streams that wait.
     stop: CancellationToken,
 }
 
 impl Streams {
-    /// Whether stream `i` goes on; marks it ended when not (under the same lock
-    /// as spawning decisions, so a shrink-then-grow never loses a stream).
-    fn keep(&self, i: u32) -> bool {
-        let mut set = lock(&self.set);
-        if i < set.target && !self.stop.is_cancelled() {
-            true
-        } else {
-            if let Some(a) = set.alive.get_mut(i as usize) {
-                *a = false;
-            }
-            false
+    /// Counts in one more stream if fewer than the target run.
+    fn admit(&self) -> bool {
+        let mut count = lock(&self.count);
+        let admitted = count.running < count.target && !self.stop.is_cancelled();
+        count.running += u32::from(admitted);
+        admitted
+    }
+
+    /// Whether a running stream goes on; when not, it is counted out (under
+    /// the same lock as `admit`, so a shrink-then-grow never loses a stream).
+    fn keep(&self) -> bool {
+        let mut count = lock(&self.count);
+        let keep = count.running <= count.target && !self.stop.is_cancelled();
+        if !keep {
+            count.running = count.running.saturating_sub(1);
         }
+        keep
+    }
+
+    /// A stream that `keep` let go on ends anyway (no request may be sent).
+    fn leave(&self) {
+        let mut count = lock(&self.count);
+        count.running = count.running.saturating_sub(1);
     }
 }
 
@@ -1139,36 +1339,25 @@ impl Runner {
                     streams.clone()
                 } else {
                     let streams = Arc::new(Streams {
-                        set: Mutex::new(StreamSet::default()),
+                        count: Mutex::default(),
                         stop: CancellationToken::new(),
                     });
                     self.level = Level::Closed(streams.clone());
                     streams
                 };
-                let mut set = lock(&streams.set);
-                let old = set.target.min(n);
-                set.target = n;
-                if set.alive.len() < n as usize {
-                    set.alive.resize(n as usize, false);
-                }
-                let new_count = n - old;
-                for i in 0..n {
-                    if set.alive[i as usize] {
-                        continue;
-                    }
-                    set.alive[i as usize] = true;
-                    // Streams added by this stage start staggered over the ramp-up.
-                    let offset = if i >= old && new_count > 0 {
-                        rampup * (i - old) as f64 / new_count as f64
-                    } else {
-                        0.0
-                    };
-                    let start_at = start + secs(offset);
-                    let shared = self.shared.clone();
-                    let streams2 = streams.clone();
-                    self.shared
-                        .tracker
-                        .spawn(stream_task(shared, streams2, i, start_at));
+                let missing = {
+                    let mut count = lock(&streams.count);
+                    count.target = n;
+                    n.saturating_sub(count.running)
+                };
+                if missing > 0 {
+                    self.shared.tracker.spawn(start_streams(
+                        self.shared.clone(),
+                        streams,
+                        missing,
+                        start,
+                        rampup,
+                    ));
                 }
             }
             Mode::Constant | Mode::Poisson => {
@@ -1208,7 +1397,7 @@ impl Runner {
         match std::mem::replace(&mut self.level, Level::Idle) {
             Level::Idle => {}
             Level::Closed(streams) => {
-                lock(&streams.set).target = 0;
+                lock(&streams.count).target = 0;
                 streams.stop.cancel();
             }
             Level::Open(stop) => stop.cancel(),
@@ -1222,26 +1411,64 @@ impl Runner {
     }
 }
 
-async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>, i: u32, start_at: Instant) {
-    let start_at = tokio::time::Instant::from_std(start_at);
-    tokio::select! {
-        _ = tokio::time::sleep_until(start_at) => {}
-        _ = streams.stop.cancelled() => {}
-        _ = shared.halt.cancelled() => {}
-    }
-    let mut conv: Option<Conversation> = None;
-    while streams.keep(i) {
-        let Some(claim) = shared.claim(None) else {
-            if let Some(alive) = lock(&streams.set).alive.get_mut(i as usize) {
-                *alive = false;
+/// Starts `count` more closed-loop streams, staggered over the ramp-up
+/// (all at once without one), each only when its time comes.
+async fn start_streams(
+    shared: Arc<Shared>,
+    streams: Arc<Streams>,
+    count: u32,
+    start: Instant,
+    rampup: f64,
+) {
+    for k in 0..count {
+        let offset = rampup * f64::from(k) / f64::from(count);
+        if offset > 0.0 {
+            let at = tokio::time::Instant::from_std(start + secs(offset));
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = streams.stop.cancelled() => return,
+                _ = shared.halt.cancelled() => return,
             }
-            break;
+        } else if k % 256 == 255 {
+            // Thousands at once: let the started ones run meanwhile.
+            tokio::task::yield_now().await;
+        }
+        if shared.halt.is_cancelled() || !streams.admit() {
+            return;
+        }
+        shared
+            .tracker
+            .spawn(stream_task(shared.clone(), streams.clone()));
+    }
+}
+
+/// One closed-loop stream: a request, and the next as soon as it ended (or
+/// after a backoff when it failed), while the stream is wanted.
+async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>) {
+    let mut conv: Option<Conversation> = None;
+    let mut backoff = Backoff::default();
+    while streams.keep() {
+        let Some(claim) = shared.claim(None) else {
+            streams.leave();
+            return;
         };
         let turns = claim.settings.turns;
         let c = conv.get_or_insert_with(|| shared.new_conversation(&claim.settings));
-        let ok = shared.run_turn(claim, c).await;
-        if !ok || c.turn >= turns {
+        let turn = shared.run_turn(claim, c).await;
+        if !matches!(turn, Turn::Ok) || c.turn >= turns {
             conv = None;
+        }
+        match turn {
+            Turn::Ok => backoff.reset(),
+            Turn::Failed { retry_after } => {
+                let wait = backoff.next(retry_after, rand::random());
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = streams.stop.cancelled() => {}
+                    _ = shared.halt.cancelled() => {}
+                }
+            }
+            Turn::Abandoned => {}
         }
     }
 }
@@ -1284,8 +1511,8 @@ async fn conversation_task(shared: Arc<Shared>, first: Claim) {
     let mut claim = first;
     loop {
         let turns = claim.settings.turns;
-        let ok = shared.run_turn(claim, &mut conv).await;
-        if !ok || conv.turn >= turns {
+        let turn = shared.run_turn(claim, &mut conv).await;
+        if !matches!(turn, Turn::Ok) || conv.turn >= turns {
             break;
         }
         claim = match shared.claim(None) {
@@ -1322,6 +1549,7 @@ fn barrier(index: usize, drain: bool) -> StageResult {
         detail: None,
         annotation: None,
         skip_reason: None,
+        check_interrupted: false,
     }
 }
 
@@ -1348,5 +1576,6 @@ fn stage_result(
         detail: None,
         annotation: None,
         skip_reason: None,
+        check_interrupted: false,
     }
 }

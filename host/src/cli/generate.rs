@@ -190,7 +190,8 @@ pub async fn run_scenario(
             .with_context(|| format!("serving --metrics on {addr}"))?;
         tracing::info!("client metrics: http://{bound}/metrics");
     }
-    let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
+    let _signals =
+        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     tracing::info!("seed {}", options.seed);
     if let Some(check) = &check {
         check.start();

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use nyann_load::{RunOutcome, RunResult, StageResult, StageStatus};
-use nyann_model::RoleSignals;
+use nyann_model::{ClientStats, RoleSignals};
 
 use crate::sweep::CongestionRecord;
 
@@ -41,12 +41,14 @@ fn status(stage: &StageResult, record: Option<&CongestionRecord>) -> &'static st
     }
 }
 
-const HEADER: [&str; 20] = [
+const HEADER: [&str; 22] = [
     "stage",
     "status",
     "level",
     "ok",
     "errors",
+    "rejected",
+    "late",
     "dropped",
     "req/s",
     "tok/s",
@@ -66,9 +68,13 @@ const HEADER: [&str; 20] = [
 
 /// The server columns of a judged stage: the largest value across roles,
 /// since the rules compare the worst role with each threshold.
-fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
+fn server_cells(stage: &StageResult, record: Option<&CongestionRecord>) -> [String; 5] {
     let Some(record) = record else {
-        return std::array::from_fn(|_| "-".to_string());
+        let mut cells: [String; 5] = std::array::from_fn(|_| "-".to_string());
+        if stage.check_interrupted {
+            cells[4] = "interrupted".into();
+        }
+        return cells;
     };
     let max = |f: &dyn Fn(&RoleSignals) -> f64| record.roles.iter().map(f).fold(0.0, f64::max);
     let ttft_p50 = max(&|r| r.extra("ttft_p50_seconds").unwrap_or(0.0));
@@ -110,6 +116,8 @@ pub fn stage_table(result: &RunResult) -> String {
             (Some(c), Some(d)) => row.extend([
                 c.requests_ok.to_string(),
                 c.requests_failed.to_string(),
+                rejected(c),
+                c.requests_late.to_string(),
                 d.dropped.to_string(),
                 format!("{:.1}", c.requests_per_second),
                 format!("{:.0}", c.output_tokens_per_second),
@@ -123,7 +131,7 @@ pub fn stage_table(result: &RunResult) -> String {
             ]),
             _ => row.extend(std::iter::repeat_n("-".to_string(), HEADER.len() - 8)),
         }
-        row.extend(server_cells(record.as_ref()));
+        row.extend(server_cells(stage, record.as_ref()));
         rows.push(row);
     }
     let widths: Vec<usize> = (0..HEADER.len())
@@ -161,8 +169,21 @@ pub fn stage_table(result: &RunResult) -> String {
         if let Some(error) = record.as_ref().and_then(|r| r.policy_error.as_ref()) {
             let _ = writeln!(out, "{}: {error}", stage.label);
         }
+        if let (Some(client), Some(detail)) = (&stage.client, &stage.detail)
+            && let Some(warning) = nyann_load::runner::client_warning(client, detail)
+        {
+            let _ = writeln!(out, "{}: {warning}", stage.label);
+        }
     }
     out
+}
+
+/// Rejected requests (the server shedding load) and their rate.
+fn rejected(client: &ClientStats) -> String {
+    match client.requests_rejected {
+        0 => "0".into(),
+        n => format!("{n} ({:.1}/s)", client.rejected_per_second),
+    }
 }
 
 /// How the run ended, in one line (all `-q` leaves on stderr).
@@ -180,7 +201,7 @@ mod tests {
     use super::*;
     use crate::sweep::{ANNOTATION_KEY, CongestionRecord, PolicyMode, PolicyRef};
     use nyann_load::StageDetail;
-    use nyann_model::{ClientStats, Mode, Verdict};
+    use nyann_model::{Mode, Verdict};
 
     fn measured(label: &str, client: ClientStats) -> StageResult {
         StageResult {
@@ -199,6 +220,7 @@ mod tests {
             detail: Some(StageDetail::default()),
             annotation: None,
             skip_reason: None,
+            check_interrupted: false,
         }
     }
 
@@ -249,6 +271,56 @@ mod tests {
         assert_eq!(
             outcome_line(&run),
             "sweep stopped after stage #0 c=64: congested: KV cache"
+        );
+    }
+
+    #[test]
+    fn rejected_late_and_the_clients_own_trouble_are_shown() {
+        let client = ClientStats {
+            requests_ok: 90,
+            requests_failed: 8,
+            requests_rejected: 12,
+            rejected_per_second: 0.2,
+            requests_late: 1,
+            ..ClientStats::default()
+        };
+        let busy = StageResult {
+            detail: Some(StageDetail {
+                client_errors: 6,
+                ..StageDetail::default()
+            }),
+            check_interrupted: true,
+            ..measured("#0 c=64", client)
+        };
+        let lagging = StageResult {
+            detail: Some(StageDetail {
+                client_lag_p99_seconds: 0.025,
+                ..StageDetail::default()
+            }),
+            ..measured("#1 c=4096", ClientStats::default())
+        };
+        let table = stage_table(&run(RunOutcome::Interrupted, vec![busy, lagging]));
+        let lines: Vec<&str> = table.lines().collect();
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            header[3..7],
+            ["ok", "errors", "rejected", "late"],
+            "{table}"
+        );
+        let row: Vec<&str> = lines[1].split_whitespace().collect();
+        // The label "#0 c=64" is two words.
+        assert_eq!(row[4..9], ["90", "8", "12", "(0.2/s)", "1"], "{table}");
+        assert!(lines[1].ends_with("interrupted"), "{table}");
+        assert!(
+            table.contains("#0 c=64: 6 of its 8 errors were the client's own")
+                && table.contains("the client is the cause"),
+            "{table}"
+        );
+        assert!(
+            table
+                .contains("#1 c=4096: the client is falling behind (it read responses up to 25 ms")
+                && table.contains("use more workers or cores"),
+            "{table}"
         );
     }
 
