@@ -176,9 +176,7 @@ pub async fn run<H: StageHook>(
         client,
         sink,
         clock,
-        slots: (0..steps.len())
-            .map(|_| Slot::new(abandon.child_token()))
-            .collect(),
+        slots: (0..steps.len()).map(|_| Slot::new(&abandon)).collect(),
         settings: settings.per_step.clone(),
         current: Mutex::new(Current {
             stage: 0,
@@ -515,8 +513,8 @@ async fn drain_stage(shared: &Shared, index: usize, label: &str, drain: Duration
     }
 }
 
-/// Waits for every request in flight for at most `drain`, then abandons the
-/// rest as late.
+/// Waits for every request in flight (the load stopped) for at most
+/// `drain`, then abandons the rest as late.
 async fn drain_all(shared: &Shared, drain: Duration) {
     if tokio::time::timeout(drain, shared.inflight.wait_zero())
         .await
@@ -528,7 +526,12 @@ async fn drain_all(shared: &Shared, drain: Duration) {
             shared.inflight.get(),
             humantime::format_duration(drain),
         );
-        shared.abandon.cancel();
+        // Only stages that ran have requests; later stages keep their tokens.
+        let current = lock(&shared.current).stage;
+        for slot in &shared.slots[..=current] {
+            slot.cut.cancel();
+            slot.hold_cut.cancel();
+        }
         shared.inflight.wait_zero().await;
     }
 }
@@ -545,33 +548,9 @@ fn log_stage_end(label: &str, client: &ClientStats, detail: &StageDetail) {
         client.ttft_p50_seconds * 1000.0,
         client.ttft_p99_seconds * 1000.0,
     );
-    if let Some(warning) = client_warning(client, detail) {
+    if let Some(warning) = crate::stats::client_warning(client, detail) {
         tracing::warn!("stage {label}: {warning}");
     }
-}
-
-/// Client lag p99 above which a stage warns that the client fell behind.
-pub const CLIENT_LAG_WARNING: Duration = Duration::from_millis(10);
-
-/// Why a stage's figures may say more about the client than the server.
-pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<String> {
-    if detail.client_errors > 0 && detail.client_errors * 2 >= client.requests_failed {
-        return Some(format!(
-            "{} of its {} errors were the client's own (out of open files, local ports or \
-             buffers): the client is the cause, not the server; give it more open files \
-             (ulimit -n) or fewer streams",
-            detail.client_errors, client.requests_failed
-        ));
-    }
-    if detail.client_lag_p99_seconds > CLIENT_LAG_WARNING.as_secs_f64() {
-        return Some(format!(
-            "the client is falling behind (it read responses up to {:.0} ms after they \
-             arrived, p99): its latencies are still right, but it cannot hold the configured \
-             load: use more workers or cores",
-            detail.client_lag_p99_seconds * 1000.0
-        ));
-    }
-    None
 }
 
 fn where_(stage: &Stage, index: usize) -> String {
@@ -882,15 +861,19 @@ struct Slot {
     limit_reached: Notify,
     /// Cancelled when the stage's drain time ran out: abandons its requests.
     cut: CancellationToken,
+    /// The same for the requests sent at the stage's level after its end.
+    hold_cut: CancellationToken,
 }
 
 impl Slot {
-    fn new(cut: CancellationToken) -> Self {
+    /// A slot whose requests `abandon` abandons too.
+    fn new(abandon: &CancellationToken) -> Self {
         Slot {
             acc: Mutex::default(),
             inflight: Counter::default(),
             limit_reached: Notify::new(),
-            cut,
+            cut: abandon.child_token(),
+            hold_cut: abandon.child_token(),
         }
     }
 
@@ -958,9 +941,9 @@ struct Shared {
     abort_reason: Mutex<Option<String>>,
     /// Cancelled on interrupt or abort: stop sending.
     halt: CancellationToken,
-    /// Abandons every request in flight (each stage's `cut` is a child):
-    /// at the end of the drain time, or of the grace period after an
-    /// interrupt or abort (then `abandoned_by_interrupt` is set first).
+    /// Abandons every request in flight (each slot's tokens are children) at
+    /// the end of the grace period after an interrupt or abort
+    /// (`abandoned_by_interrupt` is set first).
     abandon: CancellationToken,
     abandoned_by_interrupt: AtomicBool,
     tracker: TaskTracker,
@@ -999,9 +982,8 @@ impl Shared {
         if let Some(live) = &self.live {
             live.sent.fetch_add(1, Ordering::Relaxed);
         }
-        // Held load belongs to no stage: only the end of the run abandons it.
         let abandon = match phase {
-            Phase::Hold => self.abandon.clone(),
+            Phase::Hold => self.slots[stage].hold_cut.clone(),
             Phase::Measured | Phase::Warmup => self.slots[stage].cut.clone(),
         };
         Some(Claim {
@@ -1211,9 +1193,15 @@ impl Shared {
                     let mut reason = lock(&self.abort_reason);
                     if reason.is_none() && !self.halt.is_cancelled() {
                         let msg = format!(
-                            "{n} consecutive failed requests (--max-consecutive-errors {}); last error: {}",
+                            "{n} consecutive failed requests (--max-consecutive-errors {}); last error: {}{}",
                             self.max_consecutive_errors,
-                            record.error.as_deref().unwrap_or("unknown")
+                            record.error.as_deref().unwrap_or("unknown"),
+                            if record.client_error {
+                                " (the client's own failure, not the server's: give it more \
+                                 open files with ulimit -n, or fewer streams)"
+                            } else {
+                                ""
+                            }
                         );
                         tracing::error!("aborting the run: {msg}");
                         *reason = Some(msg);

@@ -1,8 +1,11 @@
-//! Per-stage aggregation of request records into client statistics.
+//! Per-stage aggregation of request records into client statistics, and
+//! what those say about the client itself ([`client_warning`]).
 //!
 //! Latencies go into HdrHistograms at microsecond resolution with three
 //! significant digits (quantiles within 0.1%), so memory stays fixed however
 //! many requests and chunks a stage sees.
+
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use nyann_model::ClientStats;
@@ -35,6 +38,30 @@ pub struct StageDetail {
     pub client_lag_p50_seconds: f64,
     #[serde(default)]
     pub client_lag_p99_seconds: f64,
+}
+
+/// Client lag p99 above which a stage warns that the client fell behind.
+pub const CLIENT_LAG_WARNING: Duration = Duration::from_millis(10);
+
+/// Why a stage's figures may say more about the client than the server.
+pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<String> {
+    if detail.client_errors > 0 && detail.client_errors * 2 >= client.requests_failed {
+        return Some(format!(
+            "{} of its {} errors were the client's own (out of open files, local ports or \
+             buffers): the client is the cause, not the server; give it more open files \
+             (ulimit -n) or fewer streams",
+            detail.client_errors, client.requests_failed
+        ));
+    }
+    if detail.client_lag_p99_seconds > CLIENT_LAG_WARNING.as_secs_f64() {
+        return Some(format!(
+            "the client is falling behind (it read responses up to {:.0} ms after they \
+             arrived, p99): its latencies are still right, but it cannot hold the configured \
+             load: use more workers or cores",
+            detail.client_lag_p99_seconds * 1000.0
+        ));
+    }
+    None
 }
 
 /// Accumulates the records of one stage.

@@ -137,7 +137,7 @@ async fn rejections_are_counted_waited_out_and_never_abort() {
         assert_eq!(result.outcome, RunOutcome::Completed, "HTTP {status}");
         let recs = records(dir.path());
         let rejected = count(&recs, "rejected");
-        assert_eq!(rejected, recs.len(), "HTTP {status}: {recs:?}");
+        assert_eq!(rejected, recs.len(), "HTTP {status}: {:?}", recs.first());
         assert!(recs.iter().all(|r| r["http_status"] == status));
         // Retry-After: 1 on each of 2 streams over 2.5 s: 3 each at most.
         assert!((2..=6).contains(&rejected), "HTTP {status}: {rejected}");
@@ -199,7 +199,7 @@ async fn a_request_that_never_ends_is_late_and_the_next_stage_starts() {
     assert!(gap < 20.0, "{gap} s between the stages");
     let recs = records(dir.path());
     let late: Vec<_> = recs.iter().filter(|r| r["status"] == "late").collect();
-    assert_eq!(late.len(), 1, "{recs:?}");
+    assert_eq!(late.len(), 1, "of {} records", recs.len());
     assert_eq!(late[0]["stage"], 0);
     assert!(
         late[0]["error"]
@@ -216,6 +216,45 @@ async fn a_request_that_never_ends_is_late_and_the_next_stage_starts() {
             .filter(|r| r["stage"] == 0 && r["phase"] == "measured" && r["status"] == "ok")
             .count()
     );
+}
+
+/// A warm-up request that never ends is cut at a draining barrier; the
+/// stages after it run normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_drain_is_bounded_too_and_later_stages_are_untouched() {
+    let server = TestServer::start(Behaviour {
+        fault: Fault::HangFirst,
+        ..Behaviour::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut warmup = Stage {
+        concurrency: Some(2),
+        ..Stage::new(0.5, Mode::Concurrent)
+    };
+    warmup.warmup = true;
+    let sc = scenario(
+        vec![
+            Step::Stage(warmup),
+            Step::Barrier { drain: true },
+            concurrent(1.0, 2),
+        ],
+        4,
+    );
+    let mut opts = options(&server.base, dir.path());
+    opts.client.request_timeout = Duration::from_secs(120);
+    opts.drain_timeout = Duration::from_millis(500);
+    let result = tokio::time::timeout(Duration::from_secs(60), nyann_load::run(&sc, opts, NoHook))
+        .await
+        .expect("the barrier's drain is bounded")
+        .unwrap();
+    assert_eq!(result.outcome, RunOutcome::Completed);
+    let recs = records(dir.path());
+    let late: Vec<_> = recs.iter().filter(|r| r["status"] == "late").collect();
+    assert_eq!(late.len(), 1, "of {} records", recs.len());
+    assert_eq!(late[0]["phase"], "warmup");
+    let last = result.stages[2].client.as_ref().unwrap();
+    assert!(last.requests_ok > 0 && last.requests_late == 0, "{last:?}");
 }
 
 /// Interrupted while the stage hook (the congestion check) runs: the stage

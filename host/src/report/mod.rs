@@ -170,7 +170,7 @@ pub fn stage_table(result: &RunResult) -> String {
             let _ = writeln!(out, "{}: {error}", stage.label);
         }
         if let (Some(client), Some(detail)) = (&stage.client, &stage.detail)
-            && let Some(warning) = nyann_load::runner::client_warning(client, detail)
+            && let Some(warning) = nyann_load::stats::client_warning(client, detail)
         {
             let _ = writeln!(out, "{}: {warning}", stage.label);
         }
