@@ -1561,13 +1561,8 @@ mod tests {
             String::from_utf8(head).unwrap()
         });
         let proxies = Proxies::parse(Some(format!("http://u:p@{proxy}")), None, None).unwrap();
-        let t = Target::new(
-            "http://model.test:8000/v1",
-            Duration::from_secs(1),
-            &[],
-            &proxies,
-        )
-        .unwrap();
+        let via = |base| Target::new(base, Duration::from_secs(1), &[], &proxies).unwrap();
+        let t = via("http://model.test:8000/v1");
         assert_eq!(get(&t).await.unwrap(), b"ok");
         let head = seen.await.unwrap();
         assert!(
@@ -1579,14 +1574,7 @@ mod tests {
             head.contains("proxy-authorization: Basic dTpw\r\n"),
             "{head}"
         );
-        let direct = Target::new(
-            "http://127.0.0.1:8000/v1",
-            Duration::from_secs(1),
-            &[],
-            &proxies,
-        )
-        .unwrap();
-        assert!(direct.proxy.is_none());
+        assert!(via("http://127.0.0.1:8000/v1").proxy.is_none());
     }
 
     /// An https target behind a proxy: a CONNECT tunnel, TLS inside it with
