@@ -24,6 +24,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub struct ClientArgs {
     /// OpenAI base URL, up to and including `/v1` [default: the scenario's
     /// `target`, else http://localhost:8000/v1]. A stage's own `target` wins.
+    /// Reached through HTTP_PROXY / HTTPS_PROXY when set, unless NO_PROXY
+    /// names it or it is a loopback address.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
 
