@@ -350,7 +350,9 @@ impl Target {
         let io: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => {
-                let handshake = async {
+                // Boxed: the handshake's state is large and only new https
+                // connections need it, not every request's future.
+                let handshake = Box::pin(async {
                     if let Some(proxy) = &self.proxy {
                         self.tunnel(&mut tcp, proxy).await?;
                     }
@@ -358,7 +360,7 @@ impl Target {
                         .connect(tls.server_name.clone(), tcp)
                         .await
                         .map_err(|e| format!("TLS handshake failed: {e}"))
-                };
+                });
                 Box::new(
                     tokio::time::timeout(timeout, handshake)
                         .await
@@ -608,39 +610,47 @@ impl Connection {
 
     async fn read_head(&mut self) -> Result<Head, HttpError> {
         loop {
+            if let Some(head) = self.parse_head()? {
+                return Ok(head);
+            }
+            if !self.read_more().await? {
+                return Err(HttpError::Closed(if self.start == self.end {
+                    "before answering"
+                } else {
+                    "in the middle of the response head"
+                }));
+            }
+        }
+    }
+
+    /// The final response head if it is buffered (interim `1xx` heads are
+    /// consumed and skipped). Not async on purpose: the parser's header
+    /// array (2 KiB) lives on the stack, not in every request's future.
+    fn parse_head(&mut self) -> Result<Option<Head>, HttpError> {
+        loop {
             let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut response = httparse::Response::new(&mut headers);
-            match response.parse(self.buffered()) {
-                Ok(httparse::Status::Complete(length)) => {
-                    let status = response.code.unwrap_or(0);
-                    let version = response.version.unwrap_or(1);
-                    let (body, keep_alive) = framing(status, version, response.headers)?;
-                    let retry_after = match status {
-                        429 | 503 => retry_after(response.headers),
-                        _ => None,
-                    };
-                    self.consume(length);
-                    // Interim responses (`100 Continue`) precede the real one.
-                    if (100..200).contains(&status) && status != 101 {
-                        continue;
-                    }
-                    return Ok(Head {
-                        status,
-                        retry_after,
-                        body,
-                        keep_alive,
-                    });
-                }
-                Ok(httparse::Status::Partial) => {
-                    if !self.read_more().await? {
-                        return Err(HttpError::Closed(if self.start == self.end {
-                            "before answering"
-                        } else {
-                            "in the middle of the response head"
-                        }));
-                    }
-                }
+            let length = match response.parse(self.buffered()) {
+                Ok(httparse::Status::Complete(length)) => length,
+                Ok(httparse::Status::Partial) => return Ok(None),
                 Err(err) => return Err(HttpError::Protocol(format!("response head: {err}"))),
+            };
+            let status = response.code.unwrap_or(0);
+            let version = response.version.unwrap_or(1);
+            let (body, keep_alive) = framing(status, version, response.headers)?;
+            let retry_after = match status {
+                429 | 503 => retry_after(response.headers),
+                _ => None,
+            };
+            self.consume(length);
+            // Interim responses (`100 Continue`) precede the real one.
+            if !(100..200).contains(&status) || status == 101 {
+                return Ok(Some(Head {
+                    status,
+                    retry_after,
+                    body,
+                    keep_alive,
+                }));
             }
         }
     }
