@@ -922,8 +922,6 @@ struct Claim {
     phase: Phase,
     scheduled_at: Option<f64>,
     settings: Arc<StageSettings>,
-    /// Abandons the request (its stage's drain ran out, or the run ended).
-    abandon: CancellationToken,
 }
 
 struct Shared {
@@ -982,18 +980,24 @@ impl Shared {
         if let Some(live) = &self.live {
             live.sent.fetch_add(1, Ordering::Relaxed);
         }
-        let abandon = match phase {
-            Phase::Hold => self.slots[stage].hold_cut.clone(),
-            Phase::Measured | Phase::Warmup => self.slots[stage].cut.clone(),
-        };
         Some(Claim {
             id,
             stage,
             phase,
             scheduled_at,
             settings,
-            abandon,
         })
+    }
+
+    /// What abandons a request: its stage's drain running out (or the
+    /// hold's, for held load), or the end of the run. (Borrowed, not cloned
+    /// per request: a token's clone and drop each take its lock.)
+    fn abandon_token(&self, claim: &Claim) -> &CancellationToken {
+        let slot = &self.slots[claim.stage];
+        match claim.phase {
+            Phase::Hold => &slot.hold_cut,
+            Phase::Measured | Phase::Warmup => &slot.cut,
+        }
     }
 
     /// Records an open-loop arrival that found `max_inflight` requests in flight.
@@ -1088,7 +1092,7 @@ impl Shared {
         let (outcome, abandoned) = tokio::select! {
             biased;
             outcome = self.client.send(&spec) => (outcome, false),
-            _ = claim.abandon.cancelled() => (Outcome::default(), true),
+            _ = self.abandon_token(&claim).cancelled() => (Outcome::default(), true),
         };
         let mut outcome = outcome;
         let record = self.make_record(&claim, conv, prompt_chars, &mut outcome, abandoned, before);
