@@ -12,8 +12,9 @@
 use nyann_model::{Mode, Scenario, Step};
 
 /// Memory per request in flight: its task, connection (socket and 4 KiB
-/// read buffer), request and record. Measured with `bench/load.sh`: peak
-/// RSS grows by ~13 KiB per stream from c=64 to c=4096; rounded up.
+/// read buffer), request and record. Measured with `bench/load.sh` (isl and
+/// osl 32): peak RSS 16 MiB at c=64 and 50 MiB at c=4096, ~9 KiB per added
+/// stream, 12.6 KiB per stream all included; rounded up for longer prompts.
 pub const STREAM_BYTES: u64 = 16 * 1024;
 /// Open files the client keeps for itself besides connections (standard
 /// streams, the runtime, `requests.jsonl`, metrics and scrape clients).
