@@ -261,3 +261,51 @@ async fn a_second_signal_skips_the_grace_period_and_still_writes_every_result() 
         Some(cancelled as u64)
     );
 }
+
+/// An open loop whose requests last far longer than the estimate runs out
+/// of open files: the stage names the client as the cause, not the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_open_files_is_named_as_the_clients_own_failure() {
+    let _serial = serial().await;
+    // Every request stalls 2 s: 150 arrivals a second keep ~300 in flight,
+    // where the estimate (150/s x 1.03 s) fits the limit of 256 files.
+    let sim = nyann_sim::start(nyann_sim::SimArgs {
+        seed: 1,
+        profile: nyann_sim::Profile::Fast,
+        fault_stall_rate: 1.0,
+        fault_stall: Duration::from_secs(2),
+        ..nyann_sim::SimArgs::for_tests()
+    })
+    .await
+    .unwrap();
+    let base = sim.base_url();
+    let dir = tempfile::tempdir().unwrap();
+    let args = generate_args(
+        &base,
+        dir.path(),
+        &[
+            "--rate",
+            "150",
+            "--duration",
+            "3s",
+            "--osl",
+            "1",
+            "--max-consecutive-errors",
+            "0",
+        ],
+    );
+    let output = limited("-n 256", &args).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("errors were the client's own")
+            && stderr.contains("the client is the cause"),
+        "{stderr}"
+    );
+    let records = std::fs::read_to_string(dir.path().join("requests.jsonl")).unwrap();
+    let own = records
+        .lines()
+        .filter(|l| l.contains("\"client_error\":true") && l.contains("Too many open files"))
+        .count();
+    assert!(own > 0, "no record of the client's own failure");
+}
