@@ -32,6 +32,8 @@ pub const ERROR_BODY_EXCERPT: usize = 512;
 
 /// Longest wait for the answer to a small request (`/models`, `/tokenize`).
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause between two attempts of the readiness wait.
+const READY_POLL: Duration = Duration::from_millis(250);
 
 /// Inter-chunk gaps a request reserves room for up front.
 const ITL_PREALLOCATED: usize = 64;
@@ -280,9 +282,10 @@ impl Client {
         let deadline = Instant::now() + timeout;
         let mut last;
         loop {
-            // No single attempt outlasts the whole wait.
+            // No attempt outlasts the whole wait (but each gets a moment).
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.models(target, left.min(FETCH_TIMEOUT)).await {
+            let attempt = left.clamp(READY_POLL, FETCH_TIMEOUT);
+            match self.models(target, attempt).await {
                 Ok(models) => return Ok(models),
                 Err(err) => last = err,
             }
@@ -294,7 +297,7 @@ impl Client {
                 });
             }
             tracing::debug!("waiting for {url}: {last}");
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(READY_POLL).await;
         }
     }
 

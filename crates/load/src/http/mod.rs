@@ -88,14 +88,25 @@ impl HttpError {
 /// Errors of this host's own resources (file descriptors, local ports,
 /// buffers, memory) rather than of the server or the network.
 fn is_client_side(error: &std::io::Error) -> bool {
-    // EMFILE, ENFILE, ENOBUFS, ENOMEM and EADDRNOTAVAIL on Linux.
     #[cfg(target_os = "linux")]
-    const CLIENT_SIDE: [i32; 5] = [24, 23, 105, 12, 99];
+    {
+        use nix::errno::Errno;
+        let own = [
+            Errno::EMFILE,
+            Errno::ENFILE,
+            Errno::ENOBUFS,
+            Errno::ENOMEM,
+            Errno::EADDRNOTAVAIL,
+        ];
+        error
+            .raw_os_error()
+            .is_some_and(|code| own.contains(&Errno::from_raw(code)))
+    }
     #[cfg(not(target_os = "linux"))]
-    const CLIENT_SIDE: [i32; 0] = [];
-    error
-        .raw_os_error()
-        .is_some_and(|code| CLIENT_SIDE.contains(&code))
+    {
+        let _ = error;
+        false
+    }
 }
 
 /// The server one base URL (`http://host:port/v1`) points at.
@@ -1647,6 +1658,21 @@ mod tests {
             connect.starts_with("CONNECT model.test:443 HTTP/1.1\r\nhost: model.test:443\r\n"),
             "{connect}"
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_clients_own_failures_are_told_apart() {
+        let connect = |code| HttpError::Connect {
+            address: "a".into(),
+            reason: "r".into(),
+            client_side: is_client_side(&std::io::Error::from_raw_os_error(code)),
+        };
+        let (emfile, refused) = (nix::errno::Errno::EMFILE, nix::errno::Errno::ECONNREFUSED);
+        assert!(connect(emfile as i32).is_client_side());
+        assert!(HttpError::Resent(Box::new(connect(emfile as i32))).is_client_side());
+        assert!(!connect(refused as i32).is_client_side());
+        assert!(!HttpError::Closed("before answering").is_client_side());
     }
 
     #[tokio::test]
