@@ -6,6 +6,7 @@
 //! concurrent sweeps would compete with each other's simulator for CPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod abuse;
 mod browser;
 mod cli;
 mod report;

@@ -15,6 +15,8 @@ use crate::runner::RunOptions;
 pub struct ClientArgs {
     /// OpenAI base URL, up to and including `/v1` [default: the scenario's
     /// `target`, else http://localhost:8000/v1]. A stage's own `target` wins.
+    /// Reached through HTTP_PROXY / HTTPS_PROXY when set, unless NO_PROXY
+    /// names it or it is a loopback address.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
 
@@ -56,6 +58,7 @@ pub struct ClientArgs {
     pub request_timeout: Duration,
 
     /// Abort the run after this many failed requests in a row (0 = never).
+    /// Rejections (429, 503 with Retry-After: a busy server) do not count.
     #[arg(long, default_value_t = 5)]
     pub max_consecutive_errors: u32,
 
@@ -69,9 +72,17 @@ pub struct ClientArgs {
     pub ready_timeout: Duration,
 
     /// After Ctrl-C/SIGTERM or an abort: how long in-flight requests may still
-    /// finish before they are cancelled.
+    /// finish before they are cancelled (a second Ctrl-C/SIGTERM cancels
+    /// them at once; results are written either way).
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub grace: Duration,
+
+    /// At a stage's end, how long its requests still in flight may take to
+    /// finish (at least: twice the stage's E2E p99 when that is longer)
+    /// before they are abandoned, recorded as `late`, and the next stage
+    /// starts.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub drain_timeout: Duration,
 
     /// Serve client-side Prometheus metrics (`nyann_*`) on this address, e.g. 127.0.0.1:9400.
     #[arg(long, value_name = "ADDR")]
@@ -85,12 +96,22 @@ pub enum ArgsError {
     Header(String),
     #[error("invalid --ca-cert: {0}")]
     CaCert(String),
+    #[error(
+        "--request-timeout 0s would time out every request: give it a time \
+         that a whole response fits in (default 10m)"
+    )]
+    ZeroRequestTimeout,
+    #[error("invalid proxy setting in the environment: {0}")]
+    Proxy(String),
 }
 
 impl ClientArgs {
     /// The run options these flags describe (no output dir, a fresh
     /// interrupt token). Reads the `--ca-cert` files.
     pub fn to_options(&self) -> Result<RunOptions, ArgsError> {
+        if self.request_timeout.is_zero() {
+            return Err(ArgsError::ZeroRequestTimeout);
+        }
         let mut headers = Vec::new();
         for header in &self.headers {
             let (name, value) = header
@@ -115,6 +136,7 @@ impl ClientArgs {
                 headers,
                 request_timeout: self.request_timeout,
                 ca_certs,
+                proxies: crate::http::Proxies::from_env().map_err(ArgsError::Proxy)?,
             },
             target: self.target.clone(),
             model: self.model.clone(),
@@ -122,8 +144,10 @@ impl ClientArgs {
             max_consecutive_errors: self.max_consecutive_errors,
             ready_timeout: self.ready_timeout,
             grace: self.grace,
+            drain_timeout: self.drain_timeout,
             output_dir: None,
             interrupt: CancellationToken::new(),
+            interrupt_now: CancellationToken::new(),
             live: None,
         })
     }
@@ -161,5 +185,14 @@ mod tests {
         assert_eq!(options.max_consecutive_errors, 5);
         let bad = Cli::parse_from(["x", "--header", "nocolon"]);
         assert!(bad.client.to_options().is_err());
+    }
+
+    #[test]
+    fn a_zero_request_timeout_is_refused() {
+        for zero in ["0s", "0", "0ms"] {
+            let cli = Cli::parse_from(["x", "--request-timeout", zero]);
+            let err = cli.client.to_options().unwrap_err().to_string();
+            assert!(err.contains("--request-timeout 0s"), "{zero}: {err}");
+        }
     }
 }

@@ -8,8 +8,10 @@
 //! read that returned it, else the read itself: see [`crate::http`]);
 //! inter-chunk latencies are the gaps between the arrivals of consecutive
 //! text-bearing chunks (chunks of one read share its instant); E2E runs to
-//! the end of the body. Output tokens come from `usage` when the server
-//! sends it, else from the number of text-bearing chunks.
+//! the arrival of the end of the body (the same clock: a client too busy to
+//! read at once does not stretch E2E either). Output tokens come from
+//! `usage` when the server sends it, else from the number of text-bearing
+//! chunks.
 //!
 //! Failures (non-2xx with a bounded body excerpt, an `error` event, an
 //! unreadable event, a stream that ends without `[DONE]` or a finish reason,
@@ -22,11 +24,16 @@ use std::time::{Duration, Instant};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{HttpError, RequestTemplate, Target};
+use crate::http::{HttpError, Proxies, RequestTemplate, Target};
 use crate::sse::{self, Event, SseParser, Usage};
 
 /// Largest excerpt of an error body kept in a record.
 pub const ERROR_BODY_EXCERPT: usize = 512;
+
+/// Longest wait for the answer to a small request (`/models`, `/tokenize`).
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause between two attempts of the readiness wait.
+const READY_POLL: Duration = Duration::from_millis(250);
 
 /// Inter-chunk gaps a request reserves room for up front.
 const ITL_PREALLOCATED: usize = 64;
@@ -66,6 +73,8 @@ pub struct ClientConfig {
     /// CA certificates an `https` target may chain to besides the
     /// platform's (`--ca-cert`).
     pub ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// Proxies (from the environment: `HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`).
+    pub proxies: Proxies,
 }
 
 impl Default for ClientConfig {
@@ -78,6 +87,7 @@ impl Default for ClientConfig {
             headers: Vec::new(),
             request_timeout: Duration::from_secs(600),
             ca_certs: Vec::new(),
+            proxies: Proxies::default(),
         }
     }
 }
@@ -142,6 +152,27 @@ pub struct Outcome {
     pub response_id: Option<String>,
     pub http_status: Option<u16>,
     pub error: Option<String>,
+    /// `Retry-After` of a 429 or 503 answer.
+    pub retry_after: Option<Duration>,
+    /// The failure was the client's own (out of file descriptors, ports...).
+    pub client_side: bool,
+    /// Sent again on a new connection: the kept-alive one had been closed.
+    pub resent: bool,
+    /// How long after their arrival the response's bytes were read, at
+    /// worst (known with kernel receive timestamps only).
+    pub lag: Option<Duration>,
+}
+
+impl Outcome {
+    /// The server refused the request because it is busy (429, or 503 with
+    /// `Retry-After`) rather than broken.
+    pub fn rejected(&self) -> bool {
+        match self.http_status {
+            Some(429) => true,
+            Some(503) => self.retry_after.is_some(),
+            _ => false,
+        }
+    }
 }
 
 /// The shared client. Cheap to clone.
@@ -219,12 +250,17 @@ impl Client {
     /// connection pool.
     pub fn target(&self, base: &str) -> Result<Arc<Target>, ClientError> {
         let connect_timeout = Duration::from_secs(30).min(self.config.request_timeout);
-        Target::new(base, connect_timeout, &self.config.ca_certs)
-            .map(Arc::new)
-            .map_err(|reason| ClientError::Target {
-                base: base.to_string(),
-                reason,
-            })
+        Target::new(
+            base,
+            connect_timeout,
+            &self.config.ca_certs,
+            &self.config.proxies,
+        )
+        .map(Arc::new)
+        .map_err(|reason| ClientError::Target {
+            base: base.to_string(),
+            reason,
+        })
     }
 
     /// The head of the streaming requests [`Client::send`] posts to `target`.
@@ -243,14 +279,17 @@ impl Client {
         timeout: Duration,
     ) -> Result<Vec<String>, ClientError> {
         let url = target.url("models");
-        let start = Instant::now();
+        let deadline = Instant::now() + timeout;
         let mut last;
         loop {
-            match self.models(target).await {
+            // No attempt outlasts the whole wait (but each gets a moment).
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = left.clamp(READY_POLL, FETCH_TIMEOUT);
+            match self.models(target, attempt).await {
                 Ok(models) => return Ok(models),
                 Err(err) => last = err,
             }
-            if start.elapsed() >= timeout {
+            if Instant::now() >= deadline {
                 return Err(ClientError::NotReady {
                     url,
                     waited: timeout,
@@ -258,11 +297,11 @@ impl Client {
                 });
             }
             tracing::debug!("waiting for {url}: {last}");
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(READY_POLL).await;
         }
     }
 
-    async fn models(&self, target: &Target) -> Result<Vec<String>, String> {
+    async fn models(&self, target: &Target, timeout: Duration) -> Result<Vec<String>, String> {
         #[derive(Deserialize)]
         struct Models {
             data: Vec<ModelEntry>,
@@ -271,7 +310,7 @@ impl Client {
         struct ModelEntry {
             id: String,
         }
-        let (status, body) = self.fetch(target, "GET", "models", b"").await?;
+        let (status, body) = self.fetch(target, "GET", "models", b"", timeout).await?;
         if !(200..300).contains(&status) {
             return Err(format!(
                 "{}: {}",
@@ -298,7 +337,9 @@ impl Client {
             serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
         let body = body.to_string();
         for path in ["/tokenize", "tokenize"] {
-            let Ok((status, bytes)) = self.fetch(target, "POST", path, body.as_bytes()).await
+            let Ok((status, bytes)) = self
+                .fetch(target, "POST", path, body.as_bytes(), FETCH_TIMEOUT)
+                .await
             else {
                 continue;
             };
@@ -312,13 +353,14 @@ impl Client {
         None
     }
 
-    /// A small request whose whole response body is wanted (10 s bound).
+    /// A small request whose whole response body is wanted within `timeout`.
     async fn fetch(
         &self,
         target: &Target,
         method: &str,
         path: &str,
         body: &[u8],
+        timeout: Duration,
     ) -> Result<(u16, Vec<u8>), String> {
         /// Larger answers to these requests are cut (and then unreadable).
         const LIMIT: usize = 16 << 20;
@@ -337,9 +379,9 @@ impl Client {
             response.finish(target);
             Ok::<_, HttpError>((status, body))
         };
-        match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        match tokio::time::timeout(timeout, exchange).await {
             Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err("no answer within 10 s".into()),
+            Err(_) => Err(format!("no answer within {timeout:?}")),
         }
     }
 
@@ -391,10 +433,13 @@ impl Client {
             Ok(()) => {}
             Err(_) => {
                 outcome.ok = false;
+                outcome.end = None;
                 outcome.error = Some(format!("timed out after {timeout:?} (--request-timeout)"));
             }
         }
-        outcome.end = Some(Instant::now());
+        // A complete response ends when its last bytes arrived (the clock of
+        // TTFT and ITL); anything else when the client gave up on it.
+        outcome.end.get_or_insert_with(Instant::now);
         outcome
     }
 }
@@ -414,13 +459,17 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
     let mut response = match target.send(request).await {
         Ok(response) => response,
         Err(err) => {
+            out.client_side = err.is_client_side();
+            out.resent = matches!(err, HttpError::Resent(_));
             out.error = Some(format!("request failed: {err}"));
             return;
         }
     };
+    out.resent = response.resent;
     let status = response.status;
     out.http_status = Some(status);
     if !(200..300).contains(&status) {
+        out.retry_after = response.retry_after;
         // Read the whole body (so the connection can be reused) but keep an excerpt.
         let text = match response.collect(ERROR_BODY_EXCERPT).await {
             Ok((excerpt, total)) => {
@@ -432,6 +481,7 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
             }
             Err(err) => format!("(body unreadable: {err})"),
         };
+        out.lag = response.lag();
         response.finish(target);
         out.error = Some(format!("{}: {text}", status_line(status)));
         return;
@@ -444,17 +494,21 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
                 parser.feed(piece, |payload| state.event(payload, at, keep_reply, out));
             }
             Ok(None) => {
+                out.end = Some(response.received_at());
+                out.lag = response.lag();
                 response.finish(target);
                 break;
             }
             Err(err) => {
+                out.lag = response.lag();
                 state.error.get_or_insert(format!("stream broken: {err}"));
                 break;
             }
         }
     }
-    let now = Instant::now();
-    parser.finish(|payload| state.event(payload, now, keep_reply, out));
+    // An event without its closing blank line ends with the body.
+    let end = out.end.unwrap_or_else(Instant::now);
+    parser.finish(|payload| state.event(payload, end, keep_reply, out));
     out.ok = state.error.is_none() && (state.done || out.finish_reason.is_some());
     if let Some(error) = state.error {
         out.error = Some(error);

@@ -8,11 +8,14 @@
 //! to, what the load does between stages, warm-up, barriers, aborts).
 
 pub mod args;
+pub mod backoff;
 pub mod client;
 pub mod hook;
 pub mod http;
+pub mod interrupt;
 pub mod live;
 pub mod metrics;
+pub mod preflight;
 pub mod record;
 pub mod result;
 pub mod runner;
@@ -24,6 +27,7 @@ pub mod workload;
 pub use args::ClientArgs;
 pub use client::{Api, ClientConfig};
 pub use hook::{FinishedStage, HookDecision, HookOutcome, NoHook, StageHook};
+pub use interrupt::cancel_on_signals;
 pub use live::{Live, LiveSnapshot};
 pub use record::{Phase, RequestRecord, Status, TokenSource};
 pub use result::{RunOutcome, RunResult, StageResult, StageStatus};
@@ -41,41 +45,4 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// need thousands of descriptors); returns the new soft limit.
 pub fn raise_fd_limit() -> Option<u64> {
     rlimit::increase_nofile_limit(u64::MAX).ok()
-}
-
-/// Cancels `token` on the first Ctrl-C (SIGINT) or SIGTERM, so the runner
-/// stops sending, waits its grace period and writes every output. A second
-/// signal exits at once with status 130 (outputs may then be incomplete).
-pub fn cancel_on_signals(
-    token: tokio_util::sync::CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut signals = 0;
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        loop {
-            let terminated = async {
-                match term.as_mut() {
-                    Some(term) => {
-                        term.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminated => {}
-            }
-            signals += 1;
-            if signals == 1 {
-                tracing::warn!(
-                    "interrupted: no new requests; waiting briefly for those in flight (again to quit now)"
-                );
-                token.cancel();
-            } else {
-                tracing::warn!("interrupted twice: exiting now");
-                std::process::exit(130);
-            }
-        }
-    })
 }

@@ -17,6 +17,8 @@ pub struct Live {
     pub failed: AtomicU64,
     pub dropped: AtomicU64,
     pub cancelled: AtomicU64,
+    pub rejected: AtomicU64,
+    pub late: AtomicU64,
     /// Client-side latency histograms (Prometheus buckets) since the start.
     pub ttft: Buckets,
     pub itl: Buckets,
@@ -133,6 +135,8 @@ impl Live {
             failed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            late: AtomicU64::new(0),
             ttft: Buckets::new(TTFT_BOUNDS),
             itl: Buckets::new(ITL_BOUNDS),
             e2e: Buckets::new(E2E_BOUNDS),
@@ -193,6 +197,12 @@ impl Live {
             Status::Cancelled => {
                 self.cancelled.fetch_add(1, Ordering::Relaxed);
             }
+            Status::Rejected => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            Status::Late => {
+                self.late.fetch_add(1, Ordering::Relaxed);
+            }
             Status::Dropped => {}
         }
     }
@@ -206,7 +216,9 @@ impl Live {
         let v = self.view();
         let ok = self.ok.load(Ordering::Relaxed);
         let failed = self.failed.load(Ordering::Relaxed);
-        let cancelled = self.cancelled.load(Ordering::Relaxed);
+        let ended = self.cancelled.load(Ordering::Relaxed)
+            + self.rejected.load(Ordering::Relaxed)
+            + self.late.load(Ordering::Relaxed);
         let sent = self.sent.load(Ordering::Relaxed);
         LiveSnapshot {
             stage_index: v.index,
@@ -216,7 +228,7 @@ impl Live {
             elapsed_s: v.started.elapsed().as_secs_f64(),
             stage_ok: ok.saturating_sub(v.ok_before),
             stage_failed: failed.saturating_sub(v.failed_before),
-            in_flight: sent.saturating_sub(ok + failed + cancelled),
+            in_flight: sent.saturating_sub(ok + failed + ended),
             dropped: self.dropped.load(Ordering::Relaxed),
             ttft_p50_s: v
                 .ttft

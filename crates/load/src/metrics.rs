@@ -61,6 +61,8 @@ pub fn render(live: &Live) -> String {
     for (status, counter) in [
         ("ok", &live.ok),
         ("failed", &live.failed),
+        ("rejected", &live.rejected),
+        ("late", &live.late),
         ("cancelled", &live.cancelled),
         ("dropped", &live.dropped),
     ] {

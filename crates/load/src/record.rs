@@ -49,11 +49,19 @@ pub enum Phase {
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Ok,
+    /// An error: a broken server (5xx, refused connection, protocol error,
+    /// timeout), a bad request (4xx) or the client's own failure.
     Failed,
+    /// The server shed it: HTTP 429, or 503 with `Retry-After`. Not an
+    /// error (it never counts toward `--max-consecutive-errors`).
+    Rejected,
     /// Open loop: the arrival found `max_inflight` requests in flight and was not sent.
     Dropped,
     /// Still in flight when the run was interrupted and the grace period ran out.
     Cancelled,
+    /// Still in flight when its stage's drain time ran out: abandoned so
+    /// the next stage could start (not an error; in no latency statistic).
+    Late,
 }
 
 /// Where the output token count came from.
@@ -104,6 +112,23 @@ pub struct RequestRecord {
     pub response_id: Option<String>,
     pub http_status: Option<u16>,
     pub error: Option<String>,
+    /// The longest a read of the response came after its bytes arrived
+    /// (known with the kernel's receive timestamps): how far the client
+    /// lagged behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_lag_s: Option<f64>,
+    /// Sent a second time on a new connection: the kept-alive one it was
+    /// written into had been closed by the server, with no answer.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub resent: bool,
+    /// The failure was the client's own (out of file descriptors, local
+    /// ports, buffers): the client is the cause, not the server.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub client_error: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// Streams records to `requests.jsonl` (or discards them without an output dir).

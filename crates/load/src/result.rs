@@ -48,6 +48,10 @@ pub struct StageResult {
     pub annotation: Option<serde_json::Value>,
     /// Why a skipped stage did not run.
     pub skip_reason: Option<String>,
+    /// The run was interrupted while the stage hook (the congestion check)
+    /// ran after this stage: no verdict was recorded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub check_interrupted: bool,
 }
 
 /// Why the run ended.

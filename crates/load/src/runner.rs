@@ -3,8 +3,10 @@
 //!
 //! Rules (the README documents them in the same words):
 //! - A request belongs to the stage in which it was SENT. A stage's
-//!   statistics wait for all of its requests to complete, including those
-//!   still in flight when the stage's time ran out.
+//!   statistics wait for its requests still in flight when its time ran out,
+//!   for at most the drain time (`drain_timeout`, or twice the stage's E2E
+//!   p99 when that is longer); those still in flight then are abandoned,
+//!   recorded `late` (counted, in no latency), and the next stage starts.
 //! - Between the end of a measured stage and the start of the next, the load
 //!   HOLDS the finished stage's level (same concurrency or arrival rate) while
 //!   the stage's last requests complete and the [`StageHook`] decides.
@@ -19,14 +21,21 @@
 //! - A barrier is a no-op, except `drain=True`: the load stops and the barrier
 //!   waits until nothing is in flight.
 //! - `max_requests` ends a stage once that many requests were sent in it.
+//! - After a failed or rejected request a closed-loop stream backs off
+//!   before its next one ([`crate::backoff`]). Rejections (429, 503 with
+//!   `Retry-After`: a busy server) never count toward
+//!   `max_consecutive_errors`.
 //! - After `max_consecutive_errors` failures in a row, or on interrupt, the
 //!   runner stops sending, waits up to the grace period for in-flight
-//!   requests, records the rest as cancelled and writes every output.
+//!   requests (a second interrupt ends the wait), records the rest as
+//!   cancelled and writes every output.
+//! - Before anything, the scenario's peak of requests in flight is checked
+//!   against the open-file limit and the memory ([`crate::preflight`]).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,11 +44,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
 use crate::client::{Client, ClientConfig, ClientError, Message, Outcome, RequestSpec};
 use crate::hook::{FinishedStage, HookDecision, StageHook};
 use crate::http::{RequestTemplate, Target};
 use crate::live::Live;
 use crate::lock;
+use crate::preflight;
 use crate::record::{Phase, RecordSink, RequestRecord, Status, TokenSource};
 use crate::result::{RunOutcome, RunResult, StageResult, StageStatus};
 use crate::schedule::Schedule;
@@ -64,10 +75,17 @@ pub struct RunOptions {
     pub ready_timeout: Duration,
     /// How long in-flight requests may finish after an interrupt or abort.
     pub grace: Duration,
+    /// How long a stage's requests still in flight at its end may take
+    /// (at least: twice the stage's E2E p99 when that is longer) before
+    /// they are abandoned as `late` and the next stage starts.
+    pub drain_timeout: Duration,
     /// Where `requests.jsonl`, `stages.json` and `summary.json` go (created if missing).
     pub output_dir: Option<PathBuf>,
     /// Cancel it (Ctrl-C, SIGTERM) to interrupt the run.
     pub interrupt: CancellationToken,
+    /// Cancel it after `interrupt` (a second signal) to skip the rest of the
+    /// grace period: requests in flight are cancelled at once.
+    pub interrupt_now: CancellationToken,
     /// Live counters for a progress display.
     pub live: Option<Arc<Live>>,
 }
@@ -82,8 +100,10 @@ impl Default for RunOptions {
             max_consecutive_errors: 5,
             ready_timeout: Duration::from_secs(30),
             grace: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
             output_dir: None,
             interrupt: CancellationToken::new(),
+            interrupt_now: CancellationToken::new(),
             live: None,
         }
     }
@@ -100,14 +120,19 @@ pub enum RunError {
     InvalidStage { at: String, message: String },
     #[error("the scenario has no stage")]
     NoStage,
+    /// The scenario does not fit this host (open files, memory).
+    #[error("{0}")]
+    Resources(String),
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
-    #[error("cannot write to output directory {path}: {source}")]
+    /// (The OS error is part of the message, not a `source`: a printed
+    /// error chain says it once.)
+    #[error("cannot write to output directory {path}: {error}")]
     Output {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("interrupted before any load was sent")]
     Interrupted,
@@ -120,32 +145,38 @@ pub async fn run<H: StageHook>(
     mut hook: H,
 ) -> Result<RunResult, RunError> {
     validate(scenario)?;
+    if let Some(peak) = preflight::peak(scenario) {
+        preflight::check(&peak, &preflight::Limits::of_this_process())
+            .map_err(RunError::Resources)?;
+    }
     let client = Client::new(options.client.clone())?;
+    // Everything that needs no server is checked before waiting for it.
+    if let Some(dir) = &options.output_dir {
+        std::fs::create_dir_all(dir).map_err(|error| RunError::Output {
+            path: dir.clone(),
+            error,
+        })?;
+    }
+    let (sink, writer) =
+        RecordSink::create(options.output_dir.as_deref()).map_err(|error| RunError::Output {
+            path: options.output_dir.clone().unwrap_or_default(),
+            error,
+        })?;
     // Waiting for the server can take a while: Ctrl-C must work here too.
     let settings = tokio::select! {
         settings = prepare(scenario, &options, &client) => settings?,
         _ = options.interrupt.cancelled() => return Err(RunError::Interrupted),
     };
-    if let Some(dir) = &options.output_dir {
-        std::fs::create_dir_all(dir).map_err(|source| RunError::Output {
-            path: dir.clone(),
-            source,
-        })?;
-    }
-    let (sink, writer) =
-        RecordSink::create(options.output_dir.as_deref()).map_err(|source| RunError::Output {
-            path: options.output_dir.clone().unwrap_or_default(),
-            source,
-        })?;
 
     let steps = &scenario.steps;
     let clock = Clock::now();
     let halt = options.interrupt.child_token();
+    let abandon = CancellationToken::new();
     let shared = Arc::new(Shared {
         client,
         sink,
         clock,
-        slots: (0..steps.len()).map(|_| Slot::default()).collect(),
+        slots: (0..steps.len()).map(|_| Slot::new(&abandon)).collect(),
         settings: settings.per_step.clone(),
         current: Mutex::new(Current {
             stage: 0,
@@ -160,7 +191,8 @@ pub async fn run<H: StageHook>(
         max_consecutive_errors: options.max_consecutive_errors as u64,
         abort_reason: Mutex::new(None),
         halt: halt.clone(),
-        hard_cancel: CancellationToken::new(),
+        abandon,
+        abandoned_by_interrupt: AtomicBool::new(false),
         tracker: TaskTracker::new(),
         live: options.live.clone(),
         seed: options.seed,
@@ -217,7 +249,9 @@ pub async fn run<H: StageHook>(
             Step::Barrier { drain } => {
                 if *drain {
                     runner.stop_load();
-                    runner.interruptible(shared.inflight.wait_zero()).await;
+                    runner
+                        .interruptible(drain_all(&shared, options.drain_timeout))
+                        .await;
                 }
                 results.push(barrier(index, *drain));
                 continue;
@@ -282,9 +316,10 @@ pub async fn run<H: StageHook>(
             ));
             continue;
         }
-        // Every request sent in the stage has to complete before its statistics exist.
+        // Every request sent in the stage has to end (or be cut, late)
+        // before its statistics exist.
         if runner
-            .interruptible(shared.slots[index].inflight.wait_zero())
+            .interruptible(drain_stage(&shared, index, &label, options.drain_timeout))
             .await
             .is_none()
         {
@@ -301,14 +336,7 @@ pub async fn run<H: StageHook>(
         let duration = end.duration_since(start).as_secs_f64();
         measured_seconds += duration;
         let (client_stats, detail) = shared.slots[index].finish(duration);
-        tracing::info!(
-            "stage {label}: ended: {} ok, {} errors, {:.1} req/s, TTFT p50 {:.0} ms, p99 {:.0} ms",
-            client_stats.requests_ok,
-            client_stats.requests_failed,
-            client_stats.requests_per_second,
-            client_stats.ttft_p50_seconds * 1000.0,
-            client_stats.ttft_p99_seconds * 1000.0,
-        );
+        log_stage_end(&label, &client_stats, &detail);
         let mut result = stage_result(
             index,
             stage,
@@ -332,6 +360,8 @@ pub async fn run<H: StageHook>(
             runner.interruptible(hook.after_stage(&done)).await
         };
         let Some(outcome) = outcome else {
+            tracing::warn!("stage {label}: interrupted during its check");
+            result.check_interrupted = true;
             results.push(result);
             break;
         };
@@ -344,15 +374,27 @@ pub async fn run<H: StageHook>(
         }
     }
 
-    // Wind down: stop sending; on a normal end let in-flight requests finish,
-    // after an interrupt or abort give them the grace period, then cancel.
+    // Wind down: stop sending; on a normal end let in-flight requests finish
+    // within the drain time (then they are late); after an interrupt or
+    // abort give them the grace period (a second interrupt ends it at
+    // once), then cancel them.
     runner.stop_load();
     if !halt.is_cancelled() {
-        runner.interruptible(shared.inflight.wait_zero()).await;
+        runner
+            .interruptible(drain_all(&shared, options.drain_timeout))
+            .await;
     }
     if halt.is_cancelled() {
-        let _ = tokio::time::timeout(options.grace, shared.inflight.wait_zero()).await;
-        shared.hard_cancel.cancel();
+        tokio::select! {
+            _ = tokio::time::timeout(options.grace, shared.inflight.wait_zero()) => {}
+            _ = options.interrupt_now.cancelled() => {}
+        }
+        let left = shared.inflight.get();
+        if left > 0 {
+            tracing::warn!("cancelling {left} request(s) still in flight");
+        }
+        shared.abandoned_by_interrupt.store(true, Ordering::SeqCst);
+        shared.abandon.cancel();
     }
     shared.tracker.close();
     shared.tracker.wait().await;
@@ -409,13 +451,13 @@ pub async fn run<H: StageHook>(
     drop(runner);
     // Every task has ended: this is the last handle on the record channel.
     drop(shared);
-    writer.finish().await.map_err(|source| RunError::Output {
+    writer.finish().await.map_err(|error| RunError::Output {
         path: options
             .output_dir
             .clone()
             .unwrap_or_default()
             .join("requests.jsonl"),
-        source,
+        error,
     })?;
     let result = RunResult {
         outcome,
@@ -430,9 +472,9 @@ pub async fn run<H: StageHook>(
         stages: results,
     };
     if let Some(dir) = &options.output_dir {
-        result.write_files(dir).map_err(|source| RunError::Output {
+        result.write_files(dir).map_err(|error| RunError::Output {
             path: dir.clone(),
-            source,
+            error,
         })?;
     }
     Ok(result)
@@ -446,6 +488,68 @@ fn halted_reason(interrupt: &CancellationToken, shared: &Shared) -> String {
             Some(reason) => format!("aborted: {reason}"),
             None => "aborted".into(),
         }
+    }
+}
+
+/// Waits for the requests of stage `index` still in flight at its end, for
+/// at most `drain` or twice the stage's E2E p99 if that is longer; then
+/// abandons the rest as late.
+async fn drain_stage(shared: &Shared, index: usize, label: &str, drain: Duration) {
+    let slot = &shared.slots[index];
+    let drain = drain.max(secs(2.0 * slot.e2e_p99()));
+    if tokio::time::timeout(drain, slot.inflight.wait_zero())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "stage {label}: {} request(s) still in flight {} after the stage ended: recorded as \
+             late; the next stage starts (--drain-timeout)",
+            slot.inflight.get(),
+            humantime::format_duration(drain),
+        );
+        slot.cut.cancel();
+        // Abandoned requests record themselves at once.
+        slot.inflight.wait_zero().await;
+    }
+}
+
+/// Waits for every request in flight (the load stopped) for at most
+/// `drain`, then abandons the rest as late.
+async fn drain_all(shared: &Shared, drain: Duration) {
+    if tokio::time::timeout(drain, shared.inflight.wait_zero())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "{} request(s) still in flight {} after the load stopped: recorded as late \
+             (--drain-timeout)",
+            shared.inflight.get(),
+            humantime::format_duration(drain),
+        );
+        // Only stages that ran have requests; later stages keep their tokens.
+        let current = lock(&shared.current).stage;
+        for slot in &shared.slots[..=current] {
+            slot.cut.cancel();
+            slot.hold_cut.cancel();
+        }
+        shared.inflight.wait_zero().await;
+    }
+}
+
+/// The stage's one-line summary, and what the user should know about the
+/// client itself: its own failures, and whether it kept up.
+fn log_stage_end(label: &str, client: &ClientStats, detail: &StageDetail) {
+    tracing::info!(
+        "stage {label}: ended: {} ok, {} errors, {} rejected, {:.1} req/s, TTFT p50 {:.0} ms, p99 {:.0} ms",
+        client.requests_ok,
+        client.requests_failed,
+        client.requests_rejected,
+        client.requests_per_second,
+        client.ttft_p50_seconds * 1000.0,
+        client.ttft_p99_seconds * 1000.0,
+    );
+    if let Some(warning) = crate::stats::client_warning(client, detail) {
+        tracing::warn!("stage {label}: {warning}");
     }
 }
 
@@ -749,15 +853,36 @@ impl Counter {
 }
 
 /// Per-step bookkeeping.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Slot {
     acc: Mutex<Option<StageAccumulator>>,
     /// Requests sent in this stage and not yet recorded.
     inflight: Counter,
     limit_reached: Notify,
+    /// Cancelled when the stage's drain time ran out: abandons its requests.
+    cut: CancellationToken,
+    /// The same for the requests sent at the stage's level after its end.
+    hold_cut: CancellationToken,
 }
 
 impl Slot {
+    /// A slot whose requests `abandon` abandons too.
+    fn new(abandon: &CancellationToken) -> Self {
+        Slot {
+            acc: Mutex::default(),
+            inflight: Counter::default(),
+            limit_reached: Notify::new(),
+            cut: abandon.child_token(),
+            hold_cut: abandon.child_token(),
+        }
+    }
+
+    fn e2e_p99(&self) -> f64 {
+        lock(&self.acc)
+            .as_ref()
+            .map_or(0.0, StageAccumulator::e2e_p99)
+    }
+
     /// The accumulator is created on first use: skipped stages cost no histogram memory.
     fn add(&self, record: &RequestRecord) {
         lock(&self.acc)
@@ -814,8 +939,11 @@ struct Shared {
     abort_reason: Mutex<Option<String>>,
     /// Cancelled on interrupt or abort: stop sending.
     halt: CancellationToken,
-    /// Cancelled when the grace period is over: abandon in-flight requests.
-    hard_cancel: CancellationToken,
+    /// Abandons every request in flight (each slot's tokens are children) at
+    /// the end of the grace period after an interrupt or abort
+    /// (`abandoned_by_interrupt` is set first).
+    abandon: CancellationToken,
+    abandoned_by_interrupt: AtomicBool,
     tracker: TaskTracker,
     live: Option<Arc<Live>>,
     seed: u64,
@@ -861,6 +989,17 @@ impl Shared {
         })
     }
 
+    /// What abandons a request: its stage's drain running out (or the
+    /// hold's, for held load), or the end of the run. (Borrowed, not cloned
+    /// per request: a token's clone and drop each take its lock.)
+    fn abandon_token(&self, claim: &Claim) -> &CancellationToken {
+        let slot = &self.slots[claim.stage];
+        match claim.phase {
+            Phase::Hold => &slot.hold_cut,
+            Phase::Measured | Phase::Warmup => &slot.cut,
+        }
+    }
+
     /// Records an open-loop arrival that found `max_inflight` requests in flight.
     async fn record_drop(&self, scheduled_at: f64) {
         let (stage, phase) = {
@@ -893,6 +1032,9 @@ impl Shared {
             response_id: None,
             http_status: None,
             error: Some("max_inflight requests in flight: arrival dropped".into()),
+            client_lag_s: None,
+            resent: false,
+            client_error: false,
         };
         if phase != Phase::Hold {
             self.slots[stage].add(&record);
@@ -921,8 +1063,8 @@ impl Shared {
         }
     }
 
-    /// Sends one turn of `conv` and records it; returns whether it succeeded.
-    async fn run_turn(&self, claim: Claim, conv: &mut Conversation) -> bool {
+    /// Sends one turn of `conv` and records it; says how it ended.
+    async fn run_turn(&self, claim: Claim, conv: &mut Conversation) -> Turn {
         let s = &claim.settings;
         conv.turn += 1;
         let chars = if conv.turn == 1 {
@@ -947,22 +1089,28 @@ impl Shared {
             keep_reply,
         };
         let before = Instant::now();
-        let (outcome, cancelled) = tokio::select! {
+        let (outcome, abandoned) = tokio::select! {
             biased;
             outcome = self.client.send(&spec) => (outcome, false),
-            _ = self.hard_cancel.cancelled() => (Outcome::default(), true),
+            _ = self.abandon_token(&claim).cancelled() => (Outcome::default(), true),
         };
         let mut outcome = outcome;
-        let record = self.make_record(&claim, conv, prompt_chars, &mut outcome, cancelled, before);
-        let ok = record.status == Status::Ok;
-        if ok && keep_reply {
+        let record = self.make_record(&claim, conv, prompt_chars, &mut outcome, abandoned, before);
+        let turn = match record.status {
+            Status::Ok => Turn::Ok,
+            Status::Failed | Status::Rejected => Turn::Failed {
+                retry_after: outcome.retry_after,
+            },
+            Status::Cancelled | Status::Late | Status::Dropped => Turn::Abandoned,
+        };
+        if matches!(turn, Turn::Ok) && keep_reply {
             conv.messages.push(Message {
                 role: "assistant",
                 content: outcome.reply,
             });
         }
         self.finish(claim, record).await;
-        ok
+        turn
     }
 
     fn make_record(
@@ -971,13 +1119,19 @@ impl Shared {
         conv: &Conversation,
         prompt_chars: usize,
         o: &mut Outcome,
-        cancelled: bool,
+        abandoned: bool,
         before: Instant,
     ) -> RequestRecord {
-        let status = if cancelled {
-            Status::Cancelled
+        let status = if abandoned {
+            if self.abandoned_by_interrupt.load(Ordering::SeqCst) {
+                Status::Cancelled
+            } else {
+                Status::Late
+            }
         } else if o.ok {
             Status::Ok
+        } else if o.rejected() {
+            Status::Rejected
         } else {
             Status::Failed
         };
@@ -1012,11 +1166,20 @@ impl Shared {
             finish_reason: o.finish_reason.clone(),
             response_id: o.response_id.take(),
             http_status: o.http_status,
-            error: if cancelled {
-                Some("cancelled: still in flight when the run was interrupted".into())
-            } else {
-                o.error.clone()
+            error: match status {
+                Status::Cancelled => {
+                    Some("cancelled: still in flight when the run was interrupted".into())
+                }
+                Status::Late => Some(
+                    "late: still in flight when the drain time ran out (--drain-timeout); \
+                     abandoned so that the run could go on"
+                        .into(),
+                ),
+                _ => o.error.take(),
             },
+            client_lag_s: o.lag.map(|lag| lag.as_secs_f64()),
+            resent: o.resent,
+            client_error: o.client_side,
         }
     }
 
@@ -1034,9 +1197,15 @@ impl Shared {
                     let mut reason = lock(&self.abort_reason);
                     if reason.is_none() && !self.halt.is_cancelled() {
                         let msg = format!(
-                            "{n} consecutive failed requests (--max-consecutive-errors {}); last error: {}",
+                            "{n} consecutive failed requests (--max-consecutive-errors {}); last error: {}{}",
                             self.max_consecutive_errors,
-                            record.error.as_deref().unwrap_or("unknown")
+                            record.error.as_deref().unwrap_or("unknown"),
+                            if record.client_error {
+                                " (the client's own failure, not the server's: give it more \
+                                 open files with ulimit -n, or fewer streams)"
+                            } else {
+                                ""
+                            }
                         );
                         tracing::error!("aborting the run: {msg}");
                         *reason = Some(msg);
@@ -1044,7 +1213,8 @@ impl Shared {
                     }
                 }
             }
-            Status::Cancelled | Status::Dropped => {}
+            // A busy server, an abandoned or a dropped request: not a broken server.
+            Status::Rejected | Status::Late | Status::Cancelled | Status::Dropped => {}
         }
         if let Some(live) = &self.live {
             live.finished(&record);
@@ -1057,6 +1227,18 @@ impl Shared {
     }
 }
 
+/// How a turn ended, for the stream that sent it.
+enum Turn {
+    Ok,
+    /// Failed or rejected: the stream backs off (as long as the server's
+    /// `Retry-After`, if it gave one).
+    Failed {
+        retry_after: Option<Duration>,
+    },
+    /// Late or cancelled.
+    Abandoned,
+}
+
 /// A conversation's state across turns.
 struct Conversation {
     id: u64,
@@ -1065,32 +1247,45 @@ struct Conversation {
     salt: Option<String>,
 }
 
-/// Closed-loop streams: how many should run, and which are running.
+/// Closed-loop streams: how many should run and how many do. A stream
+/// exists only once started (no per-stream bookkeeping before): memory
+/// follows the streams running, not the number configured.
 #[derive(Debug, Default)]
-struct StreamSet {
+struct StreamCount {
     target: u32,
-    alive: Vec<bool>,
+    running: u32,
 }
 
 struct Streams {
-    set: Mutex<StreamSet>,
-    /// Cancelled when closed-loop load stops: wakes streams waiting to start.
+    count: Mutex<StreamCount>,
+    /// Cancelled when closed-loop load stops: wakes streams that wait.
     stop: CancellationToken,
 }
 
 impl Streams {
-    /// Whether stream `i` goes on; marks it ended when not (under the same lock
-    /// as spawning decisions, so a shrink-then-grow never loses a stream).
-    fn keep(&self, i: u32) -> bool {
-        let mut set = lock(&self.set);
-        if i < set.target && !self.stop.is_cancelled() {
-            true
-        } else {
-            if let Some(a) = set.alive.get_mut(i as usize) {
-                *a = false;
-            }
-            false
+    /// Counts in one more stream if fewer than the target run.
+    fn admit(&self) -> bool {
+        let mut count = lock(&self.count);
+        let admitted = count.running < count.target && !self.stop.is_cancelled();
+        count.running += u32::from(admitted);
+        admitted
+    }
+
+    /// Whether a running stream goes on; when not, it is counted out (under
+    /// the same lock as `admit`, so a shrink-then-grow never loses a stream).
+    fn keep(&self) -> bool {
+        let mut count = lock(&self.count);
+        let keep = count.running <= count.target && !self.stop.is_cancelled();
+        if !keep {
+            count.running = count.running.saturating_sub(1);
         }
+        keep
+    }
+
+    /// A stream that `keep` let go on ends anyway (no request may be sent).
+    fn leave(&self) {
+        let mut count = lock(&self.count);
+        count.running = count.running.saturating_sub(1);
     }
 }
 
@@ -1136,36 +1331,25 @@ impl Runner {
                     streams.clone()
                 } else {
                     let streams = Arc::new(Streams {
-                        set: Mutex::new(StreamSet::default()),
+                        count: Mutex::default(),
                         stop: CancellationToken::new(),
                     });
                     self.level = Level::Closed(streams.clone());
                     streams
                 };
-                let mut set = lock(&streams.set);
-                let old = set.target.min(n);
-                set.target = n;
-                if set.alive.len() < n as usize {
-                    set.alive.resize(n as usize, false);
-                }
-                let new_count = n - old;
-                for i in 0..n {
-                    if set.alive[i as usize] {
-                        continue;
-                    }
-                    set.alive[i as usize] = true;
-                    // Streams added by this stage start staggered over the ramp-up.
-                    let offset = if i >= old && new_count > 0 {
-                        rampup * (i - old) as f64 / new_count as f64
-                    } else {
-                        0.0
-                    };
-                    let start_at = start + secs(offset);
-                    let shared = self.shared.clone();
-                    let streams2 = streams.clone();
-                    self.shared
-                        .tracker
-                        .spawn(stream_task(shared, streams2, i, start_at));
+                let missing = {
+                    let mut count = lock(&streams.count);
+                    count.target = n;
+                    n.saturating_sub(count.running)
+                };
+                if missing > 0 {
+                    self.shared.tracker.spawn(start_streams(
+                        self.shared.clone(),
+                        streams,
+                        missing,
+                        start,
+                        rampup,
+                    ));
                 }
             }
             Mode::Constant | Mode::Poisson => {
@@ -1205,7 +1389,7 @@ impl Runner {
         match std::mem::replace(&mut self.level, Level::Idle) {
             Level::Idle => {}
             Level::Closed(streams) => {
-                lock(&streams.set).target = 0;
+                lock(&streams.count).target = 0;
                 streams.stop.cancel();
             }
             Level::Open(stop) => stop.cancel(),
@@ -1219,26 +1403,64 @@ impl Runner {
     }
 }
 
-async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>, i: u32, start_at: Instant) {
-    let start_at = tokio::time::Instant::from_std(start_at);
-    tokio::select! {
-        _ = tokio::time::sleep_until(start_at) => {}
-        _ = streams.stop.cancelled() => {}
-        _ = shared.halt.cancelled() => {}
-    }
-    let mut conv: Option<Conversation> = None;
-    while streams.keep(i) {
-        let Some(claim) = shared.claim(None) else {
-            if let Some(alive) = lock(&streams.set).alive.get_mut(i as usize) {
-                *alive = false;
+/// Starts `count` more closed-loop streams, staggered over the ramp-up
+/// (all at once without one), each only when its time comes.
+async fn start_streams(
+    shared: Arc<Shared>,
+    streams: Arc<Streams>,
+    count: u32,
+    start: Instant,
+    rampup: f64,
+) {
+    for k in 0..count {
+        let offset = rampup * f64::from(k) / f64::from(count);
+        if offset > 0.0 {
+            let at = tokio::time::Instant::from_std(start + secs(offset));
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = streams.stop.cancelled() => return,
+                _ = shared.halt.cancelled() => return,
             }
-            break;
+        } else if k % 256 == 255 {
+            // Thousands at once: let the started ones run meanwhile.
+            tokio::task::yield_now().await;
+        }
+        if shared.halt.is_cancelled() || !streams.admit() {
+            return;
+        }
+        shared
+            .tracker
+            .spawn(stream_task(shared.clone(), streams.clone()));
+    }
+}
+
+/// One closed-loop stream: a request, and the next as soon as it ended (or
+/// after a backoff when it failed), while the stream is wanted.
+async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>) {
+    let mut conv: Option<Conversation> = None;
+    let mut backoff = Backoff::default();
+    while streams.keep() {
+        let Some(claim) = shared.claim(None) else {
+            streams.leave();
+            return;
         };
         let turns = claim.settings.turns;
         let c = conv.get_or_insert_with(|| shared.new_conversation(&claim.settings));
-        let ok = shared.run_turn(claim, c).await;
-        if !ok || c.turn >= turns {
+        let turn = shared.run_turn(claim, c).await;
+        if !matches!(turn, Turn::Ok) || c.turn >= turns {
             conv = None;
+        }
+        match turn {
+            Turn::Ok => backoff.reset(),
+            Turn::Failed { retry_after } => {
+                let wait = backoff.next(retry_after, rand::random());
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = streams.stop.cancelled() => {}
+                    _ = shared.halt.cancelled() => {}
+                }
+            }
+            Turn::Abandoned => {}
         }
     }
 }
@@ -1281,8 +1503,8 @@ async fn conversation_task(shared: Arc<Shared>, first: Claim) {
     let mut claim = first;
     loop {
         let turns = claim.settings.turns;
-        let ok = shared.run_turn(claim, &mut conv).await;
-        if !ok || conv.turn >= turns {
+        let turn = shared.run_turn(claim, &mut conv).await;
+        if !matches!(turn, Turn::Ok) || conv.turn >= turns {
             break;
         }
         claim = match shared.claim(None) {
@@ -1319,6 +1541,7 @@ fn barrier(index: usize, drain: bool) -> StageResult {
         detail: None,
         annotation: None,
         skip_reason: None,
+        check_interrupted: false,
     }
 }
 
@@ -1345,5 +1568,6 @@ fn stage_result(
         detail: None,
         annotation: None,
         skip_reason: None,
+        check_interrupted: false,
     }
 }

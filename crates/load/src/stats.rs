@@ -1,8 +1,11 @@
-//! Per-stage aggregation of request records into client statistics.
+//! Per-stage aggregation of request records into client statistics, and
+//! what those say about the client itself ([`client_warning`]).
 //!
 //! Latencies go into HdrHistograms at microsecond resolution with three
 //! significant digits (quantiles within 0.1%), so memory stays fixed however
 //! many requests and chunks a stage sees.
+
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use nyann_model::ClientStats;
@@ -16,11 +19,15 @@ const MAX_MICROS: u64 = 3_600_000_000;
 /// The figures of one stage beyond [`ClientStats`] (the tables and summary use them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageDetail {
-    /// Requests sent in the stage (ok + failed + cancelled).
+    /// Requests sent in the stage (ok + failed + rejected + late + cancelled).
     pub sent: u64,
     pub cancelled: u64,
     /// Open-loop arrivals not sent because `max_inflight` requests were in flight.
     pub dropped: u64,
+    /// Failed requests whose failure was the client's own (out of file
+    /// descriptors, local ports...).
+    #[serde(default)]
+    pub client_errors: u64,
     pub output_tokens: u64,
     pub ttft_mean_seconds: f64,
     pub ttft_p90_seconds: f64,
@@ -30,6 +37,36 @@ pub struct StageDetail {
     pub e2e_mean_seconds: f64,
     #[serde(default)]
     pub e2e_p90_seconds: f64,
+    /// Over requests: the longest a read of the response came after its
+    /// bytes had arrived (0 without kernel receive timestamps).
+    #[serde(default)]
+    pub client_lag_p50_seconds: f64,
+    #[serde(default)]
+    pub client_lag_p99_seconds: f64,
+}
+
+/// Client lag p99 above which a stage warns that the client fell behind.
+pub const CLIENT_LAG_WARNING: Duration = Duration::from_millis(10);
+
+/// Why a stage's figures may say more about the client than the server.
+pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<String> {
+    if detail.client_errors > 0 && detail.client_errors * 2 >= client.requests_failed {
+        return Some(format!(
+            "{} of its {} errors were the client's own (out of open files, local ports or \
+             buffers): the client is the cause, not the server; give it more open files \
+             (ulimit -n) or fewer streams",
+            detail.client_errors, client.requests_failed
+        ));
+    }
+    if detail.client_lag_p99_seconds > CLIENT_LAG_WARNING.as_secs_f64() {
+        return Some(format!(
+            "the client is falling behind (it read responses up to {:.0} ms after they \
+             arrived, p99): its latencies are still right, but it cannot hold the configured \
+             load: use more workers or cores",
+            detail.client_lag_p99_seconds * 1000.0
+        ));
+    }
+    None
 }
 
 /// Accumulates the records of one stage.
@@ -37,12 +74,16 @@ pub struct StageDetail {
 pub struct StageAccumulator {
     ok: u64,
     failed: u64,
+    rejected: u64,
+    late: u64,
     cancelled: u64,
     dropped: u64,
+    client_errors: u64,
     output_tokens: u64,
     ttft: Histogram<u64>,
     itl: Histogram<u64>,
     e2e: Histogram<u64>,
+    client_lag: Histogram<u64>,
 }
 
 impl Default for StageAccumulator {
@@ -78,17 +119,24 @@ impl StageAccumulator {
         StageAccumulator {
             ok: 0,
             failed: 0,
+            rejected: 0,
+            late: 0,
             cancelled: 0,
             dropped: 0,
+            client_errors: 0,
             output_tokens: 0,
             ttft: histogram(),
             itl: histogram(),
             e2e: histogram(),
+            client_lag: histogram(),
         }
     }
 
     /// Adds one record. Latencies count only for successful requests.
     pub fn add(&mut self, record: &RequestRecord) {
+        if let Some(lag) = record.client_lag_s {
+            self.client_lag.saturating_record(micros(lag));
+        }
         match record.status {
             Status::Ok => {
                 self.ok += 1;
@@ -103,7 +151,12 @@ impl StageAccumulator {
                     self.itl.saturating_record(micros(gap));
                 }
             }
-            Status::Failed => self.failed += 1,
+            Status::Failed => {
+                self.failed += 1;
+                self.client_errors += u64::from(record.client_error);
+            }
+            Status::Rejected => self.rejected += 1,
+            Status::Late => self.late += 1,
             Status::Cancelled => self.cancelled += 1,
             Status::Dropped => self.dropped += 1,
         }
@@ -113,18 +166,27 @@ impl StageAccumulator {
     pub fn merge(&mut self, other: &StageAccumulator) {
         self.ok += other.ok;
         self.failed += other.failed;
+        self.rejected += other.rejected;
+        self.late += other.late;
         self.cancelled += other.cancelled;
         self.dropped += other.dropped;
+        self.client_errors += other.client_errors;
         self.output_tokens += other.output_tokens;
         // Same bounds on both sides: adding cannot fail.
         let _ = self.ttft.add(&other.ttft);
         let _ = self.itl.add(&other.itl);
         let _ = self.e2e.add(&other.e2e);
+        let _ = self.client_lag.add(&other.client_lag);
     }
 
     /// Current TTFT median, for live progress.
     pub fn ttft_p50(&self) -> f64 {
         quantile(&self.ttft, 0.5)
+    }
+
+    /// Current E2E p99 (the drain time of a stage's last requests scales with it).
+    pub fn e2e_p99(&self) -> f64 {
+        quantile(&self.e2e, 0.99)
     }
 
     /// The statistics over a stage that lasted `duration_s` seconds.
@@ -147,17 +209,23 @@ impl StageAccumulator {
             itl_p99_seconds: quantile(&self.itl, 0.99),
             e2e_p50_seconds: quantile(&self.e2e, 0.5),
             e2e_p99_seconds: quantile(&self.e2e, 0.99),
+            requests_rejected: self.rejected,
+            rejected_per_second: per_second(self.rejected),
+            requests_late: self.late,
         };
         let detail = StageDetail {
-            sent: self.ok + self.failed + self.cancelled,
+            sent: self.ok + self.failed + self.rejected + self.late + self.cancelled,
             cancelled: self.cancelled,
             dropped: self.dropped,
+            client_errors: self.client_errors,
             output_tokens: self.output_tokens,
             ttft_mean_seconds: mean(&self.ttft),
             ttft_p90_seconds: quantile(&self.ttft, 0.9),
             itl_p90_seconds: quantile(&self.itl, 0.9),
             e2e_mean_seconds: mean(&self.e2e),
             e2e_p90_seconds: quantile(&self.e2e, 0.9),
+            client_lag_p50_seconds: quantile(&self.client_lag, 0.5),
+            client_lag_p99_seconds: quantile(&self.client_lag, 0.99),
         };
         (client, detail)
     }
@@ -192,6 +260,9 @@ mod tests {
             response_id: None,
             http_status: None,
             error: None,
+            client_lag_s: Some(0.002),
+            resent: false,
+            client_error: false,
         }
     }
 
@@ -202,12 +273,24 @@ mod tests {
             acc.add(&record(Status::Ok, i as f64 / 1000.0, 10));
         }
         acc.add(&record(Status::Failed, 9.0, 10));
+        acc.add(&RequestRecord {
+            client_error: true,
+            ..record(Status::Failed, 9.0, 10)
+        });
         acc.add(&record(Status::Dropped, 9.0, 10));
+        for _ in 0..5 {
+            acc.add(&record(Status::Rejected, 9.0, 10));
+        }
+        acc.add(&record(Status::Late, 9.0, 10));
         let (client, detail) = acc.finish(10.0);
         assert_eq!(client.requests_ok, 100);
-        assert_eq!(client.requests_failed, 1);
+        assert_eq!(client.requests_failed, 2);
+        assert_eq!(detail.client_errors, 1);
+        assert_eq!((client.requests_rejected, client.requests_late), (5, 1));
+        assert!((client.rejected_per_second - 0.5).abs() < 1e-9);
         assert_eq!(detail.dropped, 1);
-        assert_eq!(detail.sent, 101);
+        assert_eq!(detail.sent, 108);
+        assert!((detail.client_lag_p99_seconds - 0.002).abs() < 1e-5);
         assert!((client.requests_per_second - 10.0).abs() < 1e-9);
         assert!((client.output_tokens_per_second - 100.0).abs() < 1e-9);
         assert!(

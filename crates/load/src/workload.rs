@@ -7,6 +7,7 @@
 //! cache flatter the server). Lengths are in characters; the runner turns a
 //! token target into characters with the calibrated characters per token.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,11 +21,13 @@ const MAX_CORPUS_BYTES: u64 = 256 * 1024 * 1024;
 pub enum WorkloadError {
     #[error("workload `corpus` needs `corpus_path` (a text file or a directory of text files)")]
     NoCorpusPath,
-    #[error("cannot read corpus {path}: {source}")]
+    #[error("cannot read corpus {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    #[error("corpus {0} is neither a regular file nor a directory (a FIFO or a device?)")]
+    NotAFile(PathBuf),
     #[error("corpus {0} holds no text (no readable UTF-8 .txt/.md files, or all empty)")]
     Empty(PathBuf),
     #[error("corpus {path} is larger than {max} bytes: point corpus_path at a smaller file")]
@@ -153,9 +156,9 @@ pub(crate) fn mix(seed: u64, conversation: u64, turn: u32) -> u64 {
 }
 
 fn load_corpus(path: &Path) -> Result<Arc<str>, WorkloadError> {
-    let read_err = |source| WorkloadError::Read {
+    let read_err = |error| WorkloadError::Read {
         path: path.to_owned(),
-        source,
+        error,
     };
     let meta = std::fs::metadata(path).map_err(read_err)?;
     let mut files = Vec::new();
@@ -168,24 +171,31 @@ fn load_corpus(path: &Path) -> Result<Arc<str>, WorkloadError> {
             }
         }
         files.sort();
-    } else {
+    } else if meta.is_file() {
         files.push(path.to_owned());
+    } else {
+        return Err(WorkloadError::NotAFile(path.to_owned()));
     }
     let mut text = String::new();
     let mut total = 0u64;
     for file in files {
-        let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
-        total += size;
+        let read_err = |error| WorkloadError::Read {
+            path: file.clone(),
+            error,
+        };
+        // The limit is counted while reading: a file's metadata may not say
+        // how much it holds.
+        let mut bytes = Vec::new();
+        std::fs::File::open(&file)
+            .and_then(|f| f.take(MAX_CORPUS_BYTES - total + 1).read_to_end(&mut bytes))
+            .map_err(read_err)?;
+        total += bytes.len() as u64;
         if total > MAX_CORPUS_BYTES {
             return Err(WorkloadError::TooLarge {
                 path: path.to_owned(),
                 max: MAX_CORPUS_BYTES,
             });
         }
-        let bytes = std::fs::read(&file).map_err(|source| WorkloadError::Read {
-            path: file.clone(),
-            source,
-        })?;
         // A directory may hold binaries: skip files that are not UTF-8 text.
         let Ok(content) = String::from_utf8(bytes) else {
             tracing::debug!("corpus: skipping {} (not UTF-8)", file.display());
@@ -620,6 +630,16 @@ mod tests {
         assert!(matches!(
             PromptGen::new(&w, 0),
             Err(WorkloadError::Empty(_))
+        ));
+        // A device is refused without being read (it would never end).
+        let w = Workload {
+            kind: WorkloadType::Corpus,
+            corpus_path: Some("/dev/zero".into()),
+            ..Workload::default()
+        };
+        assert!(matches!(
+            PromptGen::new(&w, 0),
+            Err(WorkloadError::NotAFile(_))
         ));
     }
 }

@@ -726,3 +726,57 @@ async fn ready_timeout_says_what_to_do() {
         "{err}"
     );
 }
+
+/// A server that accepts connections and never answers: the readiness wait
+/// gives up at --ready-timeout, and its message does not claim an inner
+/// wait longer than the whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_timeout_bounds_a_silent_server() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let sc = scenario(vec![concurrent(1.0, 1)]);
+    let opts = RunOptions {
+        target: Some(format!("http://{addr}/v1")),
+        ready_timeout: Duration::from_secs(1),
+        ..RunOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(30), nyann_load::run(&sc, opts, NoHook))
+        .await
+        .expect("the readiness wait ends")
+        .unwrap_err()
+        .to_string();
+    silent.abort();
+    assert!(err.contains("within 1s"), "{err}");
+    assert!(!err.contains("10 s"), "{err}");
+    // Generous: the wait is 1 s; before the fix it was 10 s.
+    assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+}
+
+/// An output directory that cannot be created is refused before the
+/// readiness wait, not after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_output_directory_is_checked_before_waiting_for_the_server() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener); // nothing listens there: the readiness wait would fail
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let sc = scenario(vec![concurrent(1.0, 1)]);
+    let opts = RunOptions {
+        target: Some(format!("http://{addr}/v1")),
+        ready_timeout: Duration::from_secs(2),
+        output_dir: Some(file.join("results")),
+        ..RunOptions::default()
+    };
+    let err = nyann_load::run(&sc, opts, NoHook).await.unwrap_err();
+    assert!(matches!(err, nyann_load::RunError::Output { .. }), "{err}");
+    assert!(err.to_string().contains("a-file/results"), "{err}");
+}

@@ -36,7 +36,8 @@ fn signal_child_entry() {
             output_dir: Some(dir.into()),
             ..RunOptions::default()
         };
-        let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
+        let _signals =
+            nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
         let stage = Stage {
             concurrency: Some(4),
             ..Stage::new(120.0, Mode::Concurrent)

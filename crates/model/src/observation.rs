@@ -1,7 +1,10 @@
 //! What a congestion policy sees after a stage, and what it answers.
 //!
-//! These mirror the records of `wit/policy.wit` one for one; the policy host
-//! converts between them and the bindgen types. Every time is in seconds.
+//! These mirror the records of `wit/policy.wit`; the policy host converts
+//! between them and the bindgen types. [`ClientStats`] carries a few counts
+//! the interface does not have yet (rejected and late requests): they reach
+//! `stages.json` and the stage table, not the policy. Every time is in
+//! seconds.
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +50,16 @@ pub struct ClientStats {
     pub itl_p99_seconds: f64,
     pub e2e_p50_seconds: f64,
     pub e2e_p99_seconds: f64,
+    /// Requests the server shed (HTTP 429, or 503 with `Retry-After`): a
+    /// busy server, not a broken one. Not in `requests_failed`.
+    #[serde(default)]
+    pub requests_rejected: u64,
+    #[serde(default)]
+    pub rejected_per_second: f64,
+    /// Requests still in flight when the stage's drain time ran out
+    /// (abandoned; in no latency figure).
+    #[serde(default)]
+    pub requests_late: u64,
 }
 
 /// Everything known about one finished stage.

@@ -355,6 +355,8 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
         let mut a = Args::new("stage");
         let duration_s = a.duration("duration", duration);
         let modes = "\"concurrent\", \"constant\", \"poisson\" or \"conversation_pool\"";
+        let mode_given = mode.is_some();
+        let concurrency_given = given(concurrency).is_some();
         let mode = match mode {
             None => Some(Mode::Concurrent),
             Some(v) => match a.string("mode", v, modes).as_deref() {
@@ -420,6 +422,20 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
             stop: None,
             location: location.clone(),
         };
+        if let Some(rate) = stage.rate
+            && !mode_given
+            && !concurrency_given
+        {
+            // `rate=` alone: the mode is missing (no concurrency clashes).
+            a.problem(
+                "rate= needs an open-loop mode: add mode=\"constant\" or mode=\"poisson\" \
+                 (without mode=, a stage runs `concurrency` closed-loop streams)"
+                    .into(),
+            );
+            if !(rate.is_finite() && rate > 0.0) {
+                a.problem(format!("rate must be a finite number > 0, got {rate}"));
+            }
+        }
         if a.problems.is_empty() {
             for p in stage_problems(&stage) {
                 a.problem(p);

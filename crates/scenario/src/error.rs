@@ -51,13 +51,15 @@ impl fmt::Display for Diagnostic {
 /// Why a scenario could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    /// The file could not be read.
-    #[error("{path}: cannot read the scenario file: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file could not be read. (The OS error is part of the message
+    /// and not a `source`, so that a printed error chain says it once.)
+    #[error("{path}: cannot read the scenario file: {error}")]
+    Read { path: String, error: std::io::Error },
+    /// The path is a directory, a FIFO, a device...: never opened or read.
+    #[error(
+        "{path}: is {kind}, not a scenario file; expected a Starlark file (.star) or a scenario IR file (.json)"
+    )]
+    NotAFile { path: String, kind: String },
     /// The file name ends in neither `.star` nor `.json`.
     #[error(
         "{path}: unsupported scenario file type; expected a Starlark file (.star) or a scenario IR file (.json)"

@@ -11,6 +11,7 @@ mod builtins;
 mod compile;
 mod error;
 mod shape;
+mod source;
 mod validate;
 mod values;
 
@@ -24,35 +25,23 @@ pub use crate::error::{Diagnostic, ScenarioError};
 pub use crate::validate::MAX_STEPS;
 
 /// Loads a scenario file: `.star` is evaluated, `.json` is parsed as the IR
-/// and validated with the same rules. Any other extension is an error.
+/// and validated with the same rules. Anything but a regular file (a
+/// directory, a FIFO, a device, even behind a symlink) and any other
+/// extension is an error; at most [`MAX_SOURCE_BYTES`] are ever read.
 pub fn load_file(path: &Path) -> Result<Scenario, ScenarioError> {
+    load_file_with_source(path).map(|(scenario, _)| scenario)
+}
+
+/// [`load_file`], also returning the text it read (to save with the results).
+pub fn load_file_with_source(path: &Path) -> Result<(Scenario, String), ScenarioError> {
     let name = path.display().to_string();
-    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if !matches!(extension, "star" | "json") {
-        return Err(ScenarioError::UnsupportedExtension { path: name });
-    }
-    let read_error = |source| ScenarioError::Read {
-        path: name.clone(),
-        source,
-    };
-    // Check the size before reading so a huge file is never loaded whole.
-    let size = std::fs::metadata(path).map_err(read_error)?.len();
-    if size > MAX_SOURCE_BYTES as u64 {
-        return Err(ScenarioError::Invalid(vec![Diagnostic {
-            file: name,
-            line: None,
-            column: None,
-            message: format!(
-                "the scenario file is {size} bytes; the limit is {MAX_SOURCE_BYTES} bytes"
-            ),
-        }]));
-    }
-    let source = std::fs::read_to_string(path).map_err(read_error)?;
-    if extension == "json" {
+    let source = source::read(path, &name)?;
+    let scenario = if path.extension().and_then(|e| e.to_str()) == Some("json") {
         parse_ir(&name, &source)
     } else {
         compile_str(&name, &source)
-    }
+    }?;
+    Ok((scenario, source))
 }
 
 /// Compiles Starlark `source` (named `file_name` in error messages and in the

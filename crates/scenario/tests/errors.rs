@@ -234,6 +234,32 @@ fn concurrency_and_rate_are_mutually_exclusive() {
     );
 }
 
+/// `rate=` alone (no `mode=`, no `concurrency=`) is a missing mode, not a
+/// clash with a concurrency the user never wrote.
+#[test]
+fn a_rate_without_a_mode_asks_for_the_mode() {
+    for (rate, also) in [
+        ("5", None),
+        ("0", Some("rate must be a finite number > 0, got 0")),
+    ] {
+        let all = errors(&on_line_3(&format!("stage(\"1m\", rate = {rate})")));
+        let text: Vec<String> = all.iter().map(Diagnostic::to_string).collect();
+        assert!(
+            text.iter().all(|d| !d.contains("mutually exclusive")),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter().any(|d| d.starts_with("t.star:3:")
+                && d.contains("rate= needs an open-loop mode")
+                && d.contains("mode=\"constant\" or mode=\"poisson\"")),
+            "{text:#?}"
+        );
+        if let Some(also) = also {
+            assert!(text.iter().any(|d| d.contains(also)), "{text:#?}");
+        }
+    }
+}
+
 #[test]
 fn rate_modes_need_a_rate() {
     for mode in ["constant", "poisson"] {

@@ -150,29 +150,16 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
                     "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
                 );
             }
-            let scenario = nyann_scenario::load_file(path)
-                .with_context(|| format!("loading scenario {}", path.display()))?;
-            (scenario, starlark_source(path))
+            // Its errors name the file (and line) themselves.
+            let (scenario, source) = nyann_scenario::load_file_with_source(path)?;
+            // The source is saved with the results when it was Starlark (a
+            // JSON IR is saved as scenario.json anyway).
+            let starlark = path.extension().is_some_and(|e| e == "star");
+            (scenario, starlark.then_some(source))
         }
         None => (args.single.scenario()?, None),
     };
     run_scenario(&scenario, source.as_deref(), &args, Summary::Stdout, ui).await
-}
-
-/// The text of a Starlark scenario that compiled, to save with the results
-/// (read again, bounded like the compiler's read).
-fn starlark_source(path: &std::path::Path) -> Option<String> {
-    use std::io::Read;
-    if path.extension().is_none_or(|e| e != "star") {
-        return None;
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(nyann_scenario::MAX_SOURCE_BYTES as u64)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
 }
 
 /// Where the JSON summary goes besides `--output-dir`.
@@ -220,7 +207,8 @@ pub async fn run_scenario(
             .with_context(|| format!("serving --metrics on {addr}"))?;
         tracing::info!("client metrics: http://{bound}/metrics");
     }
-    let _signals = nyann_load::cancel_on_signals(options.interrupt.clone());
+    let _signals =
+        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     tracing::info!("seed {}", options.seed);
     if let Some(check) = &check {
         check.start();

@@ -215,6 +215,7 @@ fn canned_stages() -> [StageObservation; 2] {
         itl_p99_seconds: 0.05,
         e2e_p50_seconds: 4.0,
         e2e_p99_seconds: 9.0,
+        ..ClientStats::default()
     };
     [
         StageObservation {

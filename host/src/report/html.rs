@@ -829,6 +829,7 @@ mod tests {
             detail: ran.then(StageDetail::default),
             annotation: None,
             skip_reason: (!ran).then(|| "stopped after stage #1 c=128: congested".into()),
+            check_interrupted: false,
         }
     }
 

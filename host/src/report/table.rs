@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use nyann_load::{RunOutcome, RunResult, StageResult, StageStatus};
-use nyann_model::{RoleSignals, SeriesStatus};
+use nyann_model::{ClientStats, RoleSignals, SeriesStatus};
 
 use crate::sweep::CongestionRecord;
 
@@ -43,12 +43,14 @@ fn status(stage: &StageResult, record: Option<&CongestionRecord>) -> &'static st
     }
 }
 
-const HEADER: [&str; 20] = [
+const HEADER: [&str; 22] = [
     "stage",
     "status",
     "level",
     "ok",
     "errors",
+    "rejected",
+    "late",
     "dropped",
     "req/s",
     "tok/s",
@@ -72,9 +74,13 @@ const NO_DATA: &str = "no data";
 /// The server columns of a judged stage: the largest value across the roles
 /// that had series for the signal, since the rules compare the worst role
 /// with each threshold; `no data` when none had, `>=` before a lower bound.
-fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
+fn server_cells(stage: &StageResult, record: Option<&CongestionRecord>) -> [String; 5] {
     let Some(record) = record else {
-        return std::array::from_fn(|_| "-".to_string());
+        let mut cells: [String; 5] = std::array::from_fn(|_| "-".to_string());
+        if stage.check_interrupted {
+            cells[4] = "interrupted".into();
+        }
+        return cells;
     };
     // (value, is a lower bound) of the largest reading of `signal`.
     let largest = |signal: &str, value: &dyn Fn(&RoleSignals) -> f64| -> Option<(f64, bool)> {
@@ -135,6 +141,14 @@ fn server_cells(record: Option<&CongestionRecord>) -> [String; 5] {
     ]
 }
 
+/// Rejected requests (the server shedding load) and their rate.
+fn rejected(client: &ClientStats) -> String {
+    match client.requests_rejected {
+        0 => "0".into(),
+        n => format!("{n} ({:.1}/s)", client.rejected_per_second),
+    }
+}
+
 /// The per-stage table as cells: the header row, then one row per step,
 /// then the footnotes (times in milliseconds).
 pub struct StageTable {
@@ -161,6 +175,8 @@ impl StageTable {
                 (Some(c), Some(d)) => row.extend([
                     c.requests_ok.to_string(),
                     c.requests_failed.to_string(),
+                    rejected(c),
+                    c.requests_late.to_string(),
                     d.dropped.to_string(),
                     format!("{:.1}", c.requests_per_second),
                     format!("{:.0}", c.output_tokens_per_second),
@@ -174,7 +190,7 @@ impl StageTable {
                 ]),
                 _ => row.extend(std::iter::repeat_n("-".to_string(), HEADER.len() - 8)),
             }
-            row.extend(server_cells(record.as_ref()));
+            row.extend(server_cells(stage, record.as_ref()));
             rows.push(row);
         }
         let mut notes = Vec::new();
@@ -201,6 +217,11 @@ impl StageTable {
         for (stage, record) in result.stages.iter().zip(&records) {
             if let Some(error) = record.as_ref().and_then(|r| r.policy_error.as_ref()) {
                 notes.push(format!("{}: {error}", stage.label));
+            }
+            if let (Some(client), Some(detail)) = (&stage.client, &stage.detail)
+                && let Some(warning) = nyann_load::stats::client_warning(client, detail)
+            {
+                notes.push(format!("{}: {warning}", stage.label));
             }
         }
         StageTable { rows, notes }
@@ -259,7 +280,7 @@ mod tests {
     use super::*;
     use crate::sweep::{ANNOTATION_KEY, CongestionRecord, PolicyMode, PolicyRef};
     use nyann_load::StageDetail;
-    use nyann_model::{ClientStats, Mode, RoleCoverage, SignalCoverage, Verdict};
+    use nyann_model::{Mode, RoleCoverage, SignalCoverage, Verdict};
 
     fn measured(label: &str, client: ClientStats) -> StageResult {
         StageResult {
@@ -278,6 +299,7 @@ mod tests {
             detail: Some(StageDetail::default()),
             annotation: None,
             skip_reason: None,
+            check_interrupted: false,
         }
     }
 
@@ -370,6 +392,56 @@ mod tests {
         };
         let table = stage_table(&run(RunOutcome::Completed, vec![stage]));
         (table.lines().nth(1).unwrap().to_string(), table)
+    }
+
+    #[test]
+    fn rejected_late_and_the_clients_own_trouble_are_shown() {
+        let client = ClientStats {
+            requests_ok: 90,
+            requests_failed: 8,
+            requests_rejected: 12,
+            rejected_per_second: 0.2,
+            requests_late: 1,
+            ..ClientStats::default()
+        };
+        let busy = StageResult {
+            detail: Some(StageDetail {
+                client_errors: 6,
+                ..StageDetail::default()
+            }),
+            check_interrupted: true,
+            ..measured("#0 c=64", client)
+        };
+        let lagging = StageResult {
+            detail: Some(StageDetail {
+                client_lag_p99_seconds: 0.025,
+                ..StageDetail::default()
+            }),
+            ..measured("#1 c=4096", ClientStats::default())
+        };
+        let table = stage_table(&run(RunOutcome::Interrupted, vec![busy, lagging]));
+        let lines: Vec<&str> = table.lines().collect();
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            header[3..7],
+            ["ok", "errors", "rejected", "late"],
+            "{table}"
+        );
+        let row: Vec<&str> = lines[1].split_whitespace().collect();
+        // The label "#0 c=64" is two words.
+        assert_eq!(row[4..9], ["90", "8", "12", "(0.2/s)", "1"], "{table}");
+        assert!(lines[1].ends_with("interrupted"), "{table}");
+        assert!(
+            table.contains("#0 c=64: 6 of its 8 errors were the client's own")
+                && table.contains("the client is the cause"),
+            "{table}"
+        );
+        assert!(
+            table
+                .contains("#1 c=4096: the client is falling behind (it read responses up to 25 ms")
+                && table.contains("use more workers or cores"),
+            "{table}"
+        );
     }
 
     #[test]

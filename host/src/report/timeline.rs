@@ -21,7 +21,7 @@ pub const MIN_BIN_S: f64 = 1.0;
 pub struct RecordLine {
     #[serde(default)]
     pub stage: usize,
-    /// `ok`, `failed`, `dropped`, `cancelled`, or any status a later
+    /// `ok`, `failed`, `rejected`, `late`, `dropped`, `cancelled`, or any status a later
     /// version writes: only `ok` counts as a success and `dropped` as not
     /// sent.
     #[serde(default)]

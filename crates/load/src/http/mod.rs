@@ -15,9 +15,13 @@
 //!
 //! A connection carries one request at a time and returns to the pool only
 //! after its response was read to the end, so a run never holds more
-//! connections than it had requests in flight.
+//! connections than it had requests in flight. A request written into a
+//! pooled connection that the server had closed meanwhile (no byte of an
+//! answer came back) is sent once more on a new connection, and the
+//! response says so. Proxies come from the environment (`proxy.rs`).
 
 mod arrival;
+mod proxy;
 
 use std::ops::Range;
 use std::path::Path;
@@ -32,6 +36,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use self::arrival::ArrivalStream;
+pub use self::proxy::{Proxies, Proxy};
 use crate::lock;
 
 /// Read buffer of a new connection: several SSE events per read.
@@ -50,13 +55,58 @@ const IDLE_LIMIT: Duration = Duration::from_secs(4);
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     #[error("cannot connect to {address}: {reason}")]
-    Connect { address: String, reason: String },
+    Connect {
+        address: String,
+        reason: String,
+        /// The client's own resources failed (see [`HttpError::is_client_side`]).
+        client_side: bool,
+    },
     #[error("connection error: {0}")]
     Io(#[from] std::io::Error),
     #[error("the server closed the connection {0}")]
     Closed(&'static str),
     #[error("invalid response: {0}")]
     Protocol(String),
+    /// The pooled connection the request was written into had been closed
+    /// by the server; the new connection it was sent on failed too.
+    #[error("{0} (sent again on a new connection: the kept-alive one had been closed)")]
+    Resent(Box<HttpError>),
+}
+
+impl HttpError {
+    /// Whether the client itself failed (out of file descriptors, ports or
+    /// buffers), not the server.
+    pub fn is_client_side(&self) -> bool {
+        match self {
+            HttpError::Connect { client_side, .. } => *client_side,
+            HttpError::Resent(inner) => inner.is_client_side(),
+            _ => false,
+        }
+    }
+}
+
+/// Errors of this host's own resources (file descriptors, local ports,
+/// buffers, memory) rather than of the server or the network.
+fn is_client_side(error: &std::io::Error) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::errno::Errno;
+        let own = [
+            Errno::EMFILE,
+            Errno::ENFILE,
+            Errno::ENOBUFS,
+            Errno::ENOMEM,
+            Errno::EADDRNOTAVAIL,
+        ];
+        error
+            .raw_os_error()
+            .is_some_and(|code| own.contains(&Errno::from_raw(code)))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = error;
+        false
+    }
 }
 
 /// The server one base URL (`http://host:port/v1`) points at.
@@ -72,6 +122,8 @@ pub struct Target {
     prefix: String,
     /// Present for `https`.
     tls: Option<Tls>,
+    /// The proxy the target is reached through, if any.
+    proxy: Option<Proxy>,
     connect_timeout: Duration,
     /// Idle connections, most recently used last (reused first).
     idle: Mutex<Vec<Connection>>,
@@ -114,10 +166,12 @@ impl RequestTemplate {
 impl Target {
     /// Parses a base URL such as `http://127.0.0.1:8000/v1`. An `https`
     /// target trusts the platform's certificate store plus `extra_roots`.
+    /// `proxies` says whether it is reached through a proxy.
     pub fn new(
         base: &str,
         connect_timeout: Duration,
         extra_roots: &[CertificateDer<'static>],
+        proxies: &Proxies,
     ) -> Result<Self, String> {
         let base = base.trim_end_matches('/');
         if !base.contains("://") {
@@ -159,6 +213,7 @@ impl Target {
         } else {
             None
         };
+        let proxy = proxies.for_target(https, &bare_host).cloned();
         Ok(Target {
             base: base.to_string(),
             host: bare_host,
@@ -166,6 +221,7 @@ impl Target {
             authority: authority.as_str().to_string(),
             prefix: uri.path().trim_end_matches('/').to_string(),
             tls,
+            proxy,
             connect_timeout,
             idle: Mutex::new(Vec::new()),
         })
@@ -178,6 +234,15 @@ impl Target {
         match path.strip_prefix('/') {
             Some(_) => path.to_string(),
             None => format!("{}/{path}", self.prefix),
+        }
+    }
+
+    /// The request target of `path`: its origin form, or the absolute form
+    /// (`http://host/v1/...`) when the request goes to an http proxy.
+    fn request_target(&self, path: &str) -> String {
+        match (&self.proxy, &self.tls) {
+            (Some(_), None) => format!("http://{}{}", self.authority, self.path(path)),
+            _ => self.path(path),
         }
     }
 
@@ -194,12 +259,19 @@ impl Target {
         for piece in [
             method,
             " ",
-            &self.path(path),
+            &self.request_target(path),
             " HTTP/1.1\r\nhost: ",
             &self.authority,
             "\r\n",
         ] {
             head.extend_from_slice(piece.as_bytes());
+        }
+        if let (Some(proxy), None) = (&self.proxy, &self.tls)
+            && let Some(authorization) = &proxy.authorization
+        {
+            head.extend_from_slice(b"proxy-authorization: ");
+            head.extend_from_slice(authorization.as_bytes());
+            head.extend_from_slice(b"\r\n");
         }
         for (name, value) in headers {
             head.extend_from_slice(name.as_str().as_bytes());
@@ -212,14 +284,39 @@ impl Target {
 
     /// Writes `request` on an idle connection (or a new one) and reads the
     /// response head. Give the connection back with [`Response::finish`].
+    ///
+    /// A pooled connection may have been closed by the server just before
+    /// the request went out (a keep-alive timeout racing the request): when
+    /// no byte of an answer came back, the request is sent once more on a
+    /// new connection ([`Response::resent`]).
     pub async fn send(&self, request: &[u8]) -> Result<Response, HttpError> {
-        let mut connection = match self.take_idle() {
-            Some(connection) => connection,
-            None => self.connect().await?,
-        };
-        connection.io.write_all(request).await?;
-        connection.io.flush().await?;
-        connection.read_response().await
+        if let Some(pooled) = self.take_idle() {
+            match pooled.exchange(request).await {
+                Ok(response) => return Ok(response),
+                Err(Unanswered::Silent(error)) => {
+                    tracing::debug!(
+                        "{}: pooled connection closed ({error}): sending again",
+                        self.base
+                    );
+                }
+                Err(Unanswered::Answered(error)) => return Err(error),
+            }
+            let connection = self
+                .connect()
+                .await
+                .map_err(|e| HttpError::Resent(Box::new(e)))?;
+            let mut response = connection
+                .exchange(request)
+                .await
+                .map_err(|e| HttpError::Resent(Box::new(e.into_error())))?;
+            response.resent = true;
+            return Ok(response);
+        }
+        let connection = self.connect().await?;
+        connection
+            .exchange(request)
+            .await
+            .map_err(Unanswered::into_error)
     }
 
     fn take_idle(&self) -> Option<Connection> {
@@ -238,32 +335,120 @@ impl Target {
     }
 
     async fn connect(&self) -> Result<Connection, HttpError> {
-        let address = format!("{}:{}", self.host, self.port);
-        let failed = |reason: String| HttpError::Connect {
+        let (host, port) = match &self.proxy {
+            Some(proxy) => (proxy.host.as_str(), proxy.port),
+            None => (self.host.as_str(), self.port),
+        };
+        let address = match &self.proxy {
+            Some(_) => format!("proxy {host}:{port} (for {}:{})", self.host, self.port),
+            None => format!("{host}:{port}"),
+        };
+        let failed = |reason: String, client_side: bool| HttpError::Connect {
             address: address.clone(),
             reason,
+            client_side,
         };
         let timeout = self.connect_timeout;
-        let tcp =
-            tokio::time::timeout(timeout, TcpStream::connect((self.host.as_str(), self.port)))
-                .await
-                .map_err(|_| failed(format!("timed out after {timeout:?}")))?
-                .map_err(|e| failed(e.to_string()))?;
+        let tcp = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| failed(format!("timed out after {timeout:?}"), false))?
+            .map_err(|e| failed(e.to_string(), is_client_side(&e)))?;
         // Without it, Nagle's algorithm and the server's delayed ACK add tens
         // of milliseconds to small requests.
         tcp.set_nodelay(true)
-            .map_err(|e| failed(format!("cannot set TCP_NODELAY: {e}")))?;
-        let tcp = ArrivalStream::new(tcp);
+            .map_err(|e| failed(format!("cannot set TCP_NODELAY: {e}"), false))?;
+        let mut tcp = ArrivalStream::new(tcp);
         let io: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
-            Some(tls) => Box::new(
-                tokio::time::timeout(timeout, tls.connector.connect(tls.server_name.clone(), tcp))
-                    .await
-                    .map_err(|_| failed(format!("TLS handshake timed out after {timeout:?}")))?
-                    .map_err(|e| failed(format!("TLS handshake failed: {e}")))?,
-            ),
+            Some(tls) => {
+                // Boxed: the handshake's state is large and only new https
+                // connections need it, not every request's future.
+                let handshake = Box::pin(async {
+                    if let Some(proxy) = &self.proxy {
+                        self.tunnel(&mut tcp, proxy).await?;
+                    }
+                    tls.connector
+                        .connect(tls.server_name.clone(), tcp)
+                        .await
+                        .map_err(|e| format!("TLS handshake failed: {e}"))
+                });
+                Box::new(
+                    tokio::time::timeout(timeout, handshake)
+                        .await
+                        .map_err(|_| {
+                            failed(format!("TLS handshake timed out after {timeout:?}"), false)
+                        })?
+                        .map_err(|reason| failed(reason, false))?,
+                )
+            }
         };
         Ok(Connection::new(io))
+    }
+
+    /// Asks the proxy on `tcp` for a tunnel to the target (`CONNECT`).
+    async fn tunnel(&self, tcp: &mut ArrivalStream, proxy: &Proxy) -> Result<(), String> {
+        let target = format!("{}:{}", self.authority_host(), self.port);
+        let mut request = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n");
+        if let Some(authorization) = &proxy.authorization {
+            request.push_str(&format!("proxy-authorization: {authorization}\r\n"));
+        }
+        request.push_str("\r\n");
+        let failed = |e: std::io::Error| format!("CONNECT through the proxy failed: {e}");
+        tcp.write_all(request.as_bytes()).await.map_err(failed)?;
+        // The answer is a head only; the TLS handshake starts after it, so
+        // nothing follows it yet and it can be read byte by byte.
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            if head.len() >= MAX_BUFFER {
+                return Err("the proxy's answer to CONNECT is too long".into());
+            }
+            let mut byte = [0u8; 1];
+            if tcp.read(&mut byte).await.map_err(failed)? == 0 {
+                return Err("the proxy closed the connection during CONNECT".into());
+            }
+            head.push(byte[0]);
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut headers);
+        match response.parse(&head) {
+            Ok(httparse::Status::Complete(_))
+                if response.code.is_some_and(|c| (200..300).contains(&c)) =>
+            {
+                Ok(())
+            }
+            Ok(httparse::Status::Complete(_)) => Err(format!(
+                "the proxy refused CONNECT {target}: HTTP {} {}",
+                response.code.unwrap_or(0),
+                response.reason.unwrap_or("")
+            )),
+            _ => Err("the proxy's answer to CONNECT is not HTTP".into()),
+        }
+    }
+
+    /// The target's host as written in a `CONNECT` line (IPv6 bracketed).
+    fn authority_host(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        }
+    }
+}
+
+/// Why an exchange on a connection got no response.
+enum Unanswered {
+    /// Not one byte came back: the server may have closed the connection
+    /// before the request reached it.
+    Silent(HttpError),
+    /// The server answered (part of a head), or the failure was ours.
+    Answered(HttpError),
+}
+
+impl Unanswered {
+    fn into_error(self) -> HttpError {
+        match self {
+            Unanswered::Silent(error) | Unanswered::Answered(error) => error,
+        }
     }
 }
 
@@ -294,6 +479,11 @@ struct Connection {
     end: usize,
     /// When the bytes of the latest read arrived (else when it returned).
     received_at: Instant,
+    /// The longest a read of the current response returned after its bytes
+    /// had arrived (known only from kernel timestamps).
+    lag: Option<Duration>,
+    /// Whether any byte of an answer to the current request came back.
+    answered: bool,
     idle_since: Instant,
 }
 
@@ -335,8 +525,24 @@ impl Connection {
             start: 0,
             end: 0,
             received_at: now,
+            lag: None,
+            answered: false,
             idle_since: now,
         }
+    }
+
+    /// Writes `request` and reads the response head.
+    async fn exchange(mut self, request: &[u8]) -> Result<Response, Unanswered> {
+        self.lag = None;
+        self.answered = false;
+        let written = async {
+            self.io.write_all(request).await?;
+            self.io.flush().await
+        };
+        if let Err(error) = written.await {
+            return Err(Unanswered::Silent(error.into()));
+        }
+        self.read_response().await
     }
 
     fn buffered(&self) -> &[u8] {
@@ -361,11 +567,18 @@ impl Connection {
             }
         }
         let n = self.io.read(&mut self.buffer[self.end..]).await?;
+        let read_at = Instant::now();
         self.received_at = match self.io.arrived() {
-            Some(arrived) => instant_of(arrived),
-            None => Instant::now(),
+            Some(arrived) => {
+                let at = instant_of(arrived, read_at);
+                let lag = read_at.saturating_duration_since(at);
+                self.lag = Some(self.lag.map_or(lag, |l| l.max(lag)));
+                at
+            }
+            None => read_at,
         };
         self.end += n;
+        self.answered |= n > 0;
         Ok(n > 0)
     }
 
@@ -389,37 +602,66 @@ impl Connection {
     }
 
     /// Reads a response head; the body is left to [`Response::next_piece`].
-    async fn read_response(mut self) -> Result<Response, HttpError> {
+    async fn read_response(mut self) -> Result<Response, Unanswered> {
+        match self.read_head().await {
+            Ok(head) => Ok(Response {
+                status: head.status,
+                retry_after: head.retry_after,
+                resent: false,
+                body: head.body,
+                keep_alive: head.keep_alive,
+                connection: self,
+            }),
+            Err(error) if !self.answered && !matches!(error, HttpError::Protocol(_)) => {
+                Err(Unanswered::Silent(error))
+            }
+            Err(error) => Err(Unanswered::Answered(error)),
+        }
+    }
+
+    async fn read_head(&mut self) -> Result<Head, HttpError> {
+        loop {
+            if let Some(head) = self.parse_head()? {
+                return Ok(head);
+            }
+            if !self.read_more().await? {
+                return Err(HttpError::Closed(if self.start == self.end {
+                    "before answering"
+                } else {
+                    "in the middle of the response head"
+                }));
+            }
+        }
+    }
+
+    /// The final response head if it is buffered (interim `1xx` heads are
+    /// consumed and skipped). Not async on purpose: the parser's header
+    /// array (2 KiB) lives on the stack, not in every request's future.
+    fn parse_head(&mut self) -> Result<Option<Head>, HttpError> {
         loop {
             let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut response = httparse::Response::new(&mut headers);
-            match response.parse(self.buffered()) {
-                Ok(httparse::Status::Complete(length)) => {
-                    let status = response.code.unwrap_or(0);
-                    let version = response.version.unwrap_or(1);
-                    let (body, keep_alive) = framing(status, version, response.headers)?;
-                    self.consume(length);
-                    // Interim responses (`100 Continue`) precede the real one.
-                    if (100..200).contains(&status) && status != 101 {
-                        continue;
-                    }
-                    return Ok(Response {
-                        status,
-                        body,
-                        keep_alive,
-                        connection: self,
-                    });
-                }
-                Ok(httparse::Status::Partial) => {
-                    if !self.read_more().await? {
-                        return Err(HttpError::Closed(if self.start == self.end {
-                            "before answering"
-                        } else {
-                            "in the middle of the response head"
-                        }));
-                    }
-                }
+            let length = match response.parse(self.buffered()) {
+                Ok(httparse::Status::Complete(length)) => length,
+                Ok(httparse::Status::Partial) => return Ok(None),
                 Err(err) => return Err(HttpError::Protocol(format!("response head: {err}"))),
+            };
+            let status = response.code.unwrap_or(0);
+            let version = response.version.unwrap_or(1);
+            let (body, keep_alive) = framing(status, version, response.headers)?;
+            let retry_after = match status {
+                429 | 503 => retry_after(response.headers),
+                _ => None,
+            };
+            self.consume(length);
+            // Interim responses (`100 Continue`) precede the real one.
+            if !(100..200).contains(&status) || status == 101 {
+                return Ok(Some(Head {
+                    status,
+                    retry_after,
+                    body,
+                    keep_alive,
+                }));
             }
         }
     }
@@ -505,9 +747,17 @@ impl Connection {
     }
 }
 
-/// The [`Instant`] of a wall-clock time in the recent past.
-fn instant_of(time: SystemTime) -> Instant {
-    let now = Instant::now();
+/// A response head, as far as the client uses it.
+struct Head {
+    status: u16,
+    retry_after: Option<Duration>,
+    body: Body,
+    keep_alive: bool,
+}
+
+/// The [`Instant`] of a wall-clock time in the recent past (`now` is the
+/// instant of the present).
+fn instant_of(time: SystemTime, now: Instant) -> Instant {
     match SystemTime::now().duration_since(time) {
         Ok(ago) => now.checked_sub(ago).unwrap_or(now),
         Err(_) => now, // in the future: the clock stepped back
@@ -560,7 +810,32 @@ fn framing(
             (None, None) => Body::UntilClose,
         }
     };
-    Ok((body, !close && body != Body::UntilClose))
+    // Both framings at once may be an attempt at request smuggling: read
+    // the chunked body, then close (RFC 9112 §6.3). After a 101 the
+    // connection speaks another protocol.
+    let ambiguous = chunked.is_some() && length.is_some();
+    Ok((
+        body,
+        !close && !ambiguous && status != 101 && body != Body::UntilClose,
+    ))
+}
+
+/// A `Retry-After` header: seconds, or an HTTP date (RFC 9110 §10.2.3).
+fn retry_after(headers: &[httparse::Header<'_>]) -> Option<Duration> {
+    let header = headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("retry-after"))?;
+    let value = std::str::from_utf8(header.value).ok()?.trim();
+    match value.parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            Some(
+                at.duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO),
+            )
+        }
+    }
 }
 
 /// Parses a chunk-size line (hex size, optional `;extensions`).
@@ -583,12 +858,29 @@ fn chunk_size(line: &[u8]) -> Result<Chunk, HttpError> {
 /// A response whose head was read; its body is read piece by piece.
 pub struct Response {
     pub status: u16,
+    /// `Retry-After` of a 429 or 503.
+    pub retry_after: Option<Duration>,
+    /// The request was sent again on a new connection (see [`Target::send`]).
+    pub resent: bool,
     body: Body,
     keep_alive: bool,
     connection: Connection,
 }
 
 impl Response {
+    /// When the bytes of the latest read arrived: after the last piece, the
+    /// arrival of the end of the response.
+    pub fn received_at(&self) -> Instant {
+        self.connection.received_at
+    }
+
+    /// The longest any read of this response returned after its bytes had
+    /// arrived: how far the client lagged behind (`None` without kernel
+    /// receive timestamps).
+    pub fn lag(&self) -> Option<Duration> {
+        self.connection.lag
+    }
+
     /// The next piece of the body and when it was read from the socket
     /// (pieces of one read share its instant); `None` at the end of the body.
     pub async fn next_piece(&mut self) -> Result<Option<(Instant, &[u8])>, HttpError> {
@@ -690,7 +982,7 @@ mod tests {
     use super::*;
 
     fn target(base: &str) -> Result<Target, String> {
-        Target::new(base, Duration::from_secs(1), &[])
+        Target::new(base, Duration::from_secs(1), &[], &Proxies::default())
     }
 
     #[test]
@@ -795,7 +1087,10 @@ mod tests {
 
     /// Reads a whole response from `reads`: status, body, reusable.
     async fn read(reads: Vec<Vec<u8>>) -> Result<(u16, Vec<u8>, bool), HttpError> {
-        let mut response = scripted(reads).read_response().await?;
+        let mut response = scripted(reads)
+            .read_response()
+            .await
+            .map_err(Unanswered::into_error)?;
         let (body, total) = response.collect(usize::MAX).await?;
         assert_eq!(body.len(), total);
         Ok((response.status, body, response.reusable()))
@@ -914,6 +1209,7 @@ mod tests {
         ])
         .read_response()
         .await
+        .map_err(Unanswered::into_error)
         .unwrap();
         let (a, _) = response.next_piece().await.unwrap().unwrap();
         let (b, _) = response.next_piece().await.unwrap().unwrap();
@@ -1021,8 +1317,10 @@ mod tests {
         (address, server)
     }
 
-    /// A private CA and a certificate for 127.0.0.1 it signed.
-    fn private_ca() -> (
+    /// A private CA and a certificate for `name` it signed.
+    fn private_ca(
+        name: &str,
+    ) -> (
         rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
         rcgen::Certificate,
         rcgen::KeyPair,
@@ -1034,7 +1332,7 @@ mod tests {
         ca.distinguished_name
             .push(rcgen::DnType::CommonName, "nyann-bench test CA");
         let ca = rcgen::CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-        let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        let mut leaf = CertificateParams::new(vec![name.to_string()]).unwrap();
         leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let leaf_key = KeyPair::generate().unwrap();
         let leaf = leaf.signed_by(&leaf_key, &ca).unwrap();
@@ -1064,7 +1362,7 @@ mod tests {
     /// accepted once the CA is given as an extra root (`--ca-cert`).
     #[tokio::test]
     async fn https_trusts_a_private_ca_given_as_extra_root() {
-        let (ca, leaf, leaf_key) = private_ca();
+        let (ca, leaf, leaf_key) = private_ca("127.0.0.1");
         let chain = vec![leaf.der().clone(), ca.der().clone()];
 
         let (address, server) = tls_server(chain.clone(), &leaf_key).await;
@@ -1075,7 +1373,13 @@ mod tests {
 
         let (address, server) = tls_server(chain, &leaf_key).await;
         let base = format!("https://{address}/v1");
-        let t = Target::new(&base, Duration::from_secs(1), &[ca.der().clone()]).unwrap();
+        let t = Target::new(
+            &base,
+            Duration::from_secs(1),
+            &[ca.der().clone()],
+            &Proxies::default(),
+        )
+        .unwrap();
         assert_eq!(get(&t).await.unwrap(), b"ok");
         server.await.unwrap().unwrap();
     }
@@ -1083,7 +1387,7 @@ mod tests {
     #[test]
     fn ca_files_are_read_and_checked() {
         let dir = tempfile::tempdir().unwrap();
-        let (ca, leaf, _) = private_ca();
+        let (ca, leaf, _) = private_ca("127.0.0.1");
         let bundle = dir.path().join("bundle.pem");
         std::fs::write(
             &bundle,
@@ -1115,6 +1419,260 @@ mod tests {
             err.ends_with("1 of its 2 certificates cannot be parsed as a CA certificate"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn ambiguous_framing_and_switched_protocols_are_never_reused() {
+        let both = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+        assert_eq!(read(one(both)).await.unwrap(), (200, b"ok".to_vec(), false));
+        let switched =
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+        assert_eq!(read(one(switched)).await.unwrap(), (101, Vec::new(), false));
+    }
+
+    #[tokio::test]
+    async fn retry_after_is_read_as_seconds_or_a_date() {
+        let head = |status: u16, value: &str| {
+            format!("HTTP/1.1 {status} Busy\r\nRetry-After: {value}\r\nContent-Length: 0\r\n\r\n")
+        };
+        let retry = |text: String| async move {
+            scripted(one(&text))
+                .read_response()
+                .await
+                .map_err(Unanswered::into_error)
+                .unwrap()
+                .retry_after
+        };
+        assert_eq!(retry(head(429, "3")).await, Some(Duration::from_secs(3)));
+        let soon = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(30));
+        let wait = retry(head(503, &soon)).await.unwrap();
+        assert!(
+            wait > Duration::from_secs(25) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
+        assert_eq!(retry(head(429, "soon")).await, None);
+        // Only a busy server's answer carries one.
+        assert_eq!(retry(head(500, "3")).await, None);
+    }
+
+    /// What a scripted server does with one request on a connection.
+    #[derive(Clone, Copy, Debug)]
+    enum Act {
+        /// Answer `ok`, keeping the connection open.
+        Answer,
+        /// Read the request, then close without a byte back (a keep-alive
+        /// timeout that raced the request).
+        CloseSilently,
+        /// Read the request, send half a head, close.
+        HalfAnswer,
+    }
+
+    /// A server on 127.0.0.1 whose n-th connection follows `scripts[n]`, one
+    /// act per request; returns its base URL and how many connections it took.
+    async fn scripted_server(
+        scripts: Vec<Vec<Act>>,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            for script in scripts {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    for act in script {
+                        let done = match act {
+                            Act::Answer => !matches!(answer_ok(&mut socket).await, Ok(true)),
+                            Act::CloseSilently | Act::HalfAnswer => {
+                                let _ = read_head(&mut socket).await;
+                                if let Act::HalfAnswer = act {
+                                    let _ = socket.write_all(b"HTTP/1.1 200 OK\r\nConte").await;
+                                }
+                                true
+                            }
+                        };
+                        if done {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (base, accepted)
+    }
+
+    async fn read_head(io: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Vec<u8>> {
+        let mut request = Vec::new();
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut piece = [0u8; 1024];
+            match io.read(&mut piece).await? {
+                0 => break,
+                n => request.extend_from_slice(&piece[..n]),
+            }
+        }
+        Ok(request)
+    }
+
+    async fn get_response(t: &Target) -> Result<(Vec<u8>, bool), HttpError> {
+        let request = t
+            .template("GET", "models", &HeaderMap::new())
+            .with_body(b"");
+        let mut response = t.send(&request).await?;
+        let resent = response.resent;
+        let (body, _) = response.collect(1024).await?;
+        response.finish(t);
+        Ok((body, resent))
+    }
+
+    /// A pooled connection the server closed without a byte back: the
+    /// request goes once more on a new connection, and says so.
+    #[tokio::test]
+    async fn a_request_into_a_closed_kept_alive_connection_is_sent_again_once() {
+        use Act::*;
+        let (base, accepted) =
+            scripted_server(vec![vec![Answer, CloseSilently], vec![Answer]]).await;
+        let t = target(&base).unwrap();
+        assert_eq!(get_response(&t).await.unwrap(), (b"ok".to_vec(), false));
+        assert_eq!(get_response(&t).await.unwrap(), (b"ok".to_vec(), true));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        // Not when the server answered part of a head...
+        let (base, accepted) = scripted_server(vec![vec![Answer, HalfAnswer], vec![Answer]]).await;
+        let t = target(&base).unwrap();
+        get_response(&t).await.unwrap();
+        let err = get_response(&t).await.unwrap_err().to_string();
+        assert!(err.contains("in the middle of the response head"), "{err}");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // ...nor on a new connection, and only once.
+        let (base, accepted) = scripted_server(vec![
+            vec![CloseSilently],
+            vec![Answer, CloseSilently],
+            vec![CloseSilently],
+        ])
+        .await;
+        let t = target(&base).unwrap();
+        let err = get_response(&t).await.unwrap_err();
+        assert!(!matches!(err, HttpError::Resent(_)), "{err}");
+        get_response(&t).await.unwrap();
+        let err = get_response(&t).await.unwrap_err().to_string();
+        assert!(
+            err.contains("before answering") && err.contains("sent again on a new connection"),
+            "{err}"
+        );
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// An http target behind a proxy: requests go to the proxy in absolute
+    /// form, with the proxy's credentials; loopback never goes through it.
+    #[tokio::test]
+    async fn http_goes_through_the_proxy_in_absolute_form() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        let seen = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let head = read_head(&mut socket).await.unwrap();
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        let proxies = Proxies::parse(Some(format!("http://u:p@{proxy}")), None, None).unwrap();
+        let via = |base| Target::new(base, Duration::from_secs(1), &[], &proxies).unwrap();
+        let t = via("http://model.test:8000/v1");
+        assert_eq!(get(&t).await.unwrap(), b"ok");
+        let head = seen.await.unwrap();
+        assert!(
+            head.starts_with("GET http://model.test:8000/v1/models HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("host: model.test:8000\r\n"), "{head}");
+        assert!(
+            head.contains("proxy-authorization: Basic dTpw\r\n"),
+            "{head}"
+        );
+        assert!(via("http://127.0.0.1:8000/v1").proxy.is_none());
+    }
+
+    /// An https target behind a proxy: a CONNECT tunnel, TLS inside it with
+    /// the target's name; a refused CONNECT says so.
+    #[tokio::test]
+    async fn https_goes_through_a_connect_tunnel() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (ca, leaf, leaf_key) = private_ca("model.test");
+        let private = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], private)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            // First connection: a tunnel to a TLS server; second: refused.
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let connect = String::from_utf8(read_head(&mut socket).await.unwrap()).unwrap();
+            socket
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .unwrap();
+            let mut tls = acceptor.accept(socket).await.unwrap();
+            assert!(answer_ok(&mut tls).await.unwrap());
+            let (mut socket, _) = listener.accept().await.unwrap();
+            read_head(&mut socket).await.unwrap();
+            socket
+                .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                .await
+                .unwrap();
+            connect
+        });
+        let proxies = Proxies::parse(None, Some(proxy.to_string()), None).unwrap();
+        let roots = [ca.der().clone()];
+        let t = Target::new(
+            "https://model.test/v1",
+            Duration::from_secs(2),
+            &roots,
+            &proxies,
+        )
+        .unwrap();
+        assert_eq!(get(&t).await.unwrap(), b"ok");
+        let t = Target::new(
+            "https://model.test/v1",
+            Duration::from_secs(2),
+            &roots,
+            &proxies,
+        )
+        .unwrap();
+        let err = get(&t).await.unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("proxy {proxy} (for model.test:443)"))
+                && err.contains("the proxy refused CONNECT model.test:443: HTTP 407"),
+            "{err}"
+        );
+        let connect = server.await.unwrap();
+        assert!(
+            connect.starts_with("CONNECT model.test:443 HTTP/1.1\r\nhost: model.test:443\r\n"),
+            "{connect}"
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_clients_own_failures_are_told_apart() {
+        let connect = |code| HttpError::Connect {
+            address: "a".into(),
+            reason: "r".into(),
+            client_side: is_client_side(&std::io::Error::from_raw_os_error(code)),
+        };
+        let (emfile, refused) = (nix::errno::Errno::EMFILE, nix::errno::Errno::ECONNREFUSED);
+        assert!(connect(emfile as i32).is_client_side());
+        assert!(HttpError::Resent(Box::new(connect(emfile as i32))).is_client_side());
+        assert!(!connect(refused as i32).is_client_side());
+        assert!(!HttpError::Closed("before answering").is_client_side());
     }
 
     #[tokio::test]

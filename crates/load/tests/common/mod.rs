@@ -20,6 +20,15 @@ pub enum Fault {
     Http500,
     ErrorEvent,
     Truncate,
+    /// Every completion request is answered with this status and, if set,
+    /// a `Retry-After` of so many seconds (a server shedding load: 429, 503).
+    Reject {
+        status: u16,
+        retry_after: Option<u32>,
+    },
+    /// The first completion request gets its head and one chunk, then
+    /// nothing ever again; the others are served normally.
+    HangFirst,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +62,8 @@ pub struct State {
     /// Heads (request line and headers) of completion requests, in arrival order.
     pub heads: Mutex<Vec<String>>,
     pub in_flight: AtomicU64,
+    /// Completion requests received so far.
+    pub received: AtomicU64,
     pub max_in_flight: AtomicU64,
     pub completed: AtomicU64,
     pub tokenize_calls: AtomicU64,
@@ -193,6 +204,30 @@ async fn handle(mut conn: TcpStream, st: Arc<State>) -> std::io::Result<()> {
         .await;
     }
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let nth = st.received.fetch_add(1, Ordering::SeqCst);
+    if let Fault::Reject {
+        status,
+        retry_after,
+    } = behaviour.fault
+    {
+        st.requests.lock().unwrap().push(json.clone());
+        let retry = retry_after
+            .map(|s| format!("retry-after: {s}\r\n"))
+            .unwrap_or_default();
+        let text = format!(
+            "HTTP/1.1 {status} Busy\r\n{retry}content-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+        return conn.write_all(text.as_bytes()).await;
+    }
+    if behaviour.fault == Fault::HangFirst && nth == 0 {
+        st.requests.lock().unwrap().push(json.clone());
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"stuck\"}}]}\n\n")
+            .await?;
+        // Until the client goes away (the read sees its close).
+        let mut rest = [0u8; 64];
+        while conn.read(&mut rest).await? > 0 {}
+        return Ok(());
+    }
     st.requests.lock().unwrap().push(json.clone());
     st.heads.lock().unwrap().push(head.clone());
     let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;

@@ -1,0 +1,58 @@
+//! Ctrl-C and SIGTERM during a run. The first stops new requests and gives
+//! those in flight the grace period (`--grace`); the second skips what is
+//! left of it: requests still in flight are cancelled, recorded as such,
+//! and every output is written all the same. A third exits at once, with
+//! whatever was written by then.
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+/// Cancels `interrupt` on the first Ctrl-C (SIGINT) or SIGTERM and
+/// `interrupt_now` on the second (the runner's `RunOptions` tokens of the
+/// same names); exits with status 130 on the third.
+pub fn cancel_on_signals(
+    interrupt: CancellationToken,
+    interrupt_now: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut int = signal(SignalKind::interrupt()).ok();
+        for signals in 1.. {
+            tokio::select! {
+                Some(()) = recv(&mut int) => {}
+                Some(()) = recv(&mut term) => {}
+                else => return,
+            }
+            match signals {
+                1 => {
+                    tracing::warn!(
+                        "interrupted: no new requests; waiting up to the grace period for those \
+                         in flight (again to cancel them now)"
+                    );
+                    interrupt.cancel();
+                }
+                2 => {
+                    tracing::warn!(
+                        "interrupted again: cancelling the requests in flight and writing the \
+                         results (a third time exits at once, results incomplete)"
+                    );
+                    interrupt_now.cancel();
+                }
+                _ => {
+                    tracing::error!(
+                        "interrupted three times: exiting now; results may be incomplete"
+                    );
+                    std::process::exit(130);
+                }
+            }
+        }
+    })
+}
+
+/// The next delivery of a signal, never if it could not be listened to.
+async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,114 @@
+//! Reading scenario files: only regular files, never more than the size
+//! limit (checked while reading, not from metadata), and errors that say what
+//! the file is, where a byte is wrong, and each OS error once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use nyann_scenario::{MAX_SOURCE_BYTES, ScenarioError, load_file};
+
+/// `load_file(path)` on another thread: a read that blocks or never ends
+/// fails the test after 20 s instead of hanging it.
+fn load_bounded(path: &Path) -> Result<nyann_scenario::Scenario, ScenarioError> {
+    let (tx, rx) = mpsc::channel();
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(load_file(&path));
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("load_file did not return within 20 s")
+}
+
+fn symlink(target: &str, dir: &Path, name: &str) -> PathBuf {
+    let link = dir.join(name);
+    std::os::unix::fs::symlink(target, &link).unwrap();
+    link
+}
+
+#[test]
+fn a_device_behind_a_star_name_is_refused_without_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = symlink("/dev/zero", dir.path(), "z.star");
+    let err = load_bounded(&zero).unwrap_err().to_string();
+    assert!(
+        err.contains("z.star") && err.contains("character device") && err.contains("/dev/zero"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_fifo_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("x.star");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let err = load_bounded(&fifo).unwrap_err().to_string();
+    assert!(
+        err.contains("x.star") && err.contains("FIFO (named pipe)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_directory_is_named_as_such_whatever_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("scenarios");
+    let starry = dir.path().join("d.star");
+    for path in [&plain, &starry] {
+        std::fs::create_dir(path).unwrap();
+        let err = load_bounded(path).unwrap_err().to_string();
+        assert!(
+            err.contains("is a directory") && err.contains(".star"),
+            "{err}"
+        );
+        assert!(!err.contains("unsupported scenario file type"), "{err}");
+        assert!(!err.contains("os error"), "{err}");
+    }
+}
+
+#[test]
+fn the_size_limit_holds_while_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.star");
+    std::fs::write(&big, "#".repeat(MAX_SOURCE_BYTES + 1)).unwrap();
+    let err = load_bounded(&big).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("the limit is {MAX_SOURCE_BYTES} bytes")),
+        "{err}"
+    );
+    // Exactly at the limit is read (and then compiled).
+    std::fs::write(&big, "#".repeat(MAX_SOURCE_BYTES)).unwrap();
+    let err = load_bounded(&big).unwrap_err().to_string();
+    assert!(!err.contains("the limit is"), "{err}");
+}
+
+#[test]
+fn an_os_error_is_said_once() {
+    let err = load_file(Path::new("/nonexistent/x.star")).unwrap_err();
+    // As the CLI prints it: the error and its sources.
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(
+        chain.matches("No such file or directory").count(),
+        1,
+        "{chain}"
+    );
+}
+
+#[test]
+fn non_utf8_text_is_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("u.star");
+    std::fs::write(&path, b"scenario(stages=[stage(\"1s\")])\n# caf\xe9\n").unwrap();
+    let err = load_bounded(&path).unwrap_err();
+    let d = &err.diagnostics()[0];
+    assert_eq!((d.line, d.column), (Some(2), Some(6)), "{err}");
+    assert!(
+        d.message.contains("not UTF-8") && d.message.contains("at byte offset 36"),
+        "{err}"
+    );
+}
