@@ -149,6 +149,7 @@ impl ClientArgs {
             interrupt: CancellationToken::new(),
             interrupt_now: CancellationToken::new(),
             live: None,
+            first_id: 0,
         })
     }
 }

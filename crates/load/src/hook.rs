@@ -15,7 +15,7 @@ use std::future::Future;
 use nyann_model::{ClientStats, Stage};
 
 use crate::result::StageResult;
-use crate::stats::StageDetail;
+use crate::stats::{StageAccumulator, StageDetail};
 
 /// What the hook is shown about a finished stage.
 #[derive(Debug)]
@@ -31,6 +31,9 @@ pub struct FinishedStage<'a> {
     pub end_unix: f64,
     pub client: &'a ClientStats,
     pub detail: &'a StageDetail,
+    /// The histograms behind `client` and `detail`, mergeable with other
+    /// workers' (a fleet judges the sum of its workers).
+    pub stats: &'a StageAccumulator,
     /// Results of the earlier steps, in order.
     pub history: &'a [StageResult],
 }
@@ -92,6 +95,15 @@ impl HookOutcome {
 ///
 /// Ctrl-C or an abort while the hook runs drops its future.
 pub trait StageHook: Send {
+    /// Called before each stage starts (warm-up or measured, not barriers);
+    /// the stage starts when it returns. Alone, a process starts at once;
+    /// one of several workers waits for the coordinator's start (the
+    /// previous stage's level is held meanwhile).
+    fn before_stage(&mut self, index: usize) -> impl Future<Output = ()> + Send {
+        let _ = index;
+        std::future::ready(())
+    }
+
     fn after_stage(&mut self, done: &FinishedStage<'_>)
     -> impl Future<Output = HookOutcome> + Send;
 }
@@ -108,6 +120,12 @@ impl StageHook for NoHook {
 
 /// An optional hook: `None` always continues.
 impl<H: StageHook> StageHook for Option<H> {
+    async fn before_stage(&mut self, index: usize) {
+        if let Some(hook) = self {
+            hook.before_stage(index).await;
+        }
+    }
+
     async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
         match self {
             Some(hook) => hook.after_stage(done).await,
@@ -117,6 +135,10 @@ impl<H: StageHook> StageHook for Option<H> {
 }
 
 impl<H: StageHook> StageHook for &mut H {
+    fn before_stage(&mut self, index: usize) -> impl Future<Output = ()> + Send {
+        (**self).before_stage(index)
+    }
+
     fn after_stage(
         &mut self,
         done: &FinishedStage<'_>,

@@ -88,6 +88,9 @@ pub struct RunOptions {
     pub interrupt_now: CancellationToken,
     /// Live counters for a progress display.
     pub live: Option<Arc<Live>>,
+    /// First request and conversation id: one of several workers starts
+    /// its ids apart from the others' so records merge without clashes.
+    pub first_id: u64,
 }
 
 impl Default for RunOptions {
@@ -105,6 +108,7 @@ impl Default for RunOptions {
             interrupt: CancellationToken::new(),
             interrupt_now: CancellationToken::new(),
             live: None,
+            first_id: 0,
         }
     }
 }
@@ -185,8 +189,8 @@ pub async fn run<H: StageHook>(
             sent: vec![0; steps.len()],
         }),
         inflight: Counter::default(),
-        next_id: AtomicU64::new(0),
-        next_conversation: AtomicU64::new(0),
+        next_id: AtomicU64::new(options.first_id),
+        next_conversation: AtomicU64::new(options.first_id),
         consecutive_errors: AtomicU64::new(0),
         max_consecutive_errors: options.max_consecutive_errors as u64,
         abort_reason: Mutex::new(None),
@@ -264,6 +268,19 @@ pub async fn run<H: StageHook>(
         } else {
             Phase::Measured
         };
+        // Several workers start a stage when their coordinator says so.
+        if runner
+            .interruptible(hook.before_stage(index))
+            .await
+            .is_none()
+        {
+            results.push(skipped(
+                index,
+                step,
+                halted_reason(&options.interrupt, &shared),
+            ));
+            continue;
+        }
         let start = Instant::now();
         runner.start_stage(index, stage, phase, start);
         if let Some(live) = &shared.live {
@@ -336,6 +353,7 @@ pub async fn run<H: StageHook>(
         let duration = end.duration_since(start).as_secs_f64();
         measured_seconds += duration;
         let (client_stats, detail) = shared.slots[index].finish(duration);
+        let stats = shared.slots[index].snapshot();
         log_stage_end(&label, &client_stats, &detail);
         let mut result = stage_result(
             index,
@@ -355,6 +373,7 @@ pub async fn run<H: StageHook>(
                 end_unix: shared.clock.unix(end),
                 client: &client_stats,
                 detail: &detail,
+                stats: &stats,
                 history: &results,
             };
             runner.interruptible(hook.after_stage(&done)).await
@@ -894,6 +913,11 @@ impl Slot {
         if let Some(acc) = lock(&self.acc).as_ref() {
             total.merge(acc);
         }
+    }
+
+    /// A copy of the stage's histograms (for merging with other workers').
+    fn snapshot(&self) -> StageAccumulator {
+        lock(&self.acc).clone().unwrap_or_default()
     }
 
     fn finish(&self, duration: f64) -> (ClientStats, StageDetail) {
