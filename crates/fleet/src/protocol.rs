@@ -1,0 +1,135 @@
+//! The coordination protocol: JSON messages, one per line, over one TCP
+//! connection per worker (worker 0, the leader, listens).
+//!
+//! A worker sends [`ToLeader::Join`] and gets [`ToWorker::Welcome`] (its
+//! share of the scenario and its seed) or [`ToWorker::Refused`] with the
+//! reason. Then, per stage: `Ready` → `Start` (the stage starts when the
+//! announcement arrives), and after a measured stage `Stats` → `Decision`.
+//! At the end the worker sends `Upload` followed by its `requests.jsonl`
+//! bytes and waits for `Received`. Both sides send `Heartbeat` while idle;
+//! a side that hears nothing for the heartbeat timeout counts the other as
+//! gone.
+
+use nyann_load::RunResult;
+use nyann_load::stats::StageAccumulator;
+use nyann_model::Scenario;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Bumped on any incompatible change of the messages.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The build a worker must match: the same protocol and the same release.
+pub fn build_id() -> String {
+    format!(
+        "nyann-bench {} (protocol {PROTOCOL_VERSION})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Longest message line accepted (a scenario of 10,000 steps fits).
+const MAX_LINE: u64 = 64 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToLeader {
+    Join {
+        build: String,
+        index: usize,
+        workers: usize,
+        /// Digest of the scenario the worker was given, if it was given one.
+        scenario_digest: Option<String>,
+    },
+    Heartbeat,
+    /// Ready to start step `stage` (holding the previous stage's level).
+    Ready {
+        stage: usize,
+    },
+    /// The worker's statistics of measured stage `stage`.
+    Stats {
+        stage: usize,
+        stats: Box<StageAccumulator>,
+    },
+    /// The run ended: its result, then `records_bytes` raw bytes of `requests.jsonl`.
+    Upload {
+        result: Box<RunResult>,
+        /// Per measured stage: seconds from sending `Stats` to the decision.
+        decision_waits: Vec<(usize, f64)>,
+        records_bytes: u64,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToWorker {
+    Welcome {
+        scenario: Box<Scenario>,
+        seed: u64,
+        first_id: u64,
+    },
+    Refused {
+        reason: String,
+    },
+    Heartbeat,
+    Start {
+        stage: usize,
+    },
+    /// `stop`: the sweep stops after `stage`, with this reason.
+    Decision {
+        stage: usize,
+        stop: Option<String>,
+    },
+    /// Ctrl-C/SIGTERM on the leader (`now`: the second one).
+    Interrupt {
+        now: bool,
+    },
+    /// The leader aborts the run (a worker was lost with `--on-worker-loss abort`).
+    Abort {
+        reason: String,
+    },
+    /// The upload arrived.
+    Received,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("the connection closed")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("unreadable message: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writes one message line.
+pub async fn send<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    message: &impl Serialize,
+) -> Result<(), WireError> {
+    let mut line = serde_json::to_vec(message)?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads one message line.
+pub async fn receive<R: AsyncBufRead + Unpin, M: for<'de> Deserialize<'de>>(
+    r: &mut R,
+) -> Result<M, WireError> {
+    let mut line = Vec::new();
+    let n = r.take(MAX_LINE).read_until(b'\n', &mut line).await?;
+    if n == 0 || line.last() != Some(&b'\n') {
+        return Err(WireError::Closed);
+    }
+    Ok(serde_json::from_slice(&line)?)
+}
+
+/// FNV-1a of the scenario's JSON: "same scenario" across workers.
+pub fn scenario_digest(scenario: &Scenario) -> String {
+    let json = serde_json::to_vec(scenario).unwrap_or_default();
+    let hash = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
