@@ -9,6 +9,7 @@
 mod abuse;
 mod browser;
 mod cli;
+mod fleet;
 mod report;
 mod signals;
 mod support;

@@ -26,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::merge::{FleetRun, LostWorker, WorkerRun};
-use crate::protocol::{ToLeader, ToWorker, build_id, receive, scenario_digest, send};
+use crate::protocol::{ToLeader, ToWorker, receive, scenario_digest, send};
 use crate::share::{first_id, scenario_share, worker_seed};
 use crate::{FleetError, lock};
 
@@ -47,6 +47,8 @@ pub struct LeaderConfig {
     /// How long to wait for every worker to join.
     pub join_timeout: Duration,
     pub on_loss: OnWorkerLoss,
+    /// This binary's [`build_id`](crate::protocol::build_id): workers must match it.
+    pub build: String,
     /// Where uploaded records go (`worker-I/requests.jsonl`).
     pub output_dir: PathBuf,
 }
@@ -188,7 +190,7 @@ impl Leader {
             };
             let _ = stream.set_nodelay(true);
             let Some((worker, read, mut write)) =
-                admit(stream, n, &digest, &joined, self.config.heartbeat_timeout).await
+                admit(stream, &self.config, &digest, &joined).await
             else {
                 continue;
             };
@@ -245,11 +247,11 @@ impl Leader {
 /// Reads a worker's `Join` and refuses it (with the reason) unless it fits.
 async fn admit(
     stream: TcpStream,
-    workers: usize,
+    config: &LeaderConfig,
     digest: &str,
     joined: &BTreeSet<usize>,
-    timeout: Duration,
 ) -> Option<(usize, BufReader<OwnedReadHalf>, OwnedWriteHalf)> {
+    let (workers, timeout) = (config.workers, config.heartbeat_timeout);
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".into(), |a| a.to_string());
@@ -276,8 +278,8 @@ async fn admit(
         tracing::warn!("coordinator: {peer} did not start with a join");
         return None;
     };
-    let ours = build_id();
-    let refusal = if build != ours {
+    let ours = &config.build;
+    let refusal = if build != *ours {
         Some(format!(
             "its build is {build}, the leader's is {ours}: run the same image on every worker"
         ))

@@ -19,12 +19,10 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWr
 /// Bumped on any incompatible change of the messages.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// The build a worker must match: the same protocol and the same release.
-pub fn build_id() -> String {
-    format!(
-        "nyann-bench {} (protocol {PROTOCOL_VERSION})",
-        env!("CARGO_PKG_VERSION")
-    )
+/// What a worker's build must match: the release and commit it was built
+/// from (given by the binary) and the protocol version.
+pub fn build_id(release: &str) -> String {
+    format!("{release}, protocol {PROTOCOL_VERSION}")
 }
 
 /// Longest message line accepted (a scenario of 10,000 steps fits).

@@ -20,7 +20,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use crate::FleetError;
-use crate::protocol::{ToLeader, ToWorker, WireError, build_id, receive, send};
+use crate::protocol::{ToLeader, ToWorker, WireError, receive, send};
 
 /// How a worker finds and joins its leader.
 #[derive(Debug, Clone)]
@@ -32,6 +32,8 @@ pub struct WorkerConfig {
     pub heartbeat_timeout: Duration,
     /// How long to keep trying to reach the leader (its pod may start later).
     pub join_timeout: Duration,
+    /// This binary's [`build_id`](crate::protocol::build_id): the leader refuses a different one.
+    pub build: String,
     /// Digest of the scenario this worker was given, if any (checked by the leader).
     pub scenario_digest: Option<String>,
 }
@@ -81,7 +83,7 @@ pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
     };
     let _ = stream.set_nodelay(true);
     let join = ToLeader::Join {
-        build: build_id(),
+        build: config.build.clone(),
         index: config.index,
         workers: config.workers,
         scenario_digest: config.scenario_digest.clone(),

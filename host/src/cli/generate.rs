@@ -39,6 +39,9 @@ pub struct Args {
 
     #[command(flatten)]
     pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub fleet: Box<super::fleet::FleetArgs>,
 }
 
 /// A one-stage scenario from flags (only without --config).
@@ -143,7 +146,17 @@ impl SingleStageArgs {
 }
 
 pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
-    let (scenario, source) = match &args.config {
+    if args.fleet.active() {
+        return super::fleet::run(args, ui).await;
+    }
+    let (scenario, source) = load_scenario(&args)?;
+    run_scenario(&scenario, source.as_deref(), &args, Summary::Stdout, ui).await
+}
+
+/// The scenario of `--config`, or of the single-stage flags; with the
+/// Starlark source when it was compiled from one.
+pub(super) fn load_scenario(args: &Args) -> anyhow::Result<(Scenario, Option<String>)> {
+    Ok(match &args.config {
         Some(path) => {
             if args.single.any() {
                 anyhow::bail!(
@@ -158,8 +171,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
             (scenario, starlark.then_some(source))
         }
         None => (args.single.scenario()?, None),
-    };
-    run_scenario(&scenario, source.as_deref(), &args, Summary::Stdout, ui).await
+    })
 }
 
 /// Where the JSON summary goes besides `--output-dir`.
@@ -251,7 +263,7 @@ pub async fn run_scenario(
 
 /// Saves the scenario beside the run's results and writes `report.html`.
 /// The results are already on disk: a failure here is a warning.
-fn save_report(
+pub(super) fn save_report(
     dir: &std::path::Path,
     result: &RunResult,
     scenario: &Scenario,
@@ -286,7 +298,7 @@ fn save_report(
 /// 0 when the run completed or stopped on congestion (the feature working);
 /// 1 when it was aborted or stopped by a failed policy call
 /// (`--on-policy-error stop`); 130 when interrupted.
-fn exit_code(result: &RunResult) -> u8 {
+pub(super) fn exit_code(result: &RunResult) -> u8 {
     if let RunOutcome::Stopped { stage, .. } = result.outcome {
         let stopping = result.stages.iter().find(|s| s.index == stage);
         let record = stopping.and_then(|s| CongestionRecord::of(s.annotation.as_ref()));

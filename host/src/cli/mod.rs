@@ -2,7 +2,9 @@
 //! `run` that returns the process exit code.
 
 mod demo;
+mod fleet;
 mod generate;
+mod kube;
 mod policy;
 pub mod progress;
 mod report;
@@ -131,6 +133,9 @@ pub enum Command {
     /// Inspect, check and scaffold congestion policies.
     #[command(subcommand)]
     Policy(policy::Command),
+    /// Kubernetes manifests of a run by several workers.
+    #[command(subcommand)]
+    Kube(kube::Command),
     /// Print a shell completion script, e.g. `nyann-bench completions bash >
     /// ~/.local/share/bash-completion/completions/nyann-bench`.
     Completions {
@@ -148,6 +153,7 @@ impl Command {
             Command::Scenario(args) => scenario::run(args).await,
             Command::Report(args) => report::run(args, ui).await,
             Command::Policy(command) => policy::run(command).await,
+            Command::Kube(command) => kube::run(command).await,
             Command::Completions { shell } => {
                 clap_complete::generate(
                     shell,

@@ -1,0 +1,296 @@
+//! `generate --workers N`: one sweep run by N processes (Kubernetes pods of
+//! an Indexed Job), with one stop decision. Worker 0 leads: it compiles the
+//! scenario, serves the coordination endpoint, runs the congestion check on
+//! the fleet's statistics and writes the merged results; the others join
+//! it and run their share (they need no scenario, policy or Prometheus).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nyann_fleet::protocol::{build_id, scenario_digest};
+use nyann_fleet::share::{first_id, scenario_share, worker_seed};
+use nyann_fleet::{Leader, LeaderConfig, OnWorkerLoss, WorkerConfig};
+use nyann_load::RunResult;
+use nyann_model::parse_duration;
+use nyann_signals::SignalArgs;
+
+use super::Ui;
+use super::generate::{Args, exit_code, load_scenario, save_report};
+use crate::report;
+use crate::sweep::CongestionCheck;
+
+/// Flags of a run by several workers.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Scale-out (several workers, e.g. a Kubernetes Indexed Job)")]
+pub struct FleetArgs {
+    /// Workers running this sweep together, each with this same command
+    /// (1: this process alone). The load of every stage is divided between them.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub workers: usize,
+
+    /// This worker's index, 0..N-1; 0 leads [default: $JOB_COMPLETION_INDEX,
+    /// which a Kubernetes Indexed Job sets].
+    #[arg(long, env = "JOB_COMPLETION_INDEX", value_name = "I")]
+    pub worker_index: Option<usize>,
+
+    /// The leader's coordination endpoint, HOST:PORT (needed by workers 1..N-1).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub coordinator: Option<String>,
+
+    /// Where the leader (worker 0) serves the coordination endpoint.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7300")]
+    pub coordinator_listen: SocketAddr,
+
+    /// A worker (or leader) that sends nothing for this long is lost.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub heartbeat_timeout: Duration,
+
+    /// How long the leader waits for every worker to join, and a worker
+    /// for the leader to answer.
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    pub join_timeout: Duration,
+
+    /// What the leader does when a worker is lost: `continue` with the
+    /// others (the loss is recorded with the stage), or `abort` the run (exit 1).
+    #[arg(long, value_enum, default_value_t = WorkerLoss::Continue)]
+    pub on_worker_loss: WorkerLoss,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkerLoss {
+    Continue,
+    Abort,
+}
+
+impl FleetArgs {
+    /// Whether this run is one of several workers.
+    pub fn active(&self) -> bool {
+        self.workers > 1
+    }
+}
+
+fn build() -> String {
+    build_id(super::VERSION)
+}
+
+/// Runs this process's part of a fleet run.
+pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
+    let fleet = &args.fleet;
+    let Some(index) = fleet.worker_index else {
+        bail!(
+            "--workers {} needs --worker-index I (0 leads), or $JOB_COMPLETION_INDEX as a \
+             Kubernetes Indexed Job sets it",
+            fleet.workers
+        );
+    };
+    if index >= fleet.workers {
+        bail!(
+            "--worker-index {index} is out of range: --workers {} counts 0..{}",
+            fleet.workers,
+            fleet.workers - 1
+        );
+    }
+    let Some(dir) = args.output_dir.clone() else {
+        bail!(
+            "--workers needs --output-dir DIR: each worker keeps its records in DIR/worker-I \
+             and the leader writes the merged results in DIR"
+        );
+    };
+    if index == 0 {
+        lead(&args, &dir, ui).await
+    } else {
+        follow(&args, index, &dir, ui).await
+    }
+}
+
+async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
+    let fleet = &args.fleet;
+    let (scenario, source) = load_scenario(args)?;
+    // A stage that cannot be divided is refused before anyone waits.
+    for i in 0..fleet.workers {
+        scenario_share(&scenario, fleet.workers, i)?;
+    }
+    let mut options = args.client.to_options()?;
+    let signals = SignalArgs {
+        ca_certs: options
+            .client
+            .ca_certs
+            .iter()
+            .map(|c| c.as_ref().to_vec())
+            .collect(),
+        ..(*args.signals).clone()
+    };
+    let check = CongestionCheck::prepare(&scenario, &signals, &args.policy).await?;
+    nyann_load::raise_fd_limit();
+    let leader = Leader::bind(
+        fleet.coordinator_listen,
+        LeaderConfig {
+            workers: fleet.workers,
+            heartbeat_timeout: fleet.heartbeat_timeout,
+            join_timeout: fleet.join_timeout,
+            on_loss: match fleet.on_worker_loss {
+                WorkerLoss::Continue => OnWorkerLoss::Continue,
+                WorkerLoss::Abort => OnWorkerLoss::Abort,
+            },
+            build: build(),
+            output_dir: dir.to_path_buf(),
+        },
+    )
+    .await?;
+    if let Some(addr) = leader.local_addr() {
+        // A fixed line (not a log line): scripts and tests read the port from it.
+        eprintln!("coordinator listening on {addr}");
+    }
+    let _signals =
+        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let seed = options.seed;
+    tracing::info!(
+        "seed {seed}; waiting for {} worker(s) to join",
+        fleet.workers - 1
+    );
+    let gathered = leader
+        .gather(
+            &scenario,
+            seed,
+            check,
+            options.interrupt.clone(),
+            options.interrupt_now.clone(),
+        )
+        .await;
+    let mut gate = match gathered {
+        Ok(gate) => gate,
+        Err(nyann_fleet::FleetError::Interrupted) => {
+            eprintln!("interrupted before any load was sent");
+            return Ok(ExitCode::from(130));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let own_dir = dir.join("worker-0");
+    options.output_dir = Some(own_dir.clone());
+    options.seed = worker_seed(seed, 0);
+    options.first_id = first_id(0);
+    let grace = options.grace + options.drain_timeout;
+    let share = scenario_share(&scenario, fleet.workers, 0)?;
+    let result = nyann_load::run(&share, options, &mut gate).await;
+    let result = match result {
+        Ok(result) => result,
+        Err(nyann_load::RunError::Interrupted) => {
+            eprintln!("interrupted before any load was sent");
+            return Ok(ExitCode::from(130));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    // The workers end their last stage as the leader does; their uploads
+    // may take the drain and grace times and a transfer.
+    let waited = gate
+        .finish(
+            result,
+            Some(own_dir.join("requests.jsonl")),
+            grace + Duration::from_secs(60),
+        )
+        .await;
+    let merged = nyann_fleet::merge::write(&waited, &scenario, dir)
+        .with_context(|| format!("writing the fleet's results to {}", dir.display()))?;
+    for worker in &waited.missing {
+        eprintln!(
+            "worker {worker}: its records did not arrive; they are in its own --output-dir (worker-{worker}/)"
+        );
+    }
+    for lost in &waited.lost {
+        eprintln!(
+            "worker {} was lost in step {}: {}",
+            lost.worker, lost.step, lost.reason
+        );
+    }
+    save_report(dir, &merged, &scenario, source.as_deref());
+    report_result(&merged, Some(dir), ui)?;
+    Ok(ExitCode::from(exit_code(&merged)))
+}
+
+async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
+    let fleet = &args.fleet;
+    let Some(coordinator) = fleet.coordinator.clone() else {
+        bail!(
+            "worker {index} needs --coordinator HOST:PORT: the leader's (worker 0's) \
+             coordination endpoint, e.g. nyann-bench-0.nyann-bench:7300"
+        );
+    };
+    // A worker needs no scenario; given one, it must be the leader's.
+    let digest = match &args.config {
+        Some(_) => Some(scenario_digest(&load_scenario(args)?.0)),
+        None => None,
+    };
+    let mut options = args.client.to_options()?;
+    let joined = nyann_fleet::join(&WorkerConfig {
+        coordinator,
+        index,
+        workers: fleet.workers,
+        heartbeat_timeout: fleet.heartbeat_timeout,
+        join_timeout: fleet.join_timeout,
+        build: build(),
+        scenario_digest: digest,
+    })
+    .await?;
+    tracing::info!("worker {index}: joined; seed {}", joined.assignment.seed);
+    nyann_load::raise_fd_limit();
+    let own_dir: PathBuf = dir.join(format!("worker-{index}"));
+    options.output_dir = Some(own_dir.clone());
+    options.seed = joined.assignment.seed;
+    options.first_id = joined.assignment.first_id;
+    let _signals =
+        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let scenario = joined.assignment.scenario.clone();
+    let mut gate = joined.start(options.interrupt.clone(), options.interrupt_now.clone());
+    let result = nyann_load::run(&scenario, options, &mut gate).await;
+    let lost = gate.leader_lost();
+    let aborted = gate.aborted();
+    let result = match result {
+        Ok(result) => result,
+        Err(nyann_load::RunError::Interrupted) => {
+            eprintln!("interrupted before any load was sent");
+            return Ok(ExitCode::from(if lost.is_some() { 1 } else { 130 }));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    report_result(&result, Some(&own_dir), ui)?;
+    let records = own_dir.join("requests.jsonl");
+    if let Err(err) = gate
+        .upload(&result, Some(&records), Duration::from_secs(120))
+        .await
+    {
+        eprintln!(
+            "worker {index}: the records were not uploaded to the leader ({err}); they are in {}",
+            own_dir.display()
+        );
+    }
+    if let Some(reason) = lost {
+        eprintln!(
+            "worker {index}: leader lost ({reason}); records kept in {}",
+            own_dir.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    if aborted.is_some() {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// The stage table and outcome on stderr, the summary on stdout.
+fn report_result(result: &RunResult, dir: Option<&Path>, ui: Ui) -> anyhow::Result<()> {
+    if !ui.quiet {
+        eprint!("{}", report::stage_table(result));
+    }
+    eprintln!("{}", report::outcome_line(result));
+    if let (false, Some(dir)) = (ui.quiet, dir) {
+        eprintln!("results: {}", dir.display());
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(result).context("encoding the summary")?
+    );
+    Ok(())
+}
