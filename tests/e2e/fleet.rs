@@ -399,3 +399,72 @@ async fn ctrl_c_on_the_leader_stops_every_worker_with_130() {
         "interrupted"
     );
 }
+
+/// `kube render` prints a List whose ConfigMap carries the compiled
+/// scenario and whose Job runs N indexed pods; when `kubernetes-validate`
+/// (PyPI; offline schemas) is installed, on PATH or named by
+/// $KUBERNETES_VALIDATE, every object passes its strict validation.
+#[tokio::test]
+async fn kube_render_carries_the_scenario_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sweep.star");
+    std::fs::write(&config, sweep(&[4, 8, 16, 32], r#"kv_cache_usage=0.9"#)).unwrap();
+    let out = nyann_bench()
+        .args(["kube", "render", "--config"])
+        .arg(&config)
+        .args(["--workers", "4", "--image", "example.org/nyann-bench:1", "--namespace", "bench"])
+        .args(["--cpu", "2", "--memory", "2Gi", "--", "--target", "http://vllm:8000/v1"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items = list["items"].as_array().unwrap();
+    let kinds: Vec<&str> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["ConfigMap", "Service", "Job"]);
+    let ir: Value = serde_json::from_str(items[0]["data"]["scenario.json"].as_str().unwrap()).unwrap();
+    let levels: Vec<u64> = ir["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"]["concurrency"].as_u64().unwrap())
+        .collect();
+    assert_eq!(levels, [4, 8, 16, 32]);
+    let job = &items[2]["spec"];
+    assert_eq!(job["completionMode"], "Indexed");
+    assert_eq!((job["completions"].as_u64(), job["parallelism"].as_u64()), (Some(4), Some(4)));
+    let args = job["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains(r#""--target","http://vllm:8000/v1""#), "{args}");
+
+    // A stage too small for the workers is refused before anything is printed.
+    let small = dir.path().join("small.star");
+    std::fs::write(&small, "scenario(workload=workload(\"synthetic\", isl=32, osl=16), stages=[stage(\"1s\", concurrency=2)])\n").unwrap();
+    let refused = nyann_bench()
+        .args(["kube", "render", "--config"])
+        .arg(&small)
+        .args(["--workers", "3", "--image", "x"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(refused.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("concurrency 2 cannot be divided between 3 workers"));
+
+    let validator = std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".into());
+    let mut files = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let file = dir.path().join(format!("item{i}.json"));
+        std::fs::write(&file, item.to_string()).unwrap();
+        files.push(file);
+    }
+    match std::process::Command::new(&validator).arg("--strict").args(&files).output() {
+        Ok(checked) => assert!(
+            checked.status.success(),
+            "{validator}: {}{}",
+            String::from_utf8_lossy(&checked.stdout),
+            String::from_utf8_lossy(&checked.stderr)
+        ),
+        Err(_) => eprintln!("{validator} is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"),
+    }
+}

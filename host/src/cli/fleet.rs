@@ -146,6 +146,9 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     }
     let _signals =
         nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    if let Some(check) = &check {
+        check.start();
+    }
     let seed = options.seed;
     tracing::info!(
         "seed {seed}; waiting for {} worker(s) to join",
