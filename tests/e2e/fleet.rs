@@ -412,8 +412,23 @@ async fn kube_render_carries_the_scenario_and_validates() {
     let out = nyann_bench()
         .args(["kube", "render", "--config"])
         .arg(&config)
-        .args(["--workers", "4", "--image", "example.org/nyann-bench:1", "--namespace", "bench"])
-        .args(["--cpu", "2", "--memory", "2Gi", "--", "--target", "http://vllm:8000/v1"])
+        .args([
+            "--workers",
+            "4",
+            "--image",
+            "example.org/nyann-bench:1",
+            "--namespace",
+            "bench",
+        ])
+        .args([
+            "--cpu",
+            "2",
+            "--memory",
+            "2Gi",
+            "--",
+            "--target",
+            "http://vllm:8000/v1",
+        ])
         .output()
         .await
         .unwrap();
@@ -423,7 +438,8 @@ async fn kube_render_carries_the_scenario_and_validates() {
     let items = list["items"].as_array().unwrap();
     let kinds: Vec<&str> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["ConfigMap", "Service", "Job"]);
-    let ir: Value = serde_json::from_str(items[0]["data"]["scenario.json"].as_str().unwrap()).unwrap();
+    let ir: Value =
+        serde_json::from_str(items[0]["data"]["scenario.json"].as_str().unwrap()).unwrap();
     let levels: Vec<u64> = ir["steps"]
         .as_array()
         .unwrap()
@@ -433,9 +449,15 @@ async fn kube_render_carries_the_scenario_and_validates() {
     assert_eq!(levels, [4, 8, 16, 32]);
     let job = &items[2]["spec"];
     assert_eq!(job["completionMode"], "Indexed");
-    assert_eq!((job["completions"].as_u64(), job["parallelism"].as_u64()), (Some(4), Some(4)));
+    assert_eq!(
+        (job["completions"].as_u64(), job["parallelism"].as_u64()),
+        (Some(4), Some(4))
+    );
     let args = job["template"]["spec"]["containers"][0]["args"].to_string();
-    assert!(args.contains(r#""--target","http://vllm:8000/v1""#), "{args}");
+    assert!(
+        args.contains(r#""--target","http://vllm:8000/v1""#),
+        "{args}"
+    );
 
     // A stage too small for the workers is refused before anything is printed.
     let small = dir.path().join("small.star");
@@ -449,22 +471,32 @@ async fn kube_render_carries_the_scenario_and_validates() {
         .unwrap();
     assert_eq!(refused.status.code(), Some(1));
     assert!(refused.stdout.is_empty());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("concurrency 2 cannot be divided between 3 workers"));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("concurrency 2 cannot be divided between 3 workers")
+    );
 
-    let validator = std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".into());
+    let validator =
+        std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".into());
     let mut files = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let file = dir.path().join(format!("item{i}.json"));
         std::fs::write(&file, item.to_string()).unwrap();
         files.push(file);
     }
-    match std::process::Command::new(&validator).arg("--strict").args(&files).output() {
+    match std::process::Command::new(&validator)
+        .arg("--strict")
+        .args(&files)
+        .output()
+    {
         Ok(checked) => assert!(
             checked.status.success(),
             "{validator}: {}{}",
             String::from_utf8_lossy(&checked.stdout),
             String::from_utf8_lossy(&checked.stderr)
         ),
-        Err(_) => eprintln!("{validator} is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"),
+        Err(_) => eprintln!(
+            "{validator} is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"
+        ),
     }
 }

@@ -101,7 +101,9 @@ pub fn write(fleet: &FleetRun, scenario: &Scenario, dir: &Path) -> std::io::Resu
     let mut totals = StageAccumulator::new();
     let mut measured_seconds = 0.0;
     for stage in &mut result.stages {
+        // The fleet's level, not worker 0's share.
         if let Some(Step::Stage(s)) = scenario.steps.get(stage.index) {
+            stage.label = s.label(stage.index);
             stage.concurrency = s.concurrency;
             stage.rate = s.rate;
         }

@@ -29,7 +29,10 @@ pub fn build_id(release: &str) -> String {
 const MAX_LINE: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+// Externally tagged: an internally tagged enum buffers its fields, and
+// buffered floats do not deserialize with serde_json's `arbitrary_precision`
+// (which the Starlark crate turns on).
+#[serde(rename_all = "snake_case")]
 pub enum ToLeader {
     Join {
         build: String,
@@ -58,7 +61,10 @@ pub enum ToLeader {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+// Externally tagged: an internally tagged enum buffers its fields, and
+// buffered floats do not deserialize with serde_json's `arbitrary_precision`
+// (which the Starlark crate turns on).
+#[serde(rename_all = "snake_case")]
 pub enum ToWorker {
     Welcome {
         scenario: Box<Scenario>,
