@@ -240,8 +240,7 @@ async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
     }
     assert_eq!(per_worker.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(summary["requests_recorded"], records.len());
-    for index in 0..3 {
-        let stage = &stages[index];
+    for (index, stage) in stages.iter().enumerate().take(3) {
         assert_eq!(stage["status"], "measured");
         let in_records = records
             .iter()
