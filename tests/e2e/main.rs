@@ -7,5 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
+mod policy;
 mod support;
 mod sweep;

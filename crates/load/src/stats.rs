@@ -142,6 +142,11 @@ impl StageAccumulator {
             itl_p99_seconds: quantile(&self.itl, 0.99),
             e2e_p50_seconds: quantile(&self.e2e, 0.5),
             e2e_p99_seconds: quantile(&self.e2e, 0.99),
+            dropped: self.dropped,
+            // Not told apart yet: the runner records no rejected or late
+            // requests (a 429 counts as failed).
+            rejected: 0,
+            late: 0,
         };
         let detail = StageDetail {
             sent: self.ok + self.failed + self.cancelled,

@@ -11,7 +11,7 @@ pub mod observation;
 pub mod scenario;
 
 pub use observation::{
-    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Verdict,
+    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, SweepRef, Verdict,
 };
 pub use scenario::{
     CacheSalt, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition, Value, Workload,

@@ -269,6 +269,8 @@ mod tests {
                 origin: "builtin".into(),
             },
             mode: PolicyMode::Enforce,
+            sweep: Default::default(),
+            params: Vec::new(),
             roles: vec![role("prefill", 40.0, 0.5), role("decode", 2.0, 0.98)],
             signal_errors: vec!["decode: preemptions: timeout".into()],
             verdict: Some(Verdict {
