@@ -73,8 +73,8 @@ pub struct JudgedStage {
     pub recorded: Result<Verdict, String>,
     /// The mode the run judged in (a monitor run never stopped).
     pub mode: PolicyMode,
-    /// `name version` of the policy that judged during the run.
-    pub policy: String,
+    /// The policy that judged during the run: name and version.
+    pub policy: (String, String),
 }
 
 /// The judged stages of a results directory, in order.
@@ -161,7 +161,7 @@ fn judged(stage: RecordedStage) -> Option<JudgedStage> {
         params: record.params,
         recorded,
         mode: record.mode,
-        policy: format!("{} {}", record.policy.name, record.policy.version),
+        policy: (record.policy.name, record.policy.version),
     })
 }
 
@@ -208,7 +208,9 @@ impl Outcome {
 
 /// Judge every stage of `run` with `policy`, in order, each with the
 /// history of its sweep as it was. `overrides` replace or add parameters to
-/// the recorded ones.
+/// the recorded ones; the recorded ones are only used when `policy` has the
+/// name of the policy that recorded them (another policy has other
+/// parameters: it gets `overrides` alone).
 pub fn replay(
     run: &RecordedRun,
     policy: &Policy,
@@ -217,7 +219,12 @@ pub fn replay(
     let mut checked: Vec<(Vec<Param>, Vec<Param>)> = Vec::new();
     let mut out = Vec::with_capacity(run.stages.len());
     for (i, stage) in run.stages.iter().enumerate() {
-        let given = with_overrides(&stage.params, overrides);
+        let recorded: &[Param] = if stage.policy.0 == policy.name() {
+            &stage.params
+        } else {
+            &[]
+        };
+        let given = with_overrides(recorded, overrides);
         let params = match checked.iter().find(|(g, _)| *g == given) {
             Some((_, params)) => params.clone(),
             None => {
@@ -227,7 +234,12 @@ pub fn replay(
                     param_locations: Vec::new(),
                 };
                 let params = policy.check_params(&stop).with_context(|| {
-                    let recorded = if stage.params.is_empty() {
+                    let recorded = if stage.policy.0 != policy.name() {
+                        format!(
+                            "the run was judged by policy {}, whose parameters do not apply",
+                            stage.policy.0
+                        )
+                    } else if stage.params.is_empty() {
                         "the run did not record its until_congested(...) parameters (it was \
                          written by an older nyann-bench)"
                             .to_string()

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use nyann_load::{FinishedStage, HookOutcome, StageHook};
 use nyann_model::{
     Param, RoleSignals, Scenario, StageObservation, Step, StopCondition, SweepRef, Verdict,
@@ -247,9 +247,8 @@ impl CongestionCheck {
                  or --scrape [ROLE=]URL to sample the servers' /metrics directly"
             );
         };
-        let policy = policy_args
-            .load()
-            .with_context(|| format!("loading policy {}", policy_args.policy))?;
+        // Its errors name the policy already ("cannot load policy X: ...").
+        let policy = policy_args.load()?;
         let checked = check_stop_conditions(scenario, &policy)
             .map_err(|errors| anyhow::anyhow!("{}", errors.join("\n")))?;
         let stops = stops

@@ -37,10 +37,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     if let Some(policy) = &args.policy {
-        let policy = args
-            .sandbox
-            .load(policy)
-            .with_context(|| format!("loading policy {policy}"))?;
+        let policy = args.sandbox.load(policy)?;
         let calls = scenario
             .steps
             .iter()

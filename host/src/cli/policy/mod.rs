@@ -424,10 +424,10 @@ async fn check_fixture(policy: &Policy, params: &[Param], dir: &Path) -> anyhow:
     let mut mismatches = 0;
     for stage in &replayed {
         let want = match &expected {
-            Some(list) => match list.iter().find(|e| e.stage == stage.stage) {
-                Some(e) => Some(e.congested),
-                None => None,
-            },
+            Some(list) => list
+                .iter()
+                .find(|e| e.stage == stage.stage)
+                .map(|e| e.congested),
             None => match &stage.recorded {
                 Outcome::Verdict(v) => Some(v.congested),
                 Outcome::Error(_) => None,
@@ -513,29 +513,28 @@ async fn replay(
         return Ok(ExitCode::SUCCESS);
     }
     let first = &run.stages[0];
+    let (recorded_name, recorded_version) = &first.policy;
     println!(
-        "replaying {} ({} judged stages, recorded with policy {}) with policy {} {}",
+        "replaying {} ({} judged stages, recorded with policy {recorded_name} \
+         {recorded_version}) with policy {} {}",
         dir.display(),
         run.stages.len(),
-        first.policy,
         policy.name(),
         policy.info().version
     );
-    if !first.params.is_empty() || !params.is_empty() {
-        println!(
-            "parameters: recorded {}{}",
-            if first.params.is_empty() {
-                "none".to_string()
-            } else {
-                show_params(&first.params)
-            },
-            if params.is_empty() {
-                String::new()
-            } else {
-                format!("; replaced or added: {}", show_params(params))
-            }
-        );
-    }
+    let recorded = if recorded_name != policy.name() {
+        "not used (they are another policy's)".to_string()
+    } else if first.params.is_empty() {
+        "none".to_string()
+    } else {
+        show_params(&first.params)
+    };
+    let given = if params.is_empty() {
+        String::new()
+    } else {
+        format!("; given: {}", show_params(params))
+    };
+    println!("parameters: recorded {recorded}{given}");
     let width = replayed
         .iter()
         .map(|s| s.name.len())
