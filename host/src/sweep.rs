@@ -11,9 +11,9 @@
 //! [`CongestionCheck::prepare`] before any request is sent.
 //!
 //! Failures never stop a sweep by themselves unless asked to: a failed
-//! signal query reads as zero and is recorded with the stage (SEED.md's
-//! fail-open rule); a failed policy call is recorded and, by default, the
-//! sweep goes on (`--on-policy-error stop` changes that).
+//! signal query reads as zero and is recorded with the stage (fail-open);
+//! a failed policy call is recorded and, by default, the sweep goes on
+//! (`--on-policy-error stop` changes that).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -195,59 +195,50 @@ async fn replay_reproduces_a_recorded_sweep_and_moves_the_stop_with_the_threshol
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_parameters_are_checked_against_a_policy_without_a_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad.star");
-    std::fs::write(&bad, sweep(&[4, 8], r#"waiting_requests_p50=8, ttft="1s""#)).unwrap();
+/// `nyann-bench scenario --policy builtin` on a scenario sweeping `levels`
+/// with `params`: the exit code, stdout and stderr.
+async fn scenario_check(dir: &Path, levels: &[u32], params: &str) -> (Option<i32>, String, String) {
+    let file = dir.join("s.star");
+    std::fs::write(&file, sweep(levels, params)).unwrap();
     let out = nyann_bench()
         .args(["scenario", "--policy", "builtin"])
-        .arg(&bad)
+        .arg(&file)
         .output()
         .await
         .unwrap();
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_parameters_are_checked_against_a_policy_without_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) =
+        scenario_check(dir.path(), &[4, 8], r#"waiting_requests_p50=8, ttft="1s""#).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    let file = dir.path().join("s.star");
     assert!(
         stderr.contains(&format!(
             "{}:5:33: until_congested(...): unknown parameter `ttft`",
-            bad.display()
+            file.display()
         )),
         "{stderr}"
     );
     // The policy's own validate() messages point at their keyword too.
-    std::fs::write(
-        &bad,
-        sweep(&[4], r#"ttft_p99="1s", waiting_requests_p50=0"#),
-    )
-    .unwrap();
-    let out = nyann_bench()
-        .args(["scenario", "--policy", "builtin"])
-        .arg(&bad)
-        .output()
-        .await
-        .unwrap();
-    let stderr = text(&out.stderr);
+    let (code, _, stderr) =
+        scenario_check(dir.path(), &[4], r#"ttft_p99="1s", waiting_requests_p50=0"#).await;
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(":5:24: until_congested(...): waiting_requests_p50 must be > 0"),
         "{stderr}"
     );
 
-    let good = dir.path().join("good.star");
-    std::fs::write(&good, sweep(&[4, 8], STOPS_AT_16)).unwrap();
-    let out = nyann_bench()
-        .args(["scenario", "--policy", "builtin"])
-        .arg(&good)
-        .output()
-        .await
-        .unwrap();
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (code, stdout, stderr) = scenario_check(dir.path(), &[4, 8], STOPS_AT_16).await;
+    assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stderr
             .contains("policy builtin: the parameters of 1 until_congested(...) call(s) are valid"),
         "{stderr}"
     );
-    let ir: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ir: Value = serde_json::from_str(&stdout).unwrap();
     assert!(ir["steps"].is_array());
 }

@@ -11,33 +11,15 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args
+    let result = match args
         .iter()
         .map(String::as_str)
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["builtin"] => match regenerate_builtin() {
-            Ok(message) => {
-                println!("{message}");
-                ExitCode::SUCCESS
-            }
-            Err(message) => {
-                eprintln!("error: {message}");
-                ExitCode::FAILURE
-            }
-        },
+        ["builtin"] => regenerate_builtin(),
         ["assemble", out, line, memories, grow_mib, filler_mib] => {
-            match assemble(out, line, memories, grow_mib, filler_mib) {
-                Ok(message) => {
-                    println!("{message}");
-                    ExitCode::SUCCESS
-                }
-                Err(message) => {
-                    eprintln!("error: {message}");
-                    ExitCode::FAILURE
-                }
-            }
+            assemble(out, line, memories, grow_mib, filler_mib)
         }
         _ => {
             eprintln!(
@@ -46,7 +28,17 @@ fn main() -> ExitCode {
                  writes an assembled policy component (for bench/policy-sandbox.sh)",
                 nyann_guests::BUILTIN_COMMITTED
             );
-            ExitCode::from(2)
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -65,10 +65,6 @@ use versions::Pre;
 /// matches its source).
 pub const BUILTIN_WASM: &[u8] = include_bytes!("../../../policies/builtin/builtin.wasm");
 
-/// The WIT contract new policies implement (`wit/0.2/policy.wit`), for
-/// `nyann-bench policy wit`. Older lines: [`Interface::wit`].
-pub const WIT: &str = include_str!("../../../wit/0.2/policy.wit");
-
 /// The name `load_builtin` policies report as their origin.
 pub const BUILTIN: &str = "builtin";
 

@@ -167,16 +167,11 @@ fn compare(resolve: &Resolve, want: &Wit, got: &Type) -> Result<(), String> {
         }
         (TypeDefKind::Variant(variant), Type::Variant(g)) => {
             let cases: Vec<_> = g.cases().collect();
-            let want: Vec<&str> = variant.cases.iter().map(|c| c.name.as_str()).collect();
-            let have: Vec<&str> = cases.iter().map(|c| c.name).collect();
-            if want != have {
-                return Err(format!(
-                    "{}: expected cases ({}), found ({})",
-                    named("variant"),
-                    want.join(", "),
-                    have.join(", ")
-                ));
-            }
+            same_names(
+                &named("variant"),
+                variant.cases.iter().map(|c| c.name.as_str()),
+                cases.iter().map(|c| c.name),
+            )?;
             for (case, got) in variant.cases.iter().zip(&cases) {
                 let context =
                     |e: String| format!("{} case `{}` → {e}", named("variant"), case.name);
@@ -188,34 +183,16 @@ fn compare(resolve: &Resolve, want: &Wit, got: &Type) -> Result<(), String> {
             }
             Ok(())
         }
-        (TypeDefKind::Enum(e), Type::Enum(g)) => {
-            let want: Vec<&str> = e.cases.iter().map(|c| c.name.as_str()).collect();
-            let have: Vec<&str> = g.names().collect();
-            if want == have {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{}: expected cases ({}), found ({})",
-                    named("enum"),
-                    want.join(", "),
-                    have.join(", ")
-                ))
-            }
-        }
-        (TypeDefKind::Flags(f), Type::Flags(g)) => {
-            let want: Vec<&str> = f.flags.iter().map(|c| c.name.as_str()).collect();
-            let have: Vec<&str> = g.names().collect();
-            if want == have {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{}: expected ({}), found ({})",
-                    named("flags"),
-                    want.join(", "),
-                    have.join(", ")
-                ))
-            }
-        }
+        (TypeDefKind::Enum(e), Type::Enum(g)) => same_names(
+            &named("enum"),
+            e.cases.iter().map(|c| c.name.as_str()),
+            g.names(),
+        ),
+        (TypeDefKind::Flags(f), Type::Flags(g)) => same_names(
+            &named("flags"),
+            f.flags.iter().map(|c| c.name.as_str()),
+            g.names(),
+        ),
         (TypeDefKind::List(element), Type::List(g)) => compare(resolve, element, &g.ty())
             .map_err(|e| format!("{} element → {e}", named("list"))),
         (TypeDefKind::Option(inner), Type::Option(g)) => {
@@ -253,6 +230,24 @@ fn compare(resolve: &Resolve, want: &Wit, got: &Type) -> Result<(), String> {
         // Resources, handles, maps, futures and streams: the policy WIT
         // uses none of them.
         _ => wrong("type"),
+    }
+}
+
+/// The cases of a variant or enum, or the flags, in the same order.
+fn same_names<'a>(
+    what: &str,
+    want: impl Iterator<Item = &'a str>,
+    have: impl Iterator<Item = &'a str>,
+) -> Result<(), String> {
+    let (want, have): (Vec<&str>, Vec<&str>) = (want.collect(), have.collect());
+    if want == have {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: expected cases ({}), found ({})",
+            want.join(", "),
+            have.join(", ")
+        ))
     }
 }
 
