@@ -1,19 +1,19 @@
 //! Policy components assembled without a compiler, for the hostile tests
-//! whose misbehaviour Rust cannot express: several linear memories grown
-//! in `judge`, an enormous amount of code, or a component of the right
-//! interface version whose types differ from the real WIT.
+//! whose misbehaviour Rust cannot express: several linear memories or a
+//! table grown in `judge`, an enormous amount of code, or a component of
+//! the right interface version whose types differ from the real WIT.
 //!
 //! The core module is encoded here, instruction by instruction; then
 //! `wit-component` makes it a component for the given WIT, exactly as
 //! `wasm-tools component new` would. The policy itself is minimal:
 //! `describe` returns a fixed `policy-info` (name `assembled`, no
 //! parameters), `validate` accepts everything, and `judge` grows the extra
-//! memories, then answers "not congested".
+//! memories and the table, then answers "not congested".
 
 use wasm_encoder::{
     BlockType, CodeSection, ConstExpr, DataSection, ExportKind, ExportSection, Function,
-    FunctionSection, GlobalSection, GlobalType, MemArg, MemorySection, MemoryType, Module,
-    TypeSection, ValType,
+    FunctionSection, GlobalSection, GlobalType, HeapType, MemArg, MemorySection, MemoryType,
+    Module, RefType, TableSection, TableType, TypeSection, ValType,
 };
 use wit_component::{ComponentEncoder, StringEncoding};
 use wit_parser::Resolve;
@@ -26,6 +26,8 @@ pub struct Assembled {
     /// Pages (64 KiB) `judge` grows each extra memory by, and fills (at
     /// most 32767).
     pub judge_grows_pages: u32,
+    /// Elements `judge` grows a function table by (none: no table).
+    pub judge_grows_table: u32,
     /// Bytes of code never called, to make the component large and slow to
     /// compile (rounded to whole 4 KiB functions).
     pub filler_bytes: usize,
@@ -91,6 +93,17 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
         });
     }
 
+    let mut tables = TableSection::new();
+    if spec.judge_grows_table > 0 {
+        tables.table(TableType {
+            element_type: RefType::FUNCREF,
+            table64: false,
+            minimum: 0,
+            maximum: None,
+            shared: false,
+        });
+    }
+
     let mut globals = GlobalSection::new();
     globals.global(
         GlobalType {
@@ -125,6 +138,7 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     module
         .section(&types)
         .section(&functions)
+        .section(&tables)
         .section(&memories)
         .section(&globals)
         .section(&exports)
@@ -187,8 +201,8 @@ fn returns(pointer: i32) -> Function {
 }
 
 /// `judge`: grow every extra memory and write to all of the new bytes (so
-/// that they are really used, not just reserved), then answer "not
-/// congested".
+/// that they are really used, not just reserved), grow the table, then
+/// answer "not congested".
 fn judge(spec: &Assembled) -> Function {
     let mut f = Function::new([]);
     let mut sink = f.instructions();
@@ -203,6 +217,18 @@ fn judge(spec: &Assembled) -> Function {
             .i32_const(1)
             .i32_const(pages << 16)
             .memory_fill(memory);
+    }
+    if spec.judge_grows_table > 0 {
+        // table.grow returns -1 when refused: trap then.
+        let elements = i32::try_from(spec.judge_grows_table).unwrap_or(i32::MAX);
+        sink.ref_null(HeapType::FUNC)
+            .i32_const(elements)
+            .table_grow(0)
+            .i32_const(-1)
+            .i32_eq()
+            .if_(BlockType::Empty)
+            .unreachable()
+            .end();
     }
     sink.i32_const(ZERO_AREA).end();
     f

@@ -219,6 +219,50 @@ async fn the_memory_cap_covers_all_memories_together() {
     assert!(!policy.judge(&[], &stage(6), &[]).await.unwrap().congested);
 }
 
+/// Table elements count against the same cap as memory: 40 MiB of memory
+/// and 32 MiB of table pass one by one, not together.
+#[tokio::test]
+async fn tables_and_memories_share_the_cap() {
+    let judge = |spec: Assembled| async move {
+        let component = common::assembled("0.2", &spec, str::to_string);
+        let policy = common::host().load_bytes("t.wasm", &component).unwrap();
+        policy.judge(&[], &stage(8), &[]).await
+    };
+    let memory = Assembled {
+        extra_memories: 1,
+        judge_grows_pages: 40 * 16,
+        ..Assembled::default()
+    };
+    let table = Assembled {
+        judge_grows_table: 4 << 20,
+        ..Assembled::default()
+    };
+    assert!(!judge(memory.clone()).await.unwrap().congested);
+    assert!(!judge(table.clone()).await.unwrap().congested);
+    let both = Assembled {
+        judge_grows_table: table.judge_grows_table,
+        ..memory
+    };
+    let err = judge(both).await.unwrap_err();
+    assert_eq!(
+        err.failure(),
+        Some(&CallFailure::MemoryCap(64 << 20)),
+        "{err}"
+    );
+    // A table alone past the cap (128 MiB of elements).
+    let err = judge(Assembled {
+        judge_grows_table: 16 << 20,
+        ..Assembled::default()
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.failure(),
+        Some(&CallFailure::MemoryCap(64 << 20)),
+        "{err}"
+    );
+}
+
 #[test]
 fn many_memories_are_refused_at_load() {
     let spec = Assembled {
@@ -361,8 +405,9 @@ fn a_component_of_another_shape_is_refused_at_load() {
          record `policy-info`: expected 4 fields (name, version, summary, params), found 5 \
          (name, version, summary, params, license)"
     );
-    let missing_count =
-        common::assembled("0.2", &spec, |wit| wit.replace("        late: u64,\n", ""));
+    let missing_count = common::assembled("0.2", &spec, |wit| {
+        wit.replace("        requests-late: u64,\n", "")
+    });
     let err = load_err(&missing_count);
     assert!(
         err.starts_with(
