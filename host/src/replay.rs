@@ -362,7 +362,8 @@ mod tests {
                   "output_tokens_per_second": 900.0, "ttft_p50_seconds": 0.02,
                   "ttft_p99_seconds": 0.05, "itl_p50_seconds": 0.01, "itl_p99_seconds": 0.02,
                   "e2e_p50_seconds": 0.3, "e2e_p99_seconds": 0.4, "dropped": 2,
-                  "rejected": 5, "late": 1, "rejected_per_second": 1.6},
+                  "requests_rejected": 5, "requests_late": 1,
+                  "rejected_per_second": 1.6},
        "detail": {"dropped": 2, "client_lag_p99_seconds": 0.001},
        "annotation": {"congestion": {
           "policy": {"name": "builtin", "version": "0.2.0", "origin": "builtin"},
@@ -400,7 +401,7 @@ mod tests {
         assert_eq!(after.stages.len(), 1);
         let (old, new) = (&before.stages[0], &after.stages[0]);
         assert_eq!(old.observation.client.dropped, 2, "from the detail");
-        assert_eq!(new.observation.client.rejected, 5);
+        assert_eq!(new.observation.client.requests_rejected, 5);
         assert_eq!(old.observation.roles, new.observation.roles);
         assert_eq!(old.recorded, new.recorded);
         assert_eq!(old.observation.sweep.index, 0);

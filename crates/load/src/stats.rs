@@ -145,8 +145,8 @@ impl StageAccumulator {
             dropped: self.dropped,
             // Not told apart yet: the runner records no rejected or late
             // requests (a 429 counts as failed).
-            rejected: 0,
-            late: 0,
+            requests_rejected: 0,
+            requests_late: 0,
         };
         let detail = StageDetail {
             sent: self.ok + self.failed + self.cancelled,

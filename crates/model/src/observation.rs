@@ -53,9 +53,9 @@ pub struct ClientStats {
     pub dropped: u64,
     /// Requests the server refused because it was busy (429, 503 with
     /// Retry-After); not counted in `requests_failed`.
-    pub rejected: u64,
+    pub requests_rejected: u64,
     /// Requests still in flight when the stage's drain time ran out.
-    pub late: u64,
+    pub requests_late: u64,
 }
 
 /// Which sweep a stage belongs to: one `until_congested(...)` list.

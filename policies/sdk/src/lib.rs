@@ -331,8 +331,8 @@ impl Default for ClientStats {
             e2e_p50_seconds: 0.0,
             e2e_p99_seconds: 0.0,
             dropped: 0,
-            rejected: 0,
-            late: 0,
+            requests_rejected: 0,
+            requests_late: 0,
         }
     }
 }

@@ -59,8 +59,8 @@ fn client_to_wit(c: &ClientStats) -> wit::ClientStats {
         e2e_p50_seconds: c.e2e_p50_seconds,
         e2e_p99_seconds: c.e2e_p99_seconds,
         dropped: c.dropped,
-        rejected: c.rejected,
-        late: c.late,
+        requests_rejected: c.requests_rejected,
+        requests_late: c.requests_late,
     }
 }
 

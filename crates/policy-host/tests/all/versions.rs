@@ -25,8 +25,8 @@ fn stage(index: u32, failed: u64) -> StageObservation {
             requests_ok: 100,
             requests_failed: failed,
             dropped: 7,
-            rejected: 3,
-            late: 1,
+            requests_rejected: 3,
+            requests_late: 1,
             ..ClientStats::default()
         },
         ..StageObservation::default()
