@@ -88,6 +88,13 @@ impl RecordedRun {
     pub fn read(dir: &Path) -> anyhow::Result<RecordedRun> {
         let stages_file = dir.join("stages.json");
         let summary_file = dir.join("summary.json");
+        if !dir.is_dir() {
+            bail!(
+                "{} is not a directory: give the directory a run wrote with \
+                 `nyann-bench generate --output-dir DIR`",
+                dir.display()
+            );
+        }
         let stages: Vec<RecordedStage> = if stages_file.is_file() {
             read_json(&stages_file)?
         } else if summary_file.is_file() {
@@ -391,6 +398,20 @@ mod tests {
         let run = RecordedRun::read(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         run
+    }
+
+    #[test]
+    fn a_directory_without_a_run_is_named() {
+        let missing = std::env::temp_dir().join(format!("nyann-no-run-{}", std::process::id()));
+        let err = RecordedRun::read(&missing).unwrap_err().to_string();
+        assert!(err.ends_with("is not a directory: give the directory a run wrote with `nyann-bench generate --output-dir DIR`"), "{err}");
+        std::fs::create_dir_all(&missing).unwrap();
+        let err = RecordedRun::read(&missing).unwrap_err().to_string();
+        std::fs::remove_dir_all(&missing).unwrap();
+        assert!(
+            err.contains("holds no stages.json or summary.json"),
+            "{err}"
+        );
     }
 
     #[test]
