@@ -84,6 +84,7 @@ fn assemble(
         extra_memories: number("EXTRA_MEMORIES", memories)?,
         judge_grows_pages: number("GROW_MIB", grow_mib)? * 16,
         filler_bytes: number("FILLER_MIB", filler_mib)? as usize * (1 << 20),
+        ..Default::default()
     };
     let bytes = nyann_guests::assembled::component(&wit, &format!("{line}.0"), &spec)?;
     std::fs::write(out, &bytes).map_err(|e| format!("cannot write {out}: {e}"))?;
