@@ -549,13 +549,14 @@ mod tests {
         assert!(params.number("t").unwrap_err().contains("must be a number"));
         assert!(params.number("missing").unwrap_err().contains("missing"));
         assert_eq!(params.number_or("missing", 7.0), Ok(7.0));
+        assert_eq!(params.require_positive("n"), Ok(2.5));
         let params = Params::new(vec![Param {
             name: "i".into(),
             value: Value::Integer(3),
         }]);
         assert_eq!(params.integer("i"), Ok(3));
         assert_eq!(params.number("i"), Ok(3.0));
-        assert_eq!(params.require_positive("n"), Ok(2.5));
+        assert_eq!(params.require_positive("i"), Ok(3.0));
     }
 
     #[test]
