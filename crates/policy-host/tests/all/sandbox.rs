@@ -187,18 +187,16 @@ async fn deep_recursion_reports_a_stack_overflow() {
 /// reached 2 GB.
 #[tokio::test]
 async fn the_memory_cap_covers_all_memories_together() {
-    let spec = Assembled {
-        extra_memories: 2,
-        judge_grows_pages: 40 * 16,
-        ..Assembled::default()
-    };
-    let policy = common::host()
-        .load_bytes(
-            "multi.wasm",
-            &common::assembled("0.2", &spec, str::to_string),
-        )
-        .unwrap();
-    let err = policy.judge(&[], &stage(6), &[]).await.unwrap_err();
+    let err = judge_assembled(
+        Assembled {
+            extra_memories: 2,
+            judge_grows_pages: 40 * 16,
+            ..Assembled::default()
+        },
+        6,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.failure(), Some(&CallFailure::MemoryCap(64 << 20)));
     assert_eq!(
         err.to_string(),
@@ -210,24 +208,26 @@ async fn the_memory_cap_covers_all_memories_together() {
         judge_grows_pages: 16,
         ..Assembled::default()
     };
+    assert!(!judge_assembled(small, 6).await.unwrap().congested);
+}
+
+/// Load the assembled 0.2 component `spec` describes and judge stage `index`.
+async fn judge_assembled(
+    spec: Assembled,
+    index: u32,
+) -> Result<nyann_model::observation::Verdict, PolicyError> {
+    let component = common::assembled("0.2", &spec, str::to_string);
     let policy = common::host()
-        .load_bytes(
-            "small.wasm",
-            &common::assembled("0.2", &small, str::to_string),
-        )
+        .load_bytes("assembled.wasm", &component)
         .unwrap();
-    assert!(!policy.judge(&[], &stage(6), &[]).await.unwrap().congested);
+    policy.judge(&[], &stage(index), &[]).await
 }
 
 /// Table elements count against the same cap as memory: 40 MiB of memory
 /// and 32 MiB of table pass one by one, not together.
 #[tokio::test]
 async fn tables_and_memories_share_the_cap() {
-    let judge = |spec: Assembled| async move {
-        let component = common::assembled("0.2", &spec, str::to_string);
-        let policy = common::host().load_bytes("t.wasm", &component).unwrap();
-        policy.judge(&[], &stage(8), &[]).await
-    };
+    let judge = |spec| judge_assembled(spec, 8);
     let memory = Assembled {
         extra_memories: 1,
         judge_grows_pages: 40 * 16,
