@@ -9,6 +9,7 @@
 mod abuse;
 mod browser;
 mod cli;
+mod policy;
 mod report;
 mod signals;
 mod support;

@@ -56,6 +56,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// The `--output-dir` of the run (removed with the `Run`).
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     pub fn code(&self) -> Option<i32> {
         self.output.status.code()
     }
@@ -171,7 +176,7 @@ pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
 /// policy host's `hostile-policy` test guest) for wasm32-wasip2 and return
 /// its `.wasm`.
 pub fn policy_wasm(package: &str) -> PathBuf {
-    let built = if package == "hostile-policy" {
+    let built = if package == "hostile-policy" || package == "legacy-v01-policy" {
         nyann_guests::test_guest(package)
     } else {
         nyann_guests::repository_guest(package)

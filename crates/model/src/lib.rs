@@ -18,7 +18,7 @@ pub use coverage::{RoleCoverage, SeriesStatus, SignalCoverage};
 pub use duration::{DURATION_HELP, parse_duration, parse_seconds};
 
 pub use observation::{
-    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Verdict,
+    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, SweepRef, Verdict,
 };
 pub use scenario::{
     CacheSalt, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition, Value, Workload,

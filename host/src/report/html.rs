@@ -841,6 +841,8 @@ mod tests {
                 origin: "builtin".into(),
             },
             mode: PolicyMode::Enforce,
+            sweep: Default::default(),
+            params: Vec::new(),
             roles,
             signal_errors: vec![],
             verdict: Some(Verdict {
