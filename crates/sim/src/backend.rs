@@ -162,16 +162,25 @@ async fn run_engine(shared: Arc<Shared>) {
             Some(p) if p + MAX_LAG >= now => p,
             _ => now,
         };
-        let planned = {
+        let (planned, next_arrival) = {
             let mut st = lock(&shared);
             if st.stopped {
                 return;
             }
-            st.engine.begin_step(secs(start))
+            let planned = st.engine.begin_step(secs(start));
+            (planned, st.engine.next_arrival())
         };
         let Some(duration) = planned else {
             prev_end = None;
-            shared.wake.notified().await;
+            match next_arrival {
+                // A request is on its way to the queue (request overhead): wake
+                // when it arrives, or earlier for a new submission.
+                Some(at) => {
+                    let at = shared.epoch + Duration::from_secs_f64(at);
+                    let _ = tokio::time::timeout_at(at.into(), shared.wake.notified()).await;
+                }
+                None => shared.wake.notified().await,
+            }
             continue;
         };
         let end = start + Duration::from_secs_f64(duration);

@@ -12,20 +12,21 @@
 //!
 //! One engine step (vLLM V1's scheduler, simplified):
 //! 1. Running sequences, oldest admission first, each get work within the
-//!    step's token budget (`max_num_batched_tokens`): a decode sequence one
-//!    token, a sequence still prefilling a chunk of its remaining prefill.
-//!    A decode that needs a new block when none is free preempts the most
-//!    recently admitted running sequence (possibly itself): its blocks are
-//!    freed, it goes back to the FRONT of the waiting queue, its KV is dropped
-//!    (it will recompute prompt + output so far as a prefill) and the
-//!    preemption counter increases.
+//!    step's token budget (`max_num_batched_tokens`, the chunked-prefill
+//!    budget): a decode sequence one token, a sequence still prefilling the
+//!    next chunk of its remaining prefill. Each needs KV blocks for what it
+//!    computes; when none are free, the most recently admitted running
+//!    sequence is preempted (possibly itself): its blocks are freed, it goes
+//!    back to the FRONT of the waiting queue, its KV is dropped (it will
+//!    recompute prompt + output so far as a prefill) and the preemption
+//!    counter increases.
 //! 2. If nothing was preempted in this step, waiting sequences are admitted in
 //!    FIFO order while fewer than `max_num_seqs` run, budget remains and the
-//!    head's whole prefill fits in the free blocks (no skipping: the head of
-//!    the queue blocks the others, as in vLLM).
-//! 3. The step lasts
-//!    `(base + per_decode_seq * decode_seqs + per_prefill_token * prefill_tokens) * (1 + jitter * u)`
-//!    seconds, `u` uniform in [-1, 1] from the seeded generator.
+//!    blocks of the head's first chunk are free (no skipping: the head of the
+//!    queue blocks the others, as in vLLM).
+//! 3. The step lasts as long as the [`TimeModel`] says for its prefill
+//!    tokens, decoding sequences and the context those read, with a seeded
+//!    jitter.
 //! 4. At the end of the step, every decode produced one token, and a prefill
 //!    that finished produced one token (the first, or the next one after a
 //!    recompute).
@@ -46,17 +47,72 @@ use crate::metrics::{EngineMetrics, FinishedReason};
 /// Identifier of a sequence inside one engine (chosen by the caller).
 pub type SeqId = u64;
 
-/// Cost model of one engine step, in seconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepCost {
-    /// Fixed cost of any step.
-    pub base: f64,
-    /// Added per sequence that decodes one token in the step.
-    pub per_decode_seq: f64,
-    /// Added per prompt token prefilled in the step.
-    pub per_prefill_token: f64,
-    /// Relative jitter: the step time is multiplied by `1 + jitter * u`, `u` in [-1, 1].
+/// The time model: how long one engine step takes, from the work in it.
+///
+/// `step = step_overhead + prefill_per_token * prefill tokens
+///        + decode_per_seq * decoding sequences
+///        + decode_per_context_token * KV tokens those sequences read`,
+/// then multiplied by `1 + jitter * u` (`u` uniform in [-1, 1]). All costs
+/// are in seconds. Steps slow down as the batch grows and as the sequences
+/// in it get longer, as on a real server where decoding reads the whole KV
+/// of every running sequence.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TimeModel {
+    /// Fixed cost of any step (scheduling, launch, sampling, output handling).
+    pub step_overhead: f64,
+    /// Per prompt token computed in the step (prefill chunks and recomputes).
+    pub prefill_per_token: f64,
+    /// Per sequence that decodes one token in the step.
+    pub decode_per_seq: f64,
+    /// Per KV token read by the decoding sequences (their context length).
+    pub decode_per_context_token: f64,
+    /// Relative jitter of each step (0.1 = ±10%).
     pub jitter: f64,
+    /// Latency of each request before it reaches the scheduler's queue
+    /// (vLLM's API server: chat template, tokenization, hand-over to the
+    /// engine), on average: each request's is uniform between half and one
+    /// and a half times it. Counted in TTFT; takes no engine time.
+    pub request_overhead: f64,
+    /// Slow drift of the step speed (a machine shared with other work): every
+    /// step time is multiplied by `exp(drift * x)`, `x` a standard Gaussian
+    /// process that changes over `drift_time`, the factor's mean being 1. 0
+    /// for none. It spreads TTFT in queueing stages the way a busy machine
+    /// does.
+    pub drift: f64,
+    /// Correlation time of the drift, in seconds.
+    pub drift_time: f64,
+}
+
+/// What one step computes: the inputs of [`TimeModel::step_seconds`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepWork {
+    pub prefill_tokens: u64,
+    pub decode_seqs: u64,
+    pub context_tokens: u64,
+}
+
+impl TimeModel {
+    /// Duration of a step doing `work`, before jitter.
+    pub fn step_seconds(&self, work: StepWork) -> f64 {
+        self.step_overhead
+            + self.prefill_per_token * work.prefill_tokens as f64
+            + self.decode_per_seq * work.decode_seqs as f64
+            + self.decode_per_context_token * work.context_tokens as f64
+    }
+
+    /// Every duration multiplied by `factor` (jitter unchanged).
+    pub fn scaled(self, factor: f64) -> TimeModel {
+        TimeModel {
+            step_overhead: self.step_overhead * factor,
+            prefill_per_token: self.prefill_per_token * factor,
+            decode_per_seq: self.decode_per_seq * factor,
+            decode_per_context_token: self.decode_per_context_token * factor,
+            jitter: self.jitter,
+            request_overhead: self.request_overhead * factor,
+            drift: self.drift,
+            drift_time: self.drift_time * factor,
+        }
+    }
 }
 
 /// What an engine can hold and how fast it steps.
@@ -66,14 +122,22 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: u32,
     pub kv_blocks: u32,
     pub block_size: u32,
-    pub cost: StepCost,
+    /// Longest prompt + output accepted (vLLM's `--max-model-len`); at most the KV capacity.
+    pub max_model_len: u32,
+    pub time: TimeModel,
     pub seed: u64,
 }
 
 impl EngineConfig {
-    /// Largest prompt + output a single sequence may need: the whole KV cache.
-    pub fn max_model_len(&self) -> u32 {
+    /// Tokens the KV cache holds.
+    pub fn kv_capacity(&self) -> u32 {
         self.kv_blocks.saturating_mul(self.block_size)
+    }
+
+    /// Longest prompt + output a request may need: `max_model_len`, never
+    /// more than the whole KV cache (a longer sequence could never run).
+    pub fn max_model_len(&self) -> u32 {
+        self.max_model_len.min(self.kv_capacity())
     }
 }
 
@@ -153,12 +217,50 @@ impl Seq {
     fn in_decode(&self) -> bool {
         self.generated > 0 && self.computed + 1 >= self.new.prompt_tokens + self.generated
     }
+
+    /// Tokens this sequence computes in a step with `budget` tokens left:
+    /// one when decoding, else the next chunk of its prefill.
+    fn tokens_to_schedule(&self, budget: u32) -> u32 {
+        if self.in_decode() {
+            1.min(budget)
+        } else {
+            self.prefill_target()
+                .saturating_sub(self.computed)
+                .min(budget)
+        }
+    }
 }
 
+/// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
 enum Work {
-    Decode(SeqId),
+    /// One token; `context` KV tokens are read.
+    Decode { id: SeqId, context: u32 },
+    /// A chunk of (re)computed prompt.
     Prefill(SeqId, u32),
+}
+
+impl Work {
+    fn id(&self) -> SeqId {
+        match *self {
+            Work::Decode { id, .. } | Work::Prefill(id, _) => id,
+        }
+    }
+
+    fn tokens(&self) -> u32 {
+        match *self {
+            Work::Decode { .. } => 1,
+            Work::Prefill(_, n) => n,
+        }
+    }
+}
+
+/// How [`Engine::allocate_or_preempt`] ended.
+enum Allocation {
+    /// The blocks are there; `preempted` tells whether others were preempted for them.
+    Done { preempted: bool },
+    /// The sequence itself was preempted (or is gone): it does not run in this step.
+    PreemptedItself,
 }
 
 /// The engine: queues, KV pool, the step in progress and the metrics.
@@ -167,12 +269,16 @@ pub struct Engine {
     cfg: EngineConfig,
     rng: ChaCha8Rng,
     seqs: HashMap<SeqId, Seq>,
+    /// Submitted, not queued yet: (time it reaches the queue, id), in order.
+    arriving: VecDeque<(f64, SeqId)>,
     waiting: VecDeque<SeqId>,
     /// Admission order, oldest first.
     running: Vec<SeqId>,
     free_blocks: u32,
     in_step: Option<Vec<Work>>,
     metrics: EngineMetrics,
+    /// The drift process's current value (standard normal in the long run).
+    drift_state: f64,
 }
 
 fn blocks_for(tokens: u32, block_size: u32) -> u32 {
@@ -186,10 +292,12 @@ impl Engine {
             free_blocks: cfg.kv_blocks,
             cfg,
             seqs: HashMap::new(),
+            arriving: VecDeque::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             in_step: None,
             metrics,
+            drift_state: 0.0,
         }
     }
 
@@ -220,6 +328,22 @@ impl Engine {
     /// Whether a step would do anything.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// When the next submitted sequence reaches the queue, if one is on its
+    /// way (see [`TimeModel::request_overhead`]): an idle engine wakes then.
+    pub fn next_arrival(&self) -> Option<f64> {
+        self.arriving.front().map(|(at, _)| *at)
+    }
+
+    /// Queue the sequences whose request overhead is over at `now`.
+    fn queue_arrivals(&mut self, now: f64) {
+        while let Some(&(at, id)) = self.arriving.front()
+            && at <= now
+        {
+            self.arriving.pop_front();
+            self.waiting.push_back(id);
+        }
     }
 
     /// Queue a sequence (FIFO) at time `now`.
@@ -261,7 +385,16 @@ impl Engine {
                 prefill_tokens_computed: 0,
             },
         );
-        self.waiting.push_back(new.id);
+        let overhead = self.cfg.time.request_overhead;
+        if overhead > 0.0 {
+            // The API server's latency varies: half to one and a half times the mean.
+            let overhead = overhead * self.rng.random_range(0.5..=1.5);
+            let at = now + overhead;
+            let pos = self.arriving.partition_point(|(t, _)| *t <= at);
+            self.arriving.insert(pos, (at, new.id));
+        } else {
+            self.waiting.push_back(new.id);
+        }
         self.refresh_gauges();
         Ok(())
     }
@@ -271,13 +404,12 @@ impl Engine {
         let Some(seq) = self.seqs.remove(&id) else {
             return false;
         };
+        self.arriving.retain(|(_, a)| *a != id);
         self.waiting.retain(|w| *w != id);
         self.running.retain(|r| *r != id);
         self.free_blocks += seq.blocks;
         if let Some(work) = &mut self.in_step {
-            work.retain(|w| match w {
-                Work::Decode(s) | Work::Prefill(s, _) => *s != id,
-            });
+            work.retain(|w| w.id() != id);
         }
         self.finish_metrics(&seq, now, FinishedReason::Abort);
         self.refresh_gauges();
@@ -289,10 +421,10 @@ impl Engine {
     /// Must be followed by [`Engine::end_step`] before the next `begin_step`.
     pub fn begin_step(&mut self, now: f64) -> Option<f64> {
         debug_assert!(self.in_step.is_none(), "begin_step twice without end_step");
+        self.queue_arrivals(now);
         if !self.has_work() {
             return None;
         }
-        let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut work = Vec::new();
         let mut preempted_any = false;
@@ -301,50 +433,29 @@ impl Engine {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let Some(seq) = self.seqs.get(&id) else {
+            let Some(tokens) = self.seqs.get(&id).map(|s| s.tokens_to_schedule(budget)) else {
                 i += 1;
                 continue;
             };
-            if seq.in_decode() {
-                let need = blocks_for(seq.computed + 1, bs);
-                let mut scheduled_self = true;
-                while self.seqs.get(&id).map(|s| s.blocks).unwrap_or(need) < need {
-                    if self.free_blocks > 0 {
-                        self.free_blocks -= 1;
-                        if let Some(s) = self.seqs.get_mut(&id) {
-                            s.blocks += 1;
-                        }
-                        continue;
-                    }
-                    // No free block: preempt the most recently admitted.
-                    let Some(victim) = self.running.pop() else {
-                        scheduled_self = false;
-                        break;
-                    };
-                    self.preempt(victim);
+            if tokens == 0 {
+                i += 1;
+                continue;
+            }
+            match self.allocate_or_preempt(id, tokens) {
+                Allocation::Done { preempted } => preempted_any |= preempted,
+                Allocation::PreemptedItself => {
                     preempted_any = true;
-                    if victim == id {
-                        scheduled_self = false;
-                        break;
-                    }
-                }
-                if !scheduled_self {
                     break;
                 }
-                budget -= 1;
-                work.push(Work::Decode(id));
-            } else {
-                let remaining = seq.prefill_target().saturating_sub(seq.computed);
-                let chunk = remaining.min(budget);
-                if chunk > 0 {
-                    budget -= chunk;
-                    work.push(Work::Prefill(id, chunk));
-                }
             }
+            budget -= tokens;
+            work.push(self.work_for(id, tokens));
             i += 1;
         }
 
-        // 2. Admission, FIFO, only if nothing was preempted this step.
+        // 2. Admission, FIFO, only if nothing was preempted this step. The
+        // head of the queue needs blocks for what it computes in this step
+        // (its first chunk); if they are not free, nobody behind it passes.
         if !preempted_any {
             while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
                 let Some(&id) = self.waiting.front() else {
@@ -354,20 +465,14 @@ impl Engine {
                     self.waiting.pop_front();
                     continue;
                 };
-                let target = seq.prefill_target();
-                // A sequence whose KV arrived decodes at once: it needs room for one more token.
-                let tokens = if seq.in_decode() {
-                    seq.computed + 1
-                } else {
-                    target
-                };
-                let need = blocks_for(tokens, bs).saturating_sub(seq.blocks);
+                let tokens = seq.tokens_to_schedule(budget);
+                let need = blocks_for(seq.computed + tokens, self.cfg.block_size)
+                    .saturating_sub(seq.blocks);
                 if need > self.free_blocks {
                     break;
                 }
                 self.waiting.pop_front();
                 self.free_blocks -= need;
-                let chunk = target.saturating_sub(seq.computed).min(budget);
                 if let Some(s) = self.seqs.get_mut(&id) {
                     s.blocks += need;
                     if s.first_scheduled.is_none() {
@@ -375,40 +480,98 @@ impl Engine {
                     }
                 }
                 self.running.push(id);
-                if chunk > 0 {
-                    budget -= chunk;
-                    work.push(Work::Prefill(id, chunk));
-                } else {
-                    // KV already there (transferred): decode straight away.
-                    budget -= 1;
-                    work.push(Work::Decode(id));
-                }
+                budget -= tokens;
+                work.push(self.work_for(id, tokens));
             }
         }
 
-        let decode_seqs = work.iter().filter(|w| matches!(w, Work::Decode(_))).count();
-        let prefill_tokens: u32 = work
-            .iter()
-            .map(|w| match w {
-                Work::Prefill(_, n) => *n,
-                Work::Decode(_) => 0,
-            })
-            .sum();
-        let c = self.cfg.cost;
-        let base = c.base
-            + c.per_decode_seq * decode_seqs as f64
-            + c.per_prefill_token * f64::from(prefill_tokens);
-        let u: f64 = if c.jitter > 0.0 {
+        let duration = self.step_duration(&work);
+        let tokens: u64 = work.iter().map(|w| u64::from(w.tokens())).sum();
+        self.metrics.observe_iteration(tokens);
+        self.in_step = Some(work);
+        self.refresh_gauges();
+        Some(duration)
+    }
+
+    /// The scheduled work of `tokens` tokens for sequence `id`.
+    fn work_for(&self, id: SeqId, tokens: u32) -> Work {
+        match self.seqs.get(&id) {
+            Some(s) if s.in_decode() => Work::Decode {
+                id,
+                context: s.computed,
+            },
+            _ => Work::Prefill(id, tokens),
+        }
+    }
+
+    /// Give `id` the blocks for `tokens` more tokens, preempting the most
+    /// recently admitted running sequences (possibly `id` itself) while none
+    /// are free.
+    fn allocate_or_preempt(&mut self, id: SeqId, tokens: u32) -> Allocation {
+        let mut preempted = false;
+        loop {
+            let Some(seq) = self.seqs.get(&id) else {
+                return Allocation::PreemptedItself;
+            };
+            let need =
+                blocks_for(seq.computed + tokens, self.cfg.block_size).saturating_sub(seq.blocks);
+            if need <= self.free_blocks {
+                self.free_blocks -= need;
+                if let Some(s) = self.seqs.get_mut(&id) {
+                    s.blocks += need;
+                }
+                return Allocation::Done { preempted };
+            }
+            let Some(victim) = self.running.pop() else {
+                return Allocation::PreemptedItself;
+            };
+            self.preempt(victim);
+            preempted = true;
+            if victim == id {
+                return Allocation::PreemptedItself;
+            }
+        }
+    }
+
+    /// The time model applied to one step's work, with the seeded jitter.
+    fn step_duration(&mut self, work: &[Work]) -> f64 {
+        let mut done = StepWork::default();
+        for w in work {
+            match *w {
+                Work::Decode { context, .. } => {
+                    done.decode_seqs += 1;
+                    done.context_tokens += u64::from(context);
+                }
+                Work::Prefill(_, n) => done.prefill_tokens += u64::from(n),
+            }
+        }
+        let t = self.cfg.time;
+        let u: f64 = if t.jitter > 0.0 {
             self.rng.random_range(-1.0..=1.0)
         } else {
             0.0
         };
-        let duration = (base * (1.0 + c.jitter * u)).max(0.0);
-        self.metrics
-            .observe_iteration(decode_seqs as u64 + u64::from(prefill_tokens));
-        self.in_step = Some(work);
-        self.refresh_gauges();
-        Some(duration)
+        let step = t.step_seconds(done) * (1.0 + t.jitter * u);
+        (step * self.drift_factor(step)).max(0.0)
+    }
+
+    /// The drift's factor for a step of `step` seconds: `exp(drift * x)`,
+    /// `x` a standard Ornstein-Uhlenbeck process with correlation time
+    /// `drift_time`, normalised so that the factor's mean is 1.
+    fn drift_factor(&mut self, step: f64) -> f64 {
+        let t = &self.cfg.time;
+        if t.drift <= 0.0 || t.drift_time <= 0.0 {
+            return 1.0;
+        }
+        let keep = (-step / t.drift_time).exp();
+        // Box-Muller: a standard normal draw from two uniform ones.
+        let (u1, u2): (f64, f64) = (
+            self.rng.random_range(f64::EPSILON..1.0),
+            self.rng.random_range(0.0..1.0),
+        );
+        let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        self.drift_state = self.drift_state * keep + (1.0 - keep * keep).sqrt() * normal;
+        (t.drift * self.drift_state - t.drift * t.drift / 2.0).exp()
     }
 
     /// Finish the step planned by [`Engine::begin_step`] at time `now`:
@@ -421,7 +584,7 @@ impl Engine {
         let mut finished = Vec::new();
         for w in work {
             let (id, produced) = match w {
-                Work::Decode(id) => {
+                Work::Decode { id, .. } => {
                     let Some(s) = self.seqs.get_mut(&id) else {
                         continue;
                     };
@@ -545,11 +708,16 @@ mod tests {
             max_num_batched_tokens: 2048,
             kv_blocks,
             block_size: 16,
-            cost: StepCost {
-                base: 0.002,
-                per_decode_seq: 0.0002,
-                per_prefill_token: 0.00002,
+            max_model_len: u32::MAX,
+            time: TimeModel {
+                step_overhead: 0.002,
+                prefill_per_token: 0.00002,
+                decode_per_seq: 0.0002,
+                decode_per_context_token: 0.0,
                 jitter: 0.1,
+                request_overhead: 0.0,
+                drift: 0.0,
+                drift_time: 0.0,
             },
             seed: 7,
         }
