@@ -14,9 +14,8 @@ pub enum Profile {
     /// blocks of 16 tokens, steps of ~1-4 ms. With the default workload (isl
     /// 128, osl 256) the KV cache saturates around concurrency 12-16 (for isl
     /// 64, osl 128, --kv-blocks 112 gives the same curve). With
-    /// --disaggregated, a prefill engine that queues under long prompts
-    /// (4096-token budget, 80 us per prompt token) and a decode engine with a
-    /// larger KV cache.
+    /// --disaggregated the decode engine has 4096 KV blocks, so under long
+    /// prompts (isl 2048, osl 32) the prefill engine queues first.
     Default,
     /// A server that is never the bottleneck: 1 ms to the first token, 0.5 ms
     /// per token, 32 tokens by default, no queue, no KV limit.
@@ -93,75 +92,46 @@ pub struct SimArgs {
     #[arg(long, help_heading = "Limits")]
     pub max_model_len: Option<u32>,
 
-    /// Time model: fixed cost of every engine step, in microseconds.
-    #[arg(
-        long,
-        value_name = "US",
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    /// Fixed cost of every engine step, in microseconds.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub step_overhead_us: Option<f64>,
 
-    /// Time model: cost per prompt token computed in a step (prefill and
+    /// Cost per prompt token computed in a step (prefill and
     /// recompute after preemption), in microseconds.
-    #[arg(
-        long,
-        value_name = "US",
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub prefill_per_token_us: Option<f64>,
 
-    /// Time model: cost per sequence decoding one token in a step, in microseconds.
-    #[arg(
-        long,
-        value_name = "US",
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    /// Cost per sequence decoding one token in a step, in microseconds.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub decode_per_seq_us: Option<f64>,
 
-    /// Time model: cost per KV token read by the decoding sequences of a
+    /// Cost per KV token read by the decoding sequences of a
     /// step (their context), in microseconds.
-    #[arg(
-        long,
-        value_name = "US",
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub decode_per_context_token_us: Option<f64>,
 
-    /// Time model: latency of each request before it reaches the queue (the
+    /// Latency of each request before it reaches the queue (the
     /// API server's work), in microseconds; counts in TTFT.
-    #[arg(
-        long,
-        value_name = "US",
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub request_overhead_us: Option<f64>,
 
-    /// Time model: relative jitter of each step (0.1 = ±10%).
-    #[arg(
-        long,
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    /// Relative jitter of each step (0.1 = ±10%).
+    #[arg(long, help_heading = "Time model")]
     pub jitter: Option<f64>,
 
-    /// Time model: slow drift of the step speed, the standard deviation of
+    /// Slow drift of the step speed, the standard deviation of
     /// the log of its factor (0.35: most steps within -30%..+40% of the
     /// model, in runs of --drift-time-ms); 0 for none.
-    #[arg(
-        long,
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    #[arg(long, help_heading = "Time model")]
     pub drift: Option<f64>,
 
-    /// Time model: how long the drift takes to change, in milliseconds.
-    #[arg(
-        long,
-        value_name = "MS",
-        help_heading = "Time model (step = overhead + prefill + decode + context)"
-    )]
+    /// How long the drift takes to change, in milliseconds.
+    #[arg(long, value_name = "MS", help_heading = "Time model")]
     pub drift_time_ms: Option<f64>,
 
-    /// Tokens the chat template adds to every chat prompt [default profile: 0].
-    #[arg(long)]
+    /// Tokens the chat template adds to every chat prompt (counted in usage
+    /// and in the KV cache) [default profile: 0; vllm-cpu-ref: 16].
+    #[arg(long, help_heading = "Server profile")]
     pub chat_template_tokens: Option<u32>,
 
     /// Requests waiting beyond this number get HTTP 429 [default: no limit].
@@ -170,7 +140,7 @@ pub struct SimArgs {
 
     /// Output tokens when a request gives no max_tokens [default and
     /// vllm-cpu-ref profiles: 256; fast: 32].
-    #[arg(long)]
+    #[arg(long, help_heading = "Server profile")]
     pub default_max_tokens: Option<u32>,
 
     /// Seed of every random choice (step jitter, output text, faults).

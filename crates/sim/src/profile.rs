@@ -429,25 +429,34 @@ fn micros(step_overhead: f64, prefill_per_token: f64, decode_per_seq: f64) -> Ti
 }
 
 impl ServerProfile {
-    /// `--profile default`: a small GPU deployment scaled to run fast.
+    /// `--profile default`: a small GPU deployment scaled to run fast. In
+    /// disaggregated mode its decode engine has a large KV cache (as decode
+    /// pods do), so under long prompts the prefill engine is what queues.
     pub fn default_profile() -> ServerProfile {
+        let engine = EngineSpec {
+            limits: Limits {
+                max_num_seqs: 16,
+                max_num_batched_tokens: 2048,
+                kv_blocks: 224,
+                block_size: 16,
+                max_model_len: None,
+            },
+            time: micros(1200.0, 20.0, 120.0),
+        };
         ServerProfile {
             name: "default".into(),
             description: "a small GPU deployment scaled to run fast".into(),
             chat_template_tokens: 0,
             default_max_tokens: 256,
-            engine: EngineSpec {
-                limits: Limits {
-                    max_num_seqs: 16,
-                    max_num_batched_tokens: 2048,
-                    kv_blocks: 224,
-                    block_size: 16,
-                    max_model_len: None,
-                },
-                time: micros(1200.0, 20.0, 120.0),
-            },
+            engine,
             prefill: None,
-            decode: None,
+            decode: Some(EngineSpec {
+                limits: Limits {
+                    kv_blocks: 4096,
+                    ..engine.limits
+                },
+                ..engine
+            }),
         }
     }
 
