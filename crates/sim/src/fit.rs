@@ -296,11 +296,13 @@ fn cost(residuals: &[StageResidual]) -> (f64, f64) {
     (sum, weights)
 }
 
-/// A first guess from the lightest stages: the step time at low load from
-/// ITL (or, without it, from throughput per stream), its growth with the
-/// number of streams, and what TTFT adds at the lightest load.
-fn first_guess(runs: &[RecordedRun], noise: TimeModel) -> TimeModel {
-    let mut light: Vec<(f64, f64, &RecordedStage)> = runs
+/// A first guess from the stages without a queue: their step time (ITL,
+/// or without it the time per token of a stream) fitted by least squares to
+/// `overhead + per_seq * c + per_context * c * context` (the context term
+/// only when the stages' contexts differ), and what TTFT adds at the
+/// lightest load.
+fn first_guess(runs: &[RecordedRun], noise: TimeModel, context: bool) -> TimeModel {
+    let mut light: Vec<(f64, f64, f64, &RecordedStage)> = runs
         .iter()
         .flat_map(|r| &r.stages)
         .filter(|s| {
@@ -309,38 +311,81 @@ fn first_guess(runs: &[RecordedRun], noise: TimeModel) -> TimeModel {
                 .is_none_or(|v| v.waiting_requests_p50 < 0.5)
         })
         .map(|s| {
+            let c = f64::from(s.concurrency);
             let step = if s.client.itl_p50_seconds > 0.0 {
                 s.client.itl_p50_seconds
             } else {
-                f64::from(s.concurrency) / s.client.output_tokens_per_second.max(1e-9)
+                c / s.client.output_tokens_per_second.max(1e-9)
             };
-            (f64::from(s.concurrency), step, s)
+            (c, s.prompt_tokens + s.output_tokens / 2.0, step, s)
         })
         .collect();
     light.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (mut overhead, mut per_seq) = (0.002, 0.0002);
-    if let (Some(lo), Some(hi)) = (light.first(), light.last())
-        && hi.0 > lo.0
-    {
-        per_seq = ((hi.1 - lo.1) / (hi.0 - lo.0)).max(1e-6);
-        overhead = (lo.1 - lo.0 * per_seq).max(1e-5);
-    } else if let Some(lo) = light.first() {
-        overhead = 0.8 * lo.1;
-        per_seq = 0.2 * lo.1 / lo.0.max(1.0);
-    }
-    let prefill = 0.1 * overhead / 64.0;
+    let rows: Vec<([f64; 3], f64)> = light
+        .iter()
+        .map(|&(c, ctx, step, _)| ([1.0, c, if context { c * ctx } else { 0.0 }], step))
+        .collect();
+    let [overhead, per_seq, per_context] = least_squares(&rows).unwrap_or_else(|| {
+        let step = light.first().map_or(0.003, |l| l.2);
+        [0.8 * step, 0.2 * step, 0.0]
+    });
+    let overhead = overhead.max(1e-5);
+    let per_seq = per_seq.max(overhead / 100.0);
+    let per_context = per_context.max(per_seq / 1000.0);
     let request = light
         .first()
-        .map(|(_, step, s)| (s.client.ttft_p50_seconds - 2.0 * step).max(1e-5))
+        .map(|&(_, _, step, s)| (s.client.ttft_p50_seconds - 2.0 * step).max(1e-5))
         .unwrap_or(1e-4);
     TimeModel {
         step_overhead: overhead,
-        prefill_per_token: prefill,
+        prefill_per_token: overhead / 640.0,
         decode_per_seq: per_seq,
-        decode_per_context_token: 1e-8,
+        decode_per_context_token: per_context,
         request_overhead: request,
         ..noise
     }
+}
+
+/// Least squares `x` of `a . x = y` over the rows; columns that are all
+/// zero get 0. `None` with fewer rows than unknowns or a singular system.
+fn least_squares(rows: &[([f64; 3], f64)]) -> Option<[f64; 3]> {
+    let used: Vec<usize> = (0..3)
+        .filter(|&j| rows.iter().any(|(a, _)| a[j] != 0.0))
+        .collect();
+    let n = used.len();
+    if rows.len() < n || n == 0 {
+        return None;
+    }
+    // Normal equations, solved by Gaussian elimination with pivoting.
+    let mut m = vec![vec![0.0; n + 1]; n];
+    for (a, y) in rows {
+        for (i, &ji) in used.iter().enumerate() {
+            for (k, &jk) in used.iter().enumerate() {
+                m[i][k] += a[ji] * a[jk];
+            }
+            m[i][n] += a[ji] * y;
+        }
+    }
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&r, &s| m[r][col].abs().total_cmp(&m[s][col].abs()))?;
+        if m[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(col, pivot);
+        for r in 0..n {
+            if r != col {
+                let f = m[r][col] / m[col][col];
+                for k in col..=n {
+                    m[r][k] -= f * m[col][k];
+                }
+            }
+        }
+    }
+    let mut x = [0.0; 3];
+    for (i, &j) in used.iter().enumerate() {
+        x[j] = m[i][n] / m[i][i];
+    }
+    Some(x)
 }
 
 /// Fit the time model of `runs` under `settings`.
@@ -420,13 +465,13 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
         let (sum, weights) = cost(&compare(&runs, settings, searched.model(x, settings.noise)));
         if weights > 0.0 { sum / weights } else { 0.0 }
     };
-    // Two starts: light and heavy prefill (TTFT at low load can be the
+    // Two starts, light and heavy prefill (TTFT at low load can be the
     // request overhead or the prefill, and the search does not cross from
-    // one valley to the other); then restarts from the best point with
-    // fresh, smaller simplices, which gets Nelder-Mead out of the collapsed
-    // simplices it ends in.
-    let budget = settings.max_evaluations.max(8) / 4;
-    let guess = first_guess(&runs, settings.noise);
+    // one valley to the other), each searched three times from its best
+    // point with a fresh, smaller simplex (which gets Nelder-Mead out of the
+    // collapsed simplices it ends in); the better one wins.
+    let budget = settings.max_evaluations.max(12) / 6;
+    let guess = first_guess(&runs, settings.noise, searched.context);
     let heavy = TimeModel {
         prefill_per_token: guess.prefill_per_token * 10.0,
         request_overhead: guess.request_overhead / 2.0,
@@ -434,16 +479,16 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
     };
     let mut best = (Vec::new(), f64::INFINITY);
     for start in [guess, heavy] {
-        let x = nelder_mead(&mut objective, &searched.point(&start), 0.7, budget);
+        let mut x = searched.point(&start);
+        for step in [0.7, 0.3, 0.1] {
+            x = nelder_mead(&mut objective, &x, step, budget);
+        }
         let value = objective(&x);
         if value < best.1 {
             best = (x, value);
         }
     }
-    let mut best = best.0;
-    for step in [0.3, 0.1] {
-        best = nelder_mead(&mut objective, &best, step, budget);
-    }
+    let best = best.0;
     let time = searched.model(&best, settings.noise);
     let residuals = compare(&runs, settings, time);
     let (sum, weights) = cost(&residuals);
@@ -535,6 +580,16 @@ fn nelder_mead(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn least_squares_solves_a_line_and_skips_empty_columns() {
+        let rows: Vec<([f64; 3], f64)> = (1..=4)
+            .map(|c| ([1.0, f64::from(c), 0.0], 2.0 + 0.5 * f64::from(c)))
+            .collect();
+        let x = least_squares(&rows).unwrap();
+        assert!((x[0] - 2.0).abs() < 1e-9 && (x[1] - 0.5).abs() < 1e-9 && x[2] == 0.0);
+        assert_eq!(least_squares(&rows[..1]), None);
+    }
 
     #[test]
     fn nelder_mead_finds_the_minimum_of_a_bowl() {

@@ -480,10 +480,10 @@ impl ServerProfile {
                 },
                 // Fitted to `crate::reference` (examples/fit-reference.rs).
                 time: TimeModel {
-                    request_overhead: 5620.0 / MICROS,
+                    request_overhead: 2690.0 / MICROS,
                     drift: 0.35,
                     drift_time: 0.5,
-                    ..micros(2530.0, 36.7, 221.0)
+                    ..micros(2544.0, 39.9, 208.9)
                 },
             },
             prefill: None,
