@@ -61,12 +61,37 @@ pub struct Recording {
 #[derive(Default)]
 struct Tokens {
     requests: u64,
-    prompt: u64,
     output: u64,
+    /// Requests whose prompt tokens the server reported (`usage`), and their sum.
+    with_usage: u64,
+    prompt: u64,
+    prompt_chars: u64,
+}
+
+/// How to count prompt tokens when the server did not report them (a sweep
+/// without `--stream-usage`): characters per token of the server's
+/// tokenizer, plus the chat template's tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptCount {
+    pub chars_per_token: Option<f64>,
+    pub chat_template_tokens: u32,
+}
+
+impl Tokens {
+    /// Mean prompt tokens per request, from usage or from characters.
+    fn prompt_mean(&self, count: PromptCount) -> Option<f64> {
+        if self.with_usage == self.requests {
+            return Some(self.prompt as f64 / self.requests as f64);
+        }
+        let chars = self.prompt_chars as f64 / self.requests as f64;
+        count
+            .chars_per_token
+            .map(|k| chars / k + f64::from(count.chat_template_tokens))
+    }
 }
 
 /// Read `dir` (its `stages.json` and `requests.jsonl`).
-pub fn read(dir: &Path) -> anyhow::Result<Recording> {
+pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
     let stages_path = dir.join("stages.json");
     let text = std::fs::read_to_string(&stages_path).with_context(|| {
         format!(
@@ -110,11 +135,21 @@ pub fn read(dir: &Path) -> anyhow::Result<Recording> {
             ));
             continue;
         };
+        let Some(prompt_tokens) = t.prompt_mean(count) else {
+            bail!(
+                "{}: stage {} has requests without prompt token counts (the server reports \
+                 them when the sweep runs with --stream-usage): record with --stream-usage, or \
+                 give --chars-per-token (the `ISL calibration` line of the sweep's log) and \
+                 --chat-template-tokens",
+                dir.join("requests.jsonl").display(),
+                e.label
+            );
+        };
         stages.push(RecordedStage {
             label: e.label.clone(),
             concurrency,
             duration_s: e.duration_s,
-            prompt_tokens: t.prompt as f64 / t.requests as f64,
+            prompt_tokens,
             output_tokens: t.output as f64 / t.requests as f64,
             client,
             server: server_signals(e.annotation.as_ref()),
@@ -145,7 +180,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Recording> {
 struct Requests {
     /// Per stage index, the token sums of its measured successful requests.
     tokens: BTreeMap<usize, Tokens>,
-    /// (prompt characters, prompt tokens) of those requests.
+    /// (prompt characters, prompt tokens) of those with usage.
     prompt_sizes: Vec<(f64, f64)>,
 }
 
@@ -171,7 +206,7 @@ fn read_requests(path: &Path) -> anyhow::Result<Requests> {
                 number + 1
             )
         })?;
-        let (Some(prompt), Some(output)) = (r.prompt_tokens, r.output_tokens) else {
+        let Some(output) = r.output_tokens else {
             continue;
         };
         if r.phase != "measured" || r.status != "ok" {
@@ -179,9 +214,13 @@ fn read_requests(path: &Path) -> anyhow::Result<Requests> {
         }
         let t = tokens.entry(r.stage).or_default();
         t.requests += 1;
-        t.prompt += prompt;
         t.output += output;
-        sizes.push((r.prompt_chars as f64, prompt as f64));
+        t.prompt_chars += r.prompt_chars as u64;
+        if let Some(prompt) = r.prompt_tokens {
+            t.with_usage += 1;
+            t.prompt += prompt;
+            sizes.push((r.prompt_chars as f64, prompt as f64));
+        }
     }
     Ok(Requests {
         tokens,

@@ -9,3 +9,4 @@
 mod cli;
 mod support;
 mod sweep;
+mod twin;

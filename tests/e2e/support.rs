@@ -52,12 +52,17 @@ pub struct Run {
     pub output: Output,
     /// `summary.json` from the output directory.
     pub summary: Value,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Run {
     pub fn code(&self) -> Option<i32> {
         self.output.status.code()
+    }
+
+    /// The output directory (stages.json, requests.jsonl, summary.json).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn stderr(&self) -> String {
@@ -122,8 +127,24 @@ pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run 
     Run {
         summary: serde_json::from_str(&summary).unwrap(),
         output,
-        _dir: dir,
+        dir,
     }
+}
+
+/// The body of `GET http://ADDR/PATH` (HTTP/1.0: the server closes when done).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_string()
 }
 
 /// `--scrape ROLE=URL` flags for every metrics endpoint of the simulator.

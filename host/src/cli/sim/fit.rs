@@ -80,6 +80,12 @@ pub struct Args {
     #[arg(long, help_heading = "The server")]
     pub chat_template_tokens: Option<u32>,
 
+    /// Characters per token of the server's tokenizer (the `ISL calibration`
+    /// line of the sweep's log), to count prompt tokens of a sweep recorded
+    /// without --stream-usage [default: such a sweep is refused].
+    #[arg(long, help_heading = "The server")]
+    pub chars_per_token: Option<f64>,
+
     /// Step jitter of the fitted model (not fitted).
     #[arg(long, default_value_t = 0.1, help_heading = "Noise (held, not fitted)")]
     pub jitter: f64,
@@ -127,12 +133,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.drift_time_ms
         );
     }
+    if args
+        .chars_per_token
+        .is_some_and(|k| !(k.is_finite() && k > 0.0))
+    {
+        bail!("--chars-per-token must be a positive number");
+    }
     let limits = server_limits(&args).await?;
+    let count = recorded::PromptCount {
+        chars_per_token: args.chars_per_token,
+        chat_template_tokens: args.chat_template_tokens.unwrap_or(0),
+    };
     let mut runs = Vec::new();
     let mut sizes = Vec::new();
     for dir in &args.runs {
         let dir = dir.clone();
-        let recording = tokio::task::spawn_blocking(move || recorded::read(&dir)).await??;
+        let recording = tokio::task::spawn_blocking(move || recorded::read(&dir, count)).await??;
         for skipped in &recording.skipped {
             tracing::warn!("left out: {skipped}");
         }
