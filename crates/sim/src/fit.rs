@@ -372,11 +372,12 @@ fn least_squares(rows: &[([f64; 3], f64)]) -> Option<[f64; 3]> {
             return None;
         }
         m.swap(col, pivot);
-        for r in 0..n {
+        let row = m[col].clone();
+        for (r, other) in m.iter_mut().enumerate() {
             if r != col {
-                let f = m[r][col] / m[col][col];
-                for k in col..=n {
-                    m[r][k] -= f * m[col][k];
+                let f = other[col] / row[col];
+                for (v, p) in other.iter_mut().zip(&row).skip(col) {
+                    *v -= f * p;
                 }
             }
         }
