@@ -392,3 +392,64 @@ fn set<T>(field: &mut T, value: Option<T>) {
         *field = v;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Role;
+
+    #[tokio::test]
+    async fn flags_override_every_engine_of_the_profile() {
+        let args = SimArgs {
+            kv_blocks: Some(64),
+            decode_per_seq_us: Some(300.0),
+            drift: Some(0.2),
+            time_scale: 2.0,
+            ..SimArgs::for_tests()
+        };
+        let profile = args.server_profile().await.unwrap().unwrap();
+        for role in [Role::Aggregate, Role::Prefill, Role::Decode] {
+            let e = profile.engine(role);
+            assert_eq!(e.limits.kv_blocks, 64, "{role:?}");
+            assert!((e.time.decode_per_seq - 600e-6).abs() < 1e-12, "{role:?}");
+            assert!((e.time.step_overhead - 2400e-6).abs() < 1e-12, "{role:?}");
+            assert_eq!(e.time.drift, 0.2);
+        }
+        let fast = SimArgs::fast_for_tests().server_profile().await.unwrap();
+        assert_eq!(fast, None, "the fast profile has no engine");
+    }
+
+    #[test]
+    fn bad_time_flags_are_refused_with_their_name() {
+        let bad = |args: SimArgs| args.validate().unwrap_err();
+        let base = SimArgs::for_tests;
+        assert!(
+            bad(SimArgs {
+                prefill_per_token_us: Some(-1.0),
+                ..base()
+            })
+            .starts_with("--prefill-per-token-us")
+        );
+        assert!(
+            bad(SimArgs {
+                jitter: Some(1.0),
+                ..base()
+            })
+            .starts_with("--jitter")
+        );
+        assert!(
+            bad(SimArgs {
+                drift_time_ms: Some(0.0),
+                ..base()
+            })
+            .starts_with("--drift-time-ms")
+        );
+        assert!(
+            bad(SimArgs {
+                max_model_len: Some(0),
+                ..base()
+            })
+            .starts_with("--max-model-len")
+        );
+    }
+}

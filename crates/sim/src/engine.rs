@@ -961,4 +961,166 @@ mod tests {
         assert!(e.end_step(0.002).is_empty());
         assert!(!e.has_work());
     }
+
+    fn seq(id: SeqId, prompt_tokens: u32, max_tokens: u32) -> NewSeq {
+        NewSeq {
+            id,
+            prompt_tokens,
+            max_tokens,
+            pre_generated: 0,
+            kv_transferred: false,
+            finish: FinishedReason::Length,
+        }
+    }
+
+    /// `cfg` without jitter and with the given time model.
+    fn timed(time: TimeModel) -> EngineConfig {
+        EngineConfig {
+            time,
+            ..cfg(8, 10_000)
+        }
+    }
+
+    const NO_COST: TimeModel = TimeModel {
+        step_overhead: 0.001,
+        prefill_per_token: 0.0,
+        decode_per_seq: 0.0,
+        decode_per_context_token: 0.0,
+        jitter: 0.0,
+        request_overhead: 0.0,
+        drift: 0.0,
+        drift_time: 0.0,
+    };
+
+    #[test]
+    fn each_cost_of_the_time_model_lengthens_the_step_it_applies_to() {
+        let step = |time: TimeModel, prompt: u32, decoding: bool| {
+            let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
+            e.submit(seq(1, prompt, 100), 0.0).unwrap();
+            let first = e.begin_step(0.0).unwrap();
+            e.end_step(first);
+            if decoding {
+                e.begin_step(first).unwrap()
+            } else {
+                first
+            }
+        };
+        let base = step(NO_COST, 100, false);
+        assert!((base - 0.001).abs() < 1e-12);
+        let prefill = TimeModel {
+            prefill_per_token: 1e-5,
+            ..NO_COST
+        };
+        assert!((step(prefill, 100, false) - (0.001 + 100.0 * 1e-5)).abs() < 1e-12);
+        let decode = TimeModel {
+            decode_per_seq: 2e-4,
+            ..NO_COST
+        };
+        assert!((step(decode, 100, true) - 0.0012).abs() < 1e-12);
+        // A decode reads its context: the 100 prompt tokens (the first
+        // output token has no KV entry yet).
+        let context = TimeModel {
+            decode_per_context_token: 1e-6,
+            ..NO_COST
+        };
+        assert!((step(context, 100, true) - (0.001 + 100.0 * 1e-6)).abs() < 1e-12);
+        assert!(step(context, 1000, true) > step(context, 100, true));
+    }
+
+    #[test]
+    fn the_request_overhead_delays_the_queue_and_counts_in_ttft() {
+        let time = TimeModel {
+            request_overhead: 0.010,
+            ..NO_COST
+        };
+        let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
+        e.submit(seq(1, 10, 2), 0.0).unwrap();
+        assert!(
+            !e.has_work() && e.num_waiting() == 0,
+            "still in the API server"
+        );
+        let at = e.next_arrival().unwrap();
+        assert!(
+            (0.005..=0.015).contains(&at),
+            "half to 1.5 times the overhead: {at}"
+        );
+        assert_eq!(e.begin_step(at - 1e-6), None, "not queued before its time");
+        let step = e.begin_step(at).unwrap();
+        let events = e.end_step(at + step);
+        assert_eq!(events.len(), 1);
+        let ttft = e.metrics().ttft().sum();
+        assert!(
+            (ttft - (at + step)).abs() < 1e-9,
+            "TTFT from submission: {ttft}"
+        );
+    }
+
+    #[test]
+    fn drift_is_seeded_and_keeps_the_mean_step() {
+        let run = |drift: f64, seed: u64| {
+            let time = TimeModel {
+                drift,
+                drift_time: 0.05,
+                ..NO_COST
+            };
+            let mut e = Engine::new(
+                EngineConfig {
+                    seed,
+                    ..timed(time)
+                },
+                EngineMetrics::new("m", "0", 4096),
+            );
+            e.submit(seq(1, 10, 20_000), 0.0).unwrap();
+            let (mut now, mut steps) = (0.0, Vec::new());
+            while let Some(d) = e.begin_step(now) {
+                now += d;
+                steps.push(d);
+                e.end_step(now);
+            }
+            steps
+        };
+        assert!(run(0.0, 1).iter().all(|d| (d - 0.001).abs() < 1e-12));
+        let drifting = run(0.5, 1);
+        assert_eq!(drifting, run(0.5, 1), "same seed, same steps");
+        assert_ne!(drifting, run(0.5, 2));
+        let mean = drifting.iter().sum::<f64>() / drifting.len() as f64;
+        assert!((mean / 0.001 - 1.0).abs() < 0.05, "mean step {mean}");
+        let (lo, hi) = drifting
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), d| (lo.min(*d), hi.max(*d)));
+        assert!(lo < 0.0007 && hi > 0.0014, "it drifts: {lo}..{hi}");
+    }
+
+    #[test]
+    fn a_long_prompt_is_admitted_with_the_blocks_of_its_first_chunk() {
+        // vLLM V1: the head of the queue needs blocks for what it computes
+        // now (its first chunk), not for its whole prompt. 40 blocks of 16;
+        // A holds 19 of them; B's 480-token prompt needs 30 but its first
+        // 64-token chunk 4, so B starts in the same step as A's decode.
+        let mut e = Engine::new(
+            EngineConfig {
+                max_num_batched_tokens: 64,
+                ..cfg(8, 40)
+            },
+            EngineMetrics::new("m", "0", 4096),
+        );
+        e.submit(seq(1, 300, 50), 0.0).unwrap();
+        let mut now = 0.0;
+        while e.num_running() == 0 || e.seqs[&1].generated == 0 {
+            now += e.begin_step(now).unwrap();
+            e.end_step(now);
+        }
+        e.submit(seq(2, 480, 10), now).unwrap();
+        now += e.begin_step(now).unwrap();
+        assert_eq!(e.num_running(), 2, "B admitted with 21 blocks free");
+        assert_eq!(e.seqs[&2].blocks, 4, "the first chunk's blocks only");
+        e.end_step(now);
+        // Both complete; B, the most recently admitted, yields when the
+        // cache runs out.
+        while let Some(d) = e.begin_step(now) {
+            now += d;
+            e.end_step(now);
+        }
+        assert_eq!(e.metrics().success(FinishedReason::Length), 2);
+    }
 }

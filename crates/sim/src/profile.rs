@@ -398,8 +398,14 @@ impl ServerProfile {
             if let Some(spec) = role {
                 let (l, t) = tables_of(spec);
                 let mut section = toml::Table::new();
-                section.insert("limits".into(), difference(l, &limits).into());
-                section.insert("time".into(), difference(t, &time).into());
+                for (name, table) in [
+                    ("limits", difference(l, &limits)),
+                    ("time", difference(t, &time)),
+                ] {
+                    if !table.is_empty() {
+                        section.insert(name.into(), table.into());
+                    }
+                }
                 doc.insert(key.into(), section.into());
             }
         }
@@ -489,5 +495,70 @@ impl ServerProfile {
             prefill: None,
             decode: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_profiles_survive_their_file() {
+        for profile in [
+            ServerProfile::default_profile(),
+            ServerProfile::vllm_cpu_ref(),
+        ] {
+            let text = profile.to_toml("a comment\nof two lines");
+            assert!(
+                text.starts_with("# a comment\n# of two lines\nname = "),
+                "{text}"
+            );
+            let back = ServerProfile::from_toml(&text, "f.toml").unwrap();
+            assert_eq!(back, profile, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_role_section_is_written_and_read_as_its_differences() {
+        let text = ServerProfile::default_profile().to_toml("");
+        assert!(
+            text.ends_with("[decode.limits]\nkv_blocks = 4096\n"),
+            "{text}"
+        );
+        let profile = ServerProfile::from_toml(&text, "f.toml").unwrap();
+        assert_eq!(profile.engine(Role::Prefill), profile.engine);
+        assert_eq!(profile.engine(Role::Decode).limits.kv_blocks, 4096);
+        assert_eq!(profile.engine(Role::Decode).limits.block_size, 16);
+    }
+
+    #[test]
+    fn mistakes_name_the_file_and_the_field() {
+        let base = ServerProfile::vllm_cpu_ref().to_toml("");
+        let err = |text: &str| {
+            ServerProfile::from_toml(text, "p.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(&base.replace("jitter = 0.1", "jitter = 1.5"));
+        assert!(
+            e.starts_with("profile file p.toml: time.jitter must be in [0, 1)"),
+            "{e}"
+        );
+        let e = err(&base.replace("kv_blocks = 63", "kv_blocks = \"many\""));
+        assert!(e.contains("p.toml") && e.contains("[limits]"), "{e}");
+        let e = err(&base.replace("drift_time_ms = 500.0", "drift_time_ms = 0.0"));
+        assert!(
+            e.contains("time.drift_time_ms must be a positive number"),
+            "{e}"
+        );
+        let e = err("name = \"x\"\n[limits]\n");
+        assert!(e.contains("missing field `time`"), "{e}");
+    }
+
+    #[test]
+    fn values_are_written_with_four_significant_digits() {
+        assert_eq!(readable(2529.5295950027657), 2530.0);
+        assert_eq!(readable(0.49943), 0.4994);
+        assert_eq!(readable(0.0), 0.0);
     }
 }

@@ -307,3 +307,68 @@ fn quantile(values: &mut [f64], q: f64) -> f64 {
     let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
     values[lo] + (values[hi] - values[lo]) * (rank - lo as f64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::TimeModel;
+
+    /// One sequence at a time, every step 1 ms, no noise.
+    fn one_at_a_time() -> EngineConfig {
+        EngineConfig {
+            max_num_seqs: 1,
+            max_num_batched_tokens: 2048,
+            kv_blocks: 1000,
+            block_size: 16,
+            max_model_len: u32::MAX,
+            time: TimeModel {
+                step_overhead: 0.001,
+                prefill_per_token: 0.0,
+                decode_per_seq: 0.0,
+                decode_per_context_token: 0.0,
+                request_overhead: 0.0,
+                jitter: 0.0,
+                drift: 0.0,
+                drift_time: 0.0,
+            },
+            seed: 1,
+        }
+    }
+
+    fn stage(concurrency: u32) -> SweepStage {
+        SweepStage {
+            concurrency,
+            duration_s: 1.0,
+            prompt_tokens: 10,
+            output_tokens: 10,
+        }
+    }
+
+    fn near(got: f64, want: f64, tolerance: f64) -> bool {
+        (got - want).abs() <= tolerance
+    }
+
+    #[test]
+    fn a_stream_measures_the_steps_and_a_second_one_waits_for_it() {
+        let f = run(&one_at_a_time(), &[stage(1), stage(2)]);
+        // A request is 10 steps of 1 ms: the prefill gives the first token.
+        let (alone, c) = (&f[0], &f[0].client);
+        assert!(near(c.output_tokens_per_second, 1000.0, 10.0), "{c:?}");
+        assert!(near(c.ttft_p50_seconds, 0.001, 1e-9) && near(c.itl_p50_seconds, 0.001, 1e-9));
+        assert!(near(c.e2e_p50_seconds, 0.010, 1e-9));
+        assert_eq!(alone.server.waiting_requests_p50, 0.0);
+        assert_eq!(alone.server.extra("running_requests_p50"), Some(1.0));
+        // Two streams, one running: the other always waits one request.
+        let (queued, c) = (&f[1], &f[1].client);
+        assert!(near(c.output_tokens_per_second, 1000.0, 20.0), "{c:?}");
+        assert!(near(c.ttft_p50_seconds, 0.011, 1e-9), "{c:?}");
+        assert_eq!(queued.server.waiting_requests_p50, 1.0);
+        assert_eq!(queued.server.preemptions, 0.0);
+        // histogram_quantile in the (0.01, 0.02] bucket.
+        assert!(
+            near(queued.server.ttft_p99_seconds, 0.0199, 1e-4),
+            "{:?}",
+            queued.server
+        );
+    }
+}
