@@ -33,14 +33,19 @@ pub async fn simulator(disaggregated: bool) -> RunningSim {
     .expect("the simulator starts")
 }
 
-/// A sweep of 3-second stages at the given concurrencies, stopped by
-/// `until_congested` with `params` (Starlark keyword arguments).
-pub fn sweep(concurrencies: &[u32], params: &str) -> String {
-    let levels = concurrencies
+/// `1, 2, 4`: concurrencies as a Starlark list's items.
+pub fn starlark_list(concurrencies: &[u32]) -> String {
+    concurrencies
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(", ")
+}
+
+/// A sweep of 3-second stages at the given concurrencies, stopped by
+/// `until_congested` with `params` (Starlark keyword arguments).
+pub fn sweep(concurrencies: &[u32], params: &str) -> String {
+    let levels = starlark_list(concurrencies);
     format!(
         "scenario(\n    workload = workload(\"faker\", isl=128, osl=256),\n    stages = until_congested(\n        \
          [stage(\"3s\", concurrency=c) for c in [{levels}]],\n        {params},\n    ),\n)\n"

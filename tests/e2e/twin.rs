@@ -11,7 +11,7 @@ use nyann_sim::engine::TimeModel;
 use nyann_sim::profile::{EngineSpec, Limits};
 use nyann_sim::{Profile, RunningSim, ServerProfile, SimArgs};
 
-use crate::support::{generate, http_get, nyann_bench, scrape_flags, serial};
+use crate::support::{generate, http_get, nyann_bench, scrape_flags, serial, starlark_list};
 
 /// The profile the round trip runs and fits back.
 fn known_profile() -> ServerProfile {
@@ -46,11 +46,7 @@ fn known_profile() -> ServerProfile {
 
 /// A plain sweep (no stop condition) of 4-second closed-loop stages.
 fn levels(isl: u32, osl: u32, concurrencies: &[u32]) -> String {
-    let levels = concurrencies
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
+    let levels = starlark_list(concurrencies);
     format!(
         "scenario(\n    workload = workload(\"synthetic\", isl={isl}, osl={osl}),\n    \
          stages = [stage(\"4s\", concurrency=c) for c in [{levels}]],\n)\n"

@@ -29,17 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         fitted.rms
     );
     for stage in &fitted.residuals {
-        let figures: Vec<String> = stage
-            .figures
-            .iter()
-            .map(|c| match c.relative_error() {
-                e if e.is_finite() => {
-                    format!("{} {:.3} ({:+.0}%)", c.figure, c.simulated, 100.0 * e)
-                }
-                _ => format!("{} {:.3} (recorded 0)", c.figure, c.simulated),
-            })
-            .collect();
-        println!("{}: {}", stage.label, figures.join(", "));
+        println!("{}: {stage}", stage.label);
     }
     for note in &fitted.notes {
         println!("note: {note}");

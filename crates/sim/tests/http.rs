@@ -18,6 +18,15 @@ async fn post(sim: &RunningSim, path: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
+async fn get_json(sim: &RunningSim, path: &str) -> Value {
+    reqwest::get(format!("http://{}{path}", sim.endpoint()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// The `data:` payloads of an SSE body, `[DONE]` included.
 fn sse_events(body: &str) -> Vec<String> {
     assert!(
@@ -273,12 +282,7 @@ async fn bad_requests_get_openai_errors() {
 async fn models_health_tokenize() {
     let sim = start(SimArgs::for_tests()).await.unwrap();
     let base = format!("http://{}", sim.endpoint());
-    let m: Value = reqwest::get(format!("{base}/v1/models"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m = get_json(&sim, "/v1/models").await;
     assert_eq!(m["data"][0]["id"], "nyann-sim");
     assert_eq!(m["data"][0]["max_model_len"], 224 * 16);
     assert_eq!(
@@ -321,12 +325,7 @@ async fn a_profile_shows_its_limits_and_chat_template() {
     .await
     .unwrap();
     let base = format!("http://{}", sim.endpoint());
-    let m: Value = reqwest::get(format!("{base}/v1/models"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m = get_json(&sim, "/v1/models").await;
     assert_eq!(m["data"][0]["max_model_len"], 1024);
     let metrics = reqwest::get(format!("{base}/metrics"))
         .await

@@ -344,23 +344,7 @@ fn report(fitted: &Fit, profile: &ServerProfile, notes: &[String]) -> String {
         "\nresidual per stage (simulated, and its error against the recording):"
     );
     for stage in &fitted.residuals {
-        let figures: Vec<String> = stage
-            .figures
-            .iter()
-            .map(|c| match c.relative_error() {
-                e if e.is_finite() => {
-                    format!("{} {:.4} ({:+.0}%)", c.figure, c.simulated, 100.0 * e)
-                }
-                _ => format!("{} {:.4} (recorded 0)", c.figure, c.simulated),
-            })
-            .collect();
-        let _ = writeln!(
-            out,
-            "  {} {}: {}",
-            stage.run,
-            stage.label,
-            figures.join(", ")
-        );
+        let _ = writeln!(out, "  {} {}: {stage}", stage.run, stage.label);
     }
     for note in notes {
         let _ = writeln!(out, "note: {note}");
