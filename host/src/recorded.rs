@@ -229,9 +229,19 @@ fn read_requests(path: &Path) -> anyhow::Result<Requests> {
 }
 
 /// The server signals of a judged stage: its `aggregate` role, or its only
-/// role (a disaggregated recording has no single engine to fit).
+/// role (a disaggregated recording has no single engine to fit). None when
+/// a query failed: the failed signals read 0 (fail-open), which is no
+/// measurement.
 fn server_signals(annotation: Option<&serde_json::Value>) -> Option<RoleSignals> {
-    let roles = annotation?.get("congestion")?.get("roles")?;
+    let congestion = annotation?.get("congestion")?;
+    let failed = congestion
+        .get("signal_errors")
+        .and_then(|e| e.as_array())
+        .is_some_and(|e| !e.is_empty());
+    if failed {
+        return None;
+    }
+    let roles = congestion.get("roles")?;
     let roles: Vec<RoleSignals> = serde_json::from_value(roles.clone()).ok()?;
     match roles.as_slice() {
         [only] => Some(only.clone()),

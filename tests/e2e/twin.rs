@@ -71,12 +71,21 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// What a live simulator adds to the TTFT its time model gives, which a
+/// recording cannot tell from the server's own request overhead: tokio's
+/// timer rounds every step's end up to the next millisecond, then the
+/// engine, HTTP and client tasks wake on a 2-core machine shared with the
+/// client (the fit put 3-5 ms there on a busy machine). The fit on the
+/// virtual clock, with none of it, recovers the overhead within 10%
+/// (crates/sim/tests/fit.rs).
+const LIVE_LATENCY_ROOM: f64 = 0.008;
+
 /// Record two sweeps (short and long prompts) of a simulator running a known
 /// profile, save its /metrics and /v1/models as a user would with curl, fit,
-/// and compare the written profile with the known one. The live server adds
-/// the client's own HTTP and timer latency (a few ms on loopback) to every
-/// TTFT, which the fit can only put into the request overhead: that one is
-/// checked from below and with that much room above.
+/// and compare the written profile with the known one: the step costs within
+/// 20%; the request overhead takes what the live simulator adds to every
+/// TTFT (see [`LIVE_LATENCY_ROOM`]), so it is checked from below, and from
+/// above with that much room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_fit_recovers_the_profile_a_simulator_ran() {
     let _serial = serial().await;
@@ -156,10 +165,10 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
     }
     let extra = got.request_overhead - want.request_overhead;
     assert!(
-        (-0.0005..=0.004).contains(&extra),
+        (-0.001..=LIVE_LATENCY_ROOM).contains(&extra),
         "request_overhead: fitted {:.4}, known {:.4}\n{stdout}",
         got.request_overhead,
-        want.request_overhead
+        want.request_overhead,
     );
 
     // The written file is what `sim --profile-file` serves.

@@ -14,8 +14,9 @@ pub enum Profile {
     /// blocks of 16 tokens, steps of ~1-4 ms. With the default workload (isl
     /// 128, osl 256) the KV cache saturates around concurrency 12-16 (for isl
     /// 64, osl 128, --kv-blocks 112 gives the same curve). With
-    /// --disaggregated the decode engine has 4096 KV blocks, so under long
-    /// prompts (isl 2048, osl 32) the prefill engine queues first.
+    /// --disaggregated the prefill engine has 512 KV blocks and the decode
+    /// engine 4096, so under long prompts (isl 2048, osl 32) the prefill
+    /// engine queues first.
     Default,
     /// A server that is never the bottleneck: 1 ms to the first token, 0.5 ms
     /// per token, 32 tokens by default, no queue, no KV limit.

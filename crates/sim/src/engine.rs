@@ -44,6 +44,11 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::metrics::{EngineMetrics, FinishedReason};
 
+/// The shortest step: time always moves on, whatever the time model (a
+/// model whose costs are all 0 would otherwise produce tokens forever
+/// without time passing).
+const MIN_STEP: f64 = 1e-6;
+
 /// Identifier of a sequence inside one engine (chosen by the caller).
 pub type SeqId = u64;
 
@@ -552,7 +557,7 @@ impl Engine {
             0.0
         };
         let step = t.step_seconds(done) * (1.0 + t.jitter * u);
-        (step * self.drift_factor(step)).max(0.0)
+        (step * self.drift_factor(step)).max(MIN_STEP)
     }
 
     /// The drift's factor for a step of `step` seconds: `exp(drift * x)`,

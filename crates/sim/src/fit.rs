@@ -32,7 +32,8 @@ pub struct RecordedStage {
     /// Mean output tokens per request.
     pub output_tokens: f64,
     pub client: ClientStats,
-    /// The server's signals, when the stage was judged (0 = not read).
+    /// The server's signals of the stage (`None` when it was not judged, or
+    /// a signal could not be read).
     pub server: Option<RoleSignals>,
 }
 
@@ -259,11 +260,7 @@ impl Searched {
 }
 
 /// Simulate every run under `time` and compare with the recordings.
-pub fn compare(
-    runs: &[RecordedRun],
-    settings: &FitSettings,
-    time: TimeModel,
-) -> Vec<StageResidual> {
+fn compare(runs: &[RecordedRun], settings: &FitSettings, time: TimeModel) -> Vec<StageResidual> {
     let cfg = EngineSpec {
         limits: settings.limits,
         time,

@@ -436,8 +436,10 @@ fn micros(step_overhead: f64, prefill_per_token: f64, decode_per_seq: f64) -> Ti
 
 impl ServerProfile {
     /// `--profile default`: a small GPU deployment scaled to run fast. In
-    /// disaggregated mode its decode engine has a large KV cache (as decode
-    /// pods do), so under long prompts the prefill engine is what queues.
+    /// disaggregated mode each engine's KV cache is sized for its job, as
+    /// in P/D deployments: the prefill engine's holds the prompts in flight
+    /// (512 blocks), the decode engine's many running sequences (4096), so
+    /// under long prompts the prefill engine's token budget is what queues.
     pub fn default_profile() -> ServerProfile {
         let engine = EngineSpec {
             limits: Limits {
@@ -455,7 +457,13 @@ impl ServerProfile {
             chat_template_tokens: 0,
             default_max_tokens: 256,
             engine,
-            prefill: None,
+            prefill: Some(EngineSpec {
+                limits: Limits {
+                    kv_blocks: 512,
+                    ..engine.limits
+                },
+                ..engine
+            }),
             decode: Some(EngineSpec {
                 limits: Limits {
                     kv_blocks: 4096,
@@ -522,11 +530,13 @@ mod tests {
     fn a_role_section_is_written_and_read_as_its_differences() {
         let text = ServerProfile::default_profile().to_toml("");
         assert!(
-            text.ends_with("[decode.limits]\nkv_blocks = 4096\n"),
+            text.ends_with(
+                "[prefill.limits]\nkv_blocks = 512\n\n[decode.limits]\nkv_blocks = 4096\n"
+            ),
             "{text}"
         );
         let profile = ServerProfile::from_toml(&text, "f.toml").unwrap();
-        assert_eq!(profile.engine(Role::Prefill), profile.engine);
+        assert_eq!(profile.engine(Role::Prefill).limits.kv_blocks, 512);
         assert_eq!(profile.engine(Role::Decode).limits.kv_blocks, 4096);
         assert_eq!(profile.engine(Role::Decode).limits.block_size, 16);
     }
