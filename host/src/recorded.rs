@@ -287,4 +287,29 @@ mod tests {
         // One length: not identifiable.
         assert_eq!(chat_template_tokens(&sizes[..10]), None);
     }
+
+    #[test]
+    fn a_stage_whose_signal_query_failed_has_no_server_figures() {
+        let role = |name: &str| RoleSignals {
+            role: name.into(),
+            waiting_requests_p50: 3.0,
+            ..RoleSignals::default()
+        };
+        let annotation = |errors: &[&str]| {
+            serde_json::json!({"congestion": {
+                "roles": [role("prefill"), role("aggregate")],
+                "signal_errors": errors,
+            }})
+        };
+        assert_eq!(
+            server_signals(Some(&annotation(&[]))),
+            Some(role("aggregate"))
+        );
+        // The failed signal read 0: fitting to it would fit a server with no queue.
+        assert_eq!(
+            server_signals(Some(&annotation(&["aggregate: waiting: timeout"]))),
+            None
+        );
+        assert_eq!(server_signals(None), None);
+    }
 }
