@@ -1061,6 +1061,18 @@ mod tests {
     }
 
     #[test]
+    fn a_time_model_of_no_cost_still_moves_time_on() {
+        // Else a virtual sweep would produce tokens forever at one instant.
+        let free = TimeModel {
+            step_overhead: 0.0,
+            ..NO_COST
+        };
+        let mut e = Engine::new(timed(free), EngineMetrics::new("m", "0", 4096));
+        e.submit(seq(1, 10, 2), 0.0).unwrap();
+        assert_eq!(e.begin_step(0.0), Some(MIN_STEP));
+    }
+
+    #[test]
     fn drift_is_seeded_and_keeps_the_mean_step() {
         let run = |drift: f64, seed: u64| {
             let time = TimeModel {
