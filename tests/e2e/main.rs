@@ -14,3 +14,4 @@ mod report;
 mod signals;
 mod support;
 mod sweep;
+mod twin;
