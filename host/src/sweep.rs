@@ -98,8 +98,7 @@ impl PolicyArgs {
 }
 
 /// What the check recorded for one judged stage: stored with the stage's
-/// result (`stages.json`, the summary) under the annotation key
-/// [`ANNOTATION_KEY`].
+/// result (`stages.json`, the summary) as its [`Judged`] annotation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CongestionRecord {
     pub policy: PolicyRef,
@@ -129,13 +128,22 @@ pub struct PolicyRef {
     pub origin: String,
 }
 
-/// The key of a [`CongestionRecord`] in a stage result's annotation.
-pub const ANNOTATION_KEY: &str = "congestion";
+/// What the congestion check stores with a judged stage: its annotation
+/// in `stages.json` and the summary (`{"congestion": {...}}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Judged {
+    pub congestion: CongestionRecord,
+}
+
+/// A step's result in a run the congestion check judged.
+pub type StageResult = nyann_load::StageResult<Judged>;
+/// A run the congestion check judged (`summary.json`).
+pub type RunResult = nyann_load::RunResult<Judged>;
 
 impl CongestionRecord {
     /// The record stored with a stage result, if the stage was judged.
-    pub fn of(annotation: Option<&serde_json::Value>) -> Option<CongestionRecord> {
-        serde_json::from_value(annotation?.get(ANNOTATION_KEY)?.clone()).ok()
+    pub fn of(stage: &StageResult) -> Option<&CongestionRecord> {
+        stage.annotation.as_ref().map(|judged| &judged.congestion)
     }
 
     /// True when the policy said "congested".
@@ -239,7 +247,11 @@ impl CongestionCheck {
         self.source.start();
     }
 
-    async fn judge(&mut self, done: &FinishedStage<'_>, params: &[Param]) -> HookOutcome {
+    async fn judge(
+        &mut self,
+        done: &FinishedStage<'_, Judged>,
+        params: &[Param],
+    ) -> HookOutcome<Judged> {
         let started = Instant::now();
         let signals = self
             .source
@@ -319,13 +331,14 @@ impl CongestionCheck {
             }
         };
         record.check_seconds = started.elapsed().as_secs_f64();
-        let annotation = serde_json::json!({ ANNOTATION_KEY: record });
-        outcome.with_annotation(annotation)
+        outcome.with_annotation(Judged { congestion: record })
     }
 }
 
 impl StageHook for CongestionCheck {
-    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+    type Annotation = Judged;
+
+    async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {
         match self.params.get(&done.index).cloned() {
             Some(params) => self.judge(done, &params).await,
             None => HookOutcome::proceed(),

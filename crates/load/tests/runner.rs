@@ -77,6 +77,7 @@ struct Recorder {
 }
 
 impl StageHook for Recorder {
+    type Annotation = serde_json::Value;
     async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
         self.seen.push((
             done.index,
@@ -196,6 +197,7 @@ async fn load_holds_between_stages_and_hold_requests_count_nowhere() {
     /// Takes its time, as a policy querying Prometheus would.
     struct Slow;
     impl StageHook for Slow {
+        type Annotation = serde_json::Value;
         async fn after_stage(&mut self, _: &FinishedStage<'_>) -> HookOutcome {
             tokio::time::sleep(Duration::from_millis(400)).await;
             HookOutcome::proceed()
@@ -499,6 +501,40 @@ async fn conversation_pool_is_refused_before_any_load() {
         .unwrap_err();
     assert!(err.to_string().contains("not supported yet"), "{err}");
     assert!(server.requests().is_empty());
+}
+
+/// The runner holds a scenario to the very rules (and words) the scenario
+/// language does: a hand-built IR is no way around them.
+#[tokio::test]
+async fn stage_rules_are_the_scenario_languages() {
+    let cases = [
+        (
+            Stage {
+                concurrency: Some(1),
+                rampup_s: Some(0.0),
+                ..Stage::new(1.0, Mode::Concurrent)
+            },
+            "rampup must be > 0 (or None for no ramp), got 0s",
+        ),
+        (
+            Stage {
+                concurrency: Some(0),
+                ..Stage::new(1.0, Mode::Concurrent)
+            },
+            "concurrency must be an int >= 1, got 0",
+        ),
+    ];
+    for (stage, expected) in cases {
+        let err = nyann_load::run(
+            &scenario(vec![Step::Stage(stage)]),
+            RunOptions::default(),
+            NoHook,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(expected), "{expected:?} not in {err:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
