@@ -1,7 +1,9 @@
 //! The congestion check: after each measured stage that carries an
 //! `until_congested(...)` stop condition, read the server signals of the
 //! stage, ask the policy for a verdict, and stop the sweep when it says
-//! "congested".
+//! "congested". Each `until_congested(...)` call is a sweep of its own: the
+//! policy's history holds that sweep's stages only, and its stop skips the
+//! rest of that sweep only.
 //!
 //! It plugs into the stage runner as its [`StageHook`], so it runs after the
 //! stage's requests completed and before the next stage starts, while the
@@ -12,8 +14,8 @@
 //! [`CongestionCheck::prepare`] before any request is sent.
 //!
 //! Failures never stop a sweep by themselves unless asked to: a failed
-//! signal query reads as zero and is recorded with the stage (SEED.md's
-//! fail-open rule); a failed policy call is recorded and, by default, the
+//! signal query reads as zero and is recorded with the stage (fail-open: a
+//! broken signal source never stops a sweep); a failed policy call is recorded and, by default, the
 //! sweep goes on (`--on-policy-error stop` changes that). A signal without
 //! series also reads zero, but the record says "no data" for it, and a stage
 //! judged with a whole role missing is a warning naming the role.
@@ -161,8 +163,9 @@ pub struct CongestionCheck {
     /// Checked parameters (defaults filled, durations in seconds) of each
     /// step that carries a stop condition, by step index.
     params: BTreeMap<usize, Vec<Param>>,
-    /// The stages judged so far, oldest first: the policy's `history`.
-    history: Vec<StageObservation>,
+    /// Per sweep (`until_congested(...)` call), the stages judged so far,
+    /// oldest first: the policy's `history` (a sweep never sees another's).
+    history: BTreeMap<u32, Vec<StageObservation>>,
 }
 
 impl CongestionCheck {
@@ -237,7 +240,7 @@ impl CongestionCheck {
             mode: policy_args.policy_mode,
             on_error: policy_args.on_policy_error,
             params,
-            history: Vec::new(),
+            history: BTreeMap::new(),
         }))
     }
 
@@ -282,7 +285,8 @@ impl CongestionCheck {
             }
             tracing::info!("stage {}: {}", done.label, describe_role(role, coverage));
         }
-        let judged = self.policy.judge(params, &observation, &self.history).await;
+        let history = self.history.entry(done.stage.sweep).or_default();
+        let judged = self.policy.judge(params, &observation, history).await;
         let info = self.policy.info();
         let mut record = CongestionRecord {
             policy: PolicyRef {
@@ -298,7 +302,7 @@ impl CongestionCheck {
             policy_error: None,
             check_seconds: 0.0,
         };
-        self.history.push(observation);
+        history.push(observation);
 
         let outcome = match judged {
             Ok(verdict) => {

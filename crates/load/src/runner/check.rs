@@ -4,7 +4,7 @@
 //! Starlark one would.
 
 use nyann_model::rules::{scenario_problems, stage_problems};
-use nyann_model::{Mode, Scenario, Stage, Step};
+use nyann_model::{Scenario, Stage, Step};
 
 use crate::runner::RunError;
 
@@ -19,9 +19,6 @@ pub(super) fn scenario(scenario: &Scenario) -> Result<(), RunError> {
                 .into_iter()
                 .map(|p| format!("{at}{p}")),
         );
-        if problems.is_empty() && stage.mode == Mode::ConversationPool {
-            return Err(RunError::ConversationPoolUnsupported { at });
-        }
     }
     if problems.is_empty() {
         Ok(())

@@ -1,5 +1,7 @@
 //! The senders that make the load: closed-loop streams (a request, and the
-//! next as soon as it ended) and the open-loop scheduler (arrivals on a
+//! next as soon as it ended; in a `conversation_pool` stage each request is
+//! a turn of a pooled conversation, see [`super::pool`]) and the open-loop
+//! scheduler (arrivals on a
 //! schedule, each a conversation of its own), and [`Load`], which sets them
 //! to a stage's level. A level change grows or shrinks the set of streams
 //! without aborting any request in flight (a surplus stream ends after its
@@ -15,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::lock;
 use crate::record::Phase;
+use crate::runner::pool::{Pool, fresh};
 use crate::runner::secs;
 use crate::runner::state::{Claim, Shared};
 use crate::runner::turn::{Conversation, Turn, run_turn};
@@ -108,6 +111,8 @@ impl Load {
         let rampup = stage.rampup_s.unwrap_or(0.0);
         match stage.mode {
             Mode::Concurrent | Mode::ConversationPool => {
+                let pool = (stage.mode == Mode::ConversationPool).then(|| self.pool_for(stage));
+                lock(&self.shared.current).pool = pool;
                 let streams = self.closed_loop();
                 let missing = streams.set_target(stage.concurrency.unwrap_or(1));
                 if missing > 0 {
@@ -121,6 +126,7 @@ impl Load {
                 }
             }
             Mode::Constant | Mode::Poisson => {
+                lock(&self.shared.current).pool = None;
                 self.stop_senders();
                 let rate = stage.rate.unwrap_or(0.0);
                 let schedule = if stage.mode == Mode::Constant {
@@ -142,6 +148,25 @@ impl Load {
                     stop,
                 ));
             }
+        }
+    }
+
+    /// The pool of a `conversation_pool` stage: the previous stage's when
+    /// that was a pool of the same workload, target and model (grown to
+    /// this stage's size), else a new one.
+    fn pool_for(&self, stage: &Stage) -> Arc<Pool> {
+        let concurrency = stage.concurrency.unwrap_or(1);
+        let size = match stage.conversation_pool_size {
+            0 => concurrency,
+            n => n.max(concurrency),
+        } as usize;
+        let key = format!("{:?}", (&stage.workload, &stage.target, &stage.model));
+        match lock(&self.shared.current).pool.clone() {
+            Some(pool) if pool.key == key => {
+                pool.grow_to(size);
+                pool
+            }
+            _ => Arc::new(Pool::new(key, size)),
         }
     }
 
@@ -221,11 +246,27 @@ async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>) {
             return;
         };
         let turns = claim.settings.turns;
-        let c = conv.get_or_insert_with(|| Conversation::new(&shared, &claim.settings));
-        let turn = run_turn(&shared, claim, c).await;
-        if c.is_over(&turn, turns) {
-            conv = None;
-        }
+        let turn = match claim.pool.clone() {
+            Some(pool) => {
+                // A pool stage: the stream's own conversation (from an
+                // earlier `concurrent` stage) is over.
+                conv = None;
+                let settings = claim.settings.clone();
+                let mut c = pool.take(fresh(&shared, &settings));
+                let turn = run_turn(&shared, claim, &mut c).await;
+                let over = c.is_over(&turn, turns);
+                pool.put_back(c, over, fresh(&shared, &settings));
+                turn
+            }
+            None => {
+                let c = conv.get_or_insert_with(|| Conversation::new(&shared, &claim.settings));
+                let turn = run_turn(&shared, claim, c).await;
+                if c.is_over(&turn, turns) {
+                    conv = None;
+                }
+                turn
+            }
+        };
         match turn {
             Turn::Ok => backoff.reset(),
             Turn::Failed { retry_after } => {

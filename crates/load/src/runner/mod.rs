@@ -3,7 +3,8 @@
 //!
 //! The modules follow a run: [`check`] (the scenario's rules),
 //! [`prepare`] (targets, models, prompts), [`state`] (what the tasks
-//! share), [`load`] (the senders at a stage's level), [`turn`] (one request
+//! share), [`load`] (the senders at a stage's level), [`pool`] (the
+//! conversations of `conversation_pool` stages), [`turn`] (one request
 //! and its record), [`steps`] (the stage loop), [`sweeps`] (what a stop
 //! skips), [`results`] (statistics, totals, outcome).
 //!
@@ -40,6 +41,7 @@
 
 mod check;
 mod load;
+mod pool;
 mod prepare;
 mod results;
 mod state;
@@ -121,10 +123,6 @@ impl Default for RunOptions {
 /// Why a run could not start (no load has been sent when these occur).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error(
-        "{at}mode `conversation_pool` is not supported yet: use `concurrent` with `turns` in the workload"
-    )]
-    ConversationPoolUnsupported { at: String },
     /// The scenario breaks the scenario language's rules
     /// ([`nyann_model::rules`]): every problem, one a line.
     #[error("{}", .0.join("\n"))]

@@ -16,6 +16,7 @@ use crate::client::Client;
 use crate::live::Live;
 use crate::lock;
 use crate::record::{Phase, RecordSink, RequestRecord, Status};
+use crate::runner::pool::Pool;
 use crate::runner::prepare::StageSettings;
 use crate::stats::{StageAccumulator, StageDetail};
 
@@ -142,6 +143,8 @@ pub(super) struct Current {
     pub(super) phase: Phase,
     /// No new request may be sent (between stages with the load stopped, or halted).
     pub(super) stopped: bool,
+    /// The conversation pool of the running `conversation_pool` stage.
+    pub(super) pool: Option<Arc<Pool>>,
     /// Requests sent per step (for max_requests).
     sent: Vec<u64>,
     /// `max_requests` per step (0 = no limit).
@@ -171,6 +174,7 @@ impl Current {
             stage: 0,
             phase: Phase::Hold,
             stopped: true,
+            pool: None,
             sent: vec![0; max_requests.len()],
             max_requests,
         }
@@ -208,6 +212,8 @@ pub(super) struct Claim {
     pub(super) phase: Phase,
     pub(super) scheduled_at: Option<f64>,
     pub(super) settings: Arc<StageSettings>,
+    /// In a `conversation_pool` stage: the pool to take the conversation from.
+    pub(super) pool: Option<Arc<Pool>>,
 }
 
 /// The state every task of a run shares.
@@ -295,6 +301,7 @@ impl Shared {
         }
         self.inflight.up();
         let id = self.next_id();
+        let pool = cur.pool.clone();
         drop(cur);
         if let Some(live) = &self.live {
             live.sent.fetch_add(1, Ordering::Relaxed);
@@ -305,6 +312,7 @@ impl Shared {
             phase: counted.phase,
             scheduled_at,
             settings,
+            pool,
         })
     }
 

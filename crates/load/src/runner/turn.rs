@@ -54,6 +54,17 @@ impl Conversation {
         }
     }
 
+    /// A conversation with no salt and nothing sent yet.
+    #[cfg(test)]
+    pub(super) fn bare(id: u64) -> Self {
+        Conversation {
+            id,
+            turn: 0,
+            messages: Vec::new(),
+            salt: None,
+        }
+    }
+
     /// Whether the conversation is over after its last turn ended `how`
     /// (a failed or abandoned turn ends it: its history lacks a reply).
     pub(super) fn is_over(&self, how: &Turn, turns: u32) -> bool {
@@ -229,12 +240,8 @@ mod tests {
 
     #[test]
     fn a_conversation_ends_after_its_last_turn_or_a_failed_one() {
-        let conv = Conversation {
-            id: 0,
-            turn: 2,
-            messages: Vec::new(),
-            salt: None,
-        };
+        let mut conv = Conversation::bare(0);
+        conv.turn = 2;
         assert!(!conv.is_over(&Turn::Ok, 3));
         assert!(conv.is_over(&Turn::Ok, 2));
         assert!(conv.is_over(&Turn::Abandoned, 3));
