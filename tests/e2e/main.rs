@@ -9,7 +9,9 @@
 mod abuse;
 mod browser;
 mod cli;
+mod policy;
 mod report;
 mod signals;
 mod support;
 mod sweep;
+mod twin;

@@ -19,7 +19,7 @@ use crate::support::{
 
 /// Thresholds the simulator crosses at c=16 (KV pressure with preemptions)
 /// and not before; the queueing rule is out of reach at c <= 16.
-const STOPS_AT_16: &str =
+pub const STOPS_AT_16: &str =
     r#"waiting_requests_p50=8, ttft_p99="1s", kv_cache_usage=0.95, preemptions=1"#;
 
 /// Thresholds no stage reaches.
@@ -27,7 +27,7 @@ const NEVER: &str =
     r#"waiting_requests_p50=100000, ttft_p99="1h", kv_cache_usage=1.0, preemptions=1000000"#;
 
 /// Concurrency 4, 8, 16, 32: index 2 is c=16.
-const LEVELS: [u32; 4] = [4, 8, 16, 32];
+pub const LEVELS: [u32; 4] = [4, 8, 16, 32];
 
 fn assert_stopped_at_c16(run: &crate::support::Run) {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -336,8 +336,10 @@ async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
     );
 }
 
+/// The error points at the keyword (line 5, column 33: `ttft=`), not at
+/// the `until_congested(` line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_policy_parameters_point_at_the_scenario_line() {
+async fn bad_policy_parameters_point_at_the_keyword() {
     let stderr = refused(
         &sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#),
         true,
@@ -345,7 +347,7 @@ async fn bad_policy_parameters_point_at_the_scenario_line() {
     )
     .await;
     assert!(
-        stderr.contains("bad.star:3:") && stderr.contains("unknown parameter `ttft`"),
+        stderr.contains("bad.star:5:33: until_congested(...): unknown parameter `ttft`"),
         "{stderr}"
     );
 }

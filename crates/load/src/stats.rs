@@ -235,6 +235,7 @@ impl StageAccumulator {
             itl_p99_seconds: quantile(&self.itl, 0.99),
             e2e_p50_seconds: quantile(&self.e2e, 0.5),
             e2e_p99_seconds: quantile(&self.e2e, 0.99),
+            dropped: self.dropped,
             requests_rejected: self.rejected,
             rejected_per_second: per_second(self.rejected),
             requests_late: self.late,

@@ -111,6 +111,22 @@ pub struct StopCondition {
     /// Where `until_congested(...)` was called, for error messages.
     #[serde(default)]
     pub location: Option<SourceLocation>,
+    /// Where each parameter's keyword is written, in the order of `params`
+    /// (empty when unknown: `**kwargs`, or an IR file written without them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_locations: Vec<Option<SourceLocation>>,
+}
+
+impl StopCondition {
+    /// Where parameter `name` is written, else where the call is.
+    pub fn location_of(&self, name: &str) -> Option<&SourceLocation> {
+        self.params
+            .iter()
+            .position(|p| p.name == name)
+            .and_then(|i| self.param_locations.get(i))
+            .and_then(Option::as_ref)
+            .or(self.location.as_ref())
+    }
 }
 
 /// A named parameter value.
@@ -128,6 +144,9 @@ pub struct Param {
 pub enum Value {
     Flag(bool),
     Number(f64),
+    /// Only made by the policy host, for a parameter of kind `integer`: the
+    /// scenario writes numbers (and an integer reads back as a number).
+    Integer(i64),
     Text(String),
 }
 

@@ -87,6 +87,70 @@ fn call_location(eval: &Evaluator) -> Option<SourceLocation> {
     })
 }
 
+/// Where keyword argument `name` is written in the call now running, found
+/// by scanning the call's source text for `name =` outside strings,
+/// comments and nested brackets. `None` when it is not written there (for
+/// example passed through `**kwargs`).
+fn keyword_location(eval: &Evaluator, name: &str) -> Option<SourceLocation> {
+    let call = eval.call_stack_top_location()?;
+    let text = call.source_span();
+    let bytes = text.as_bytes();
+    let mut depth = 0u32;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            quote @ (b'"' | b'\'') => {
+                let triple = text[i..].starts_with(&String::from(quote as char).repeat(3));
+                let (open, close) = if triple { (3, 3) } else { (1, 1) };
+                i += open;
+                while i < bytes.len() {
+                    if bytes[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if bytes[i] == quote
+                        && (!triple || bytes[i..].starts_with(&[quote, quote, quote]))
+                    {
+                        i += close - 1;
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            c if depth == 1 && (c.is_ascii_alphabetic() || c == b'_') => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                let rest = text[i..].trim_start();
+                if &text[start..i] == name && rest.starts_with('=') && !rest.starts_with("==") {
+                    let offset = u32::try_from(start).ok()?;
+                    let pos = starlark::codemap::Pos::new(call.span.begin().get() + offset);
+                    let resolved = call
+                        .file
+                        .resolve_span(starlark::codemap::Span::new(pos, pos));
+                    return Some(SourceLocation {
+                        file: call.filename().to_string(),
+                        line: u32::try_from(resolved.begin.line + 1).unwrap_or(u32::MAX),
+                        column: u32::try_from(resolved.begin.column + 1).unwrap_or(u32::MAX),
+                    });
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 fn raise(location: Option<SourceLocation>, messages: Vec<String>) -> starlark::Error {
     starlark::Error::new_native(anyhow::Error::new(CallProblems { location, messages }))
 }
@@ -506,9 +570,14 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
                 "until_congested(): stages must be a non-empty list of stage(...) values".into(),
             );
         }
+        let param_locations = typed
+            .iter()
+            .map(|p| keyword_location(eval, &p.name))
+            .collect();
         let stop = StopCondition {
             params: typed,
             location: location.clone(),
+            param_locations,
         };
         let sweeps = &state(eval)?.sweeps;
         let sweep = sweeps.get();

@@ -125,7 +125,7 @@ pub enum Command {
     /// Run a short congestion-stopped sweep against the built-in simulator.
     Demo(demo::Args),
     /// Serve a simulated vLLM engine (OpenAI API and /metrics).
-    Sim(sim::Args),
+    Sim(Box<sim::Args>),
     /// Compile a scenario file and print its IR as JSON.
     Scenario(scenario::Args),
     /// Build the HTML report of saved runs (several are overlaid).
@@ -146,7 +146,7 @@ impl Command {
         match self {
             Command::Generate(args) => generate::run(args, ui).await,
             Command::Demo(args) => demo::run(args, ui).await,
-            Command::Sim(args) => sim::run(args).await,
+            Command::Sim(args) => sim::run(*args).await,
             Command::Scenario(args) => scenario::run(args).await,
             Command::Report(args) => report::run(args, ui).await,
             Command::Policy(command) => policy::run(command).await,

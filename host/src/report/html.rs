@@ -415,6 +415,7 @@ fn has_data(record: &CongestionRecord, role: &str, field: &str) -> bool {
 fn param_value(value: &Value) -> Option<f64> {
     match value {
         Value::Number(n) => Some(*n),
+        Value::Integer(n) => Some(*n as f64),
         Value::Text(text) => nyann_model::parse_seconds(text).ok(),
         Value::Flag(_) => None,
     }
@@ -791,6 +792,7 @@ fn scenario(out: &mut String, run: &SavedRun) {
 fn param_text(value: &Value) -> String {
     match value {
         Value::Number(n) => format!("{n}"),
+        Value::Integer(n) => format!("{n}"),
         Value::Text(t) => format!("{t:?}"),
         Value::Flag(f) => format!("{f}"),
     }
@@ -842,6 +844,8 @@ mod tests {
                 origin: "builtin".into(),
             },
             mode: PolicyMode::Enforce,
+            sweep: Default::default(),
+            params: Vec::new(),
             roles,
             signal_errors: vec![],
             verdict: Some(Verdict {
@@ -894,6 +898,7 @@ mod tests {
                 },
             ],
             location: None,
+            param_locations: Vec::new(),
         };
         let scenario = Scenario {
             target: None,

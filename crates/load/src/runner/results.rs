@@ -169,6 +169,7 @@ mod tests {
             stop: Some(nyann_model::StopCondition {
                 params: Vec::new(),
                 location: None,
+                param_locations: Vec::new(),
             }),
             sweep: 1,
             ..nyann_model::Stage::new(2.0, nyann_model::Mode::Concurrent)

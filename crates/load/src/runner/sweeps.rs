@@ -57,6 +57,7 @@ mod tests {
             stop: sweep.map(|_| StopCondition {
                 params: Vec::new(),
                 location: None,
+                param_locations: Vec::new(),
             }),
             sweep: sweep.unwrap_or(0),
             ..Stage::new(1.0, Mode::Concurrent)
