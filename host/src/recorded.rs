@@ -16,6 +16,8 @@ use nyann_model::{ClientStats, RoleSignals};
 use nyann_sim::fit::{RecordedRun, RecordedStage};
 use serde::Deserialize;
 
+use crate::sweep::Judged;
+
 /// One entry of `stages.json`, as far as the fit is concerned.
 #[derive(Deserialize)]
 struct StageEntry {
@@ -30,7 +32,7 @@ struct StageEntry {
     #[serde(default)]
     client: Option<ClientStats>,
     #[serde(default)]
-    annotation: Option<serde_json::Value>,
+    annotation: Option<Judged>,
 }
 
 /// One line of `requests.jsonl`, as far as the fit is concerned.
@@ -232,17 +234,12 @@ fn read_requests(path: &Path) -> anyhow::Result<Requests> {
 /// role (a disaggregated recording has no single engine to fit). None when
 /// a query failed: the failed signals read 0 (fail-open), which is no
 /// measurement.
-fn server_signals(annotation: Option<&serde_json::Value>) -> Option<RoleSignals> {
-    let congestion = annotation?.get("congestion")?;
-    let failed = congestion
-        .get("signal_errors")
-        .and_then(|e| e.as_array())
-        .is_some_and(|e| !e.is_empty());
-    if failed {
+fn server_signals(judged: Option<&Judged>) -> Option<RoleSignals> {
+    let congestion = &judged?.congestion;
+    if !congestion.signal_errors.is_empty() {
         return None;
     }
-    let roles = congestion.get("roles")?;
-    let roles: Vec<RoleSignals> = serde_json::from_value(roles.clone()).ok()?;
+    let roles = &congestion.roles;
     match roles.as_slice() {
         [only] => Some(only.clone()),
         many => many.iter().find(|r| r.role == "aggregate").cloned(),
@@ -295,11 +292,17 @@ mod tests {
             waiting_requests_p50: 3.0,
             ..RoleSignals::default()
         };
-        let annotation = |errors: &[&str]| {
-            serde_json::json!({"congestion": {
+        let annotation = |errors: &[&str]| -> Judged {
+            serde_json::from_value(serde_json::json!({"congestion": {
+                "policy": {"name": "builtin", "version": "0.1.0", "origin": "builtin"},
+                "mode": "enforce",
                 "roles": [role("prefill"), role("aggregate")],
                 "signal_errors": errors,
-            }})
+                "verdict": null,
+                "policy_error": null,
+                "check_seconds": 0.0,
+            }}))
+            .unwrap()
         };
         assert_eq!(
             server_signals(Some(&annotation(&[]))),

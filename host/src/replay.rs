@@ -23,7 +23,7 @@ use nyann_model::{ClientStats, Param, StageObservation, StopCondition, Verdict};
 use nyann_policy_host::Policy;
 use serde::{Deserialize, Serialize};
 
-use crate::sweep::{CongestionRecord, PolicyMode};
+use crate::sweep::{Judged, PolicyMode};
 
 /// A stage of a results directory, as much of it as replay needs. Every
 /// field is optional or defaulted: see the module doc.
@@ -47,7 +47,7 @@ struct RecordedStage {
     #[serde(default)]
     detail: Option<RecordedDetail>,
     #[serde(default)]
-    annotation: Option<serde_json::Value>,
+    annotation: Option<Judged>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,7 +142,7 @@ fn judged(stage: RecordedStage) -> Option<JudgedStage> {
     if stage.status != "measured" {
         return None;
     }
-    let record = CongestionRecord::of(stage.annotation.as_ref())?;
+    let record = stage.annotation?.congestion;
     let recorded = match (record.verdict, record.policy_error) {
         (Some(verdict), _) => Ok(verdict),
         (None, error) => Err(error.unwrap_or_else(|| "no verdict recorded".to_string())),

@@ -1,7 +1,9 @@
 //! The congestion check: after each measured stage that carries an
 //! `until_congested(...)` stop condition, read the server signals of the
 //! stage, ask the policy for a verdict, and stop the sweep when it says
-//! "congested".
+//! "congested". Each `until_congested(...)` call is a sweep of its own: the
+//! policy's history holds that sweep's stages only, and its stop skips the
+//! rest of that sweep only.
 //!
 //! It plugs into the stage runner as its [`StageHook`], so it runs after the
 //! stage's requests completed and before the next stage starts, while the
@@ -153,8 +155,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// What the check recorded for one judged stage: stored with the stage's
-/// result (`stages.json`, the summary) under the annotation key
-/// [`ANNOTATION_KEY`].
+/// result (`stages.json`, the summary) as its [`Judged`] annotation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CongestionRecord {
     pub policy: PolicyRef,
@@ -191,13 +192,22 @@ pub struct PolicyRef {
     pub origin: String,
 }
 
-/// The key of a [`CongestionRecord`] in a stage result's annotation.
-pub const ANNOTATION_KEY: &str = "congestion";
+/// What the congestion check stores with a judged stage: its annotation
+/// in `stages.json` and the summary (`{"congestion": {...}}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Judged {
+    pub congestion: CongestionRecord,
+}
+
+/// A step's result in a run the congestion check judged.
+pub type StageResult = nyann_load::StageResult<Judged>;
+/// A run the congestion check judged (`summary.json`).
+pub type RunResult = nyann_load::RunResult<Judged>;
 
 impl CongestionRecord {
     /// The record stored with a stage result, if the stage was judged.
-    pub fn of(annotation: Option<&serde_json::Value>) -> Option<CongestionRecord> {
-        serde_json::from_value(annotation?.get(ANNOTATION_KEY)?.clone()).ok()
+    pub fn of(stage: &StageResult) -> Option<&CongestionRecord> {
+        stage.annotation.as_ref().map(|judged| &judged.congestion)
     }
 
     /// True when the policy said "congested".
@@ -216,8 +226,9 @@ pub struct CongestionCheck {
     /// condition, checked parameters (defaults filled, durations in
     /// seconds) and sweep.
     stops: BTreeMap<usize, Stop>,
-    /// The stages judged so far, oldest first: the policy's `history`.
-    history: Vec<StageObservation>,
+    /// Per sweep (`until_congested(...)` call), the stages judged so far,
+    /// oldest first: the policy's `history` (a sweep never sees another's).
+    history: BTreeMap<u32, Vec<StageObservation>>,
 }
 
 impl CongestionCheck {
@@ -235,11 +246,11 @@ impl CongestionCheck {
             .iter()
             .enumerate()
             .filter_map(|(index, step)| match step {
-                Step::Stage(stage) => stage.stop.as_ref().map(|stop| (index, stop)),
+                Step::Stage(stage) => stage.stop.as_ref().map(|stop| (index, stage, stop)),
                 Step::Barrier { .. } => None,
             })
             .collect();
-        let Some(&(_, first)) = stops.first() else {
+        let Some(&(_, _, first)) = stops.first() else {
             return Ok(None);
         };
         let Some(source) = SignalSource::from_args(signal_args).await? else {
@@ -261,11 +272,11 @@ impl CongestionCheck {
         let stops = stops
             .into_iter()
             .zip(checked)
-            .map(|((index, stop), params)| {
+            .map(|((index, stage, stop), params)| {
                 let stop = Stop {
                     condition: stop.clone(),
                     params,
-                    sweep: sweep_of(first, stop),
+                    sweep: sweep_of(stage.sweep, stop),
                 };
                 (index, stop)
             })
@@ -287,7 +298,7 @@ impl CongestionCheck {
             mode: policy_args.policy_mode,
             on_error: policy_args.on_policy_error,
             stops,
-            history: Vec::new(),
+            history: BTreeMap::new(),
         }))
     }
 
@@ -297,7 +308,11 @@ impl CongestionCheck {
         self.source.start();
     }
 
-    async fn judge(&mut self, done: &FinishedStage<'_>, stop: &Stop) -> HookOutcome {
+    async fn judge(
+        &mut self,
+        done: &FinishedStage<'_, Judged>,
+        stop: &Stop,
+    ) -> HookOutcome<Judged> {
         let started = Instant::now();
         let signals = self
             .source
@@ -329,10 +344,8 @@ impl CongestionCheck {
             }
             tracing::info!("stage {}: {}", done.label, describe_role(role, coverage));
         }
-        let judged = self
-            .policy
-            .judge(&stop.params, &observation, &self.history)
-            .await;
+        let history = self.history.entry(stop.sweep.index).or_default();
+        let judged = self.policy.judge(&stop.params, &observation, history).await;
         let info = self.policy.info();
         let mut record = CongestionRecord {
             policy: PolicyRef {
@@ -350,7 +363,7 @@ impl CongestionCheck {
             policy_error: None,
             check_seconds: 0.0,
         };
-        self.history.push(observation);
+        history.push(observation);
 
         let outcome = match judged {
             Ok(verdict) => {
@@ -383,13 +396,14 @@ impl CongestionCheck {
             }
         };
         record.check_seconds = started.elapsed().as_secs_f64();
-        let annotation = serde_json::json!({ ANNOTATION_KEY: record });
-        outcome.with_annotation(annotation)
+        outcome.with_annotation(Judged { congestion: record })
     }
 }
 
 impl StageHook for CongestionCheck {
-    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+    type Annotation = Judged;
+
+    async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {
         match self.stops.get(&done.index).cloned() {
             Some(stop) => self.judge(done, &stop).await,
             None => HookOutcome::proceed(),
@@ -437,16 +451,12 @@ pub fn check_stop_conditions(
         .collect())
 }
 
-/// The sweep a judged stage belongs to. Today a scenario is one sweep: all
-/// judged stages share one history and a congested verdict skips every
-/// later step, so every stage gets sweep 0, named after the first
-/// `until_congested(...)` call. This is the one place to change when each
-/// call becomes a sweep of its own.
-fn sweep_of(first: &StopCondition, _stop: &StopCondition) -> SweepRef {
-    let index = 0;
+/// The sweep a judged stage belongs to: its `until_congested(...)` call
+/// (each call is a sweep of its own), named after where it was called.
+fn sweep_of(index: u32, stop: &StopCondition) -> SweepRef {
     SweepRef {
         index,
-        name: first
+        name: stop
             .location
             .as_ref()
             .map(ToString::to_string)

@@ -400,3 +400,59 @@ async fn demo_runs_and_names_the_congested_stage() {
         "{stderr}"
     );
 }
+
+/// Two workloads characterised in one run: each `until_congested(...)` is
+/// a sweep of its own. The first stops at its c=16 and skips only its own
+/// c=32; the second still runs, from its c=4 up to its own stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sweep_stops_on_its_own() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let scenario = format!(
+        "chat = workload(\"faker\", isl=128, osl=256)\n\
+         scenario(\n    workload = chat,\n    stages = \
+         until_congested([stage(\"3s\", concurrency=c) for c in [4, 8, 16, 32]], {STOPS_AT_16})\n        \
+         + until_congested([stage(\"3s\", concurrency=c, workload=chat) for c in [4, 16, 32]], {STOPS_AT_16}),\n)\n"
+    );
+    let run = generate(&sim, &scenario, &scrape_flags(&sim)).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let statuses: Vec<_> = (0..7).map(|i| run.status(i)).collect();
+    assert_eq!(
+        statuses,
+        [
+            "measured", "measured", "measured", "skipped", "measured", "measured", "skipped"
+        ],
+        "{}",
+        run.stderr()
+    );
+    let congested: Vec<_> = [0, 1, 2, 4, 5].map(|i| run.congested(i)).to_vec();
+    assert_eq!(
+        congested,
+        [false, false, true, false, true],
+        "{}",
+        run.stderr()
+    );
+    assert!(
+        run.stage(3)["skip_reason"]
+            .as_str()
+            .unwrap()
+            .contains("#2 c=16"),
+        "{}",
+        run.stage(3)
+    );
+    let sweeps: Vec<_> = run.stages().iter().map(|s| s["sweep"].as_u64()).collect();
+    assert_eq!(
+        sweeps,
+        [0, 0, 0, 0, 1, 1, 1].map(Some),
+        "stages.json names each stage's sweep"
+    );
+    assert!(
+        run.stage(6)["skip_reason"]
+            .as_str()
+            .unwrap()
+            .contains("#5 c=16"),
+        "{}",
+        run.stage(6)
+    );
+    assert_eq!(run.stopped_at(), Some(5), "the last stop: {}", run.stderr());
+}

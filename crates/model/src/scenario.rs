@@ -87,9 +87,19 @@ pub struct Stage {
     /// Set by `until_congested(...)`: judge this stage when it ends.
     #[serde(default)]
     pub stop: Option<StopCondition>,
+    /// Set by `until_congested(...)` with `stop`: which sweep the stage
+    /// belongs to (one per call, numbered from 0 in the order of the
+    /// calls). A sweep's policy history is its own, and its stop skips only
+    /// the rest of that sweep.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sweep: u32,
     /// Where `stage(...)` was called, for error messages.
     #[serde(default)]
     pub location: Option<SourceLocation>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The parameters of one `until_congested(...)` call, as written (in order).
@@ -275,8 +285,14 @@ impl Stage {
             warmup: false,
             conversation_pool_size: 0,
             stop: None,
+            sweep: 0,
             location: None,
         }
+    }
+
+    /// The sweep the stage belongs to: `None` outside `until_congested(...)`.
+    pub fn sweep(&self) -> Option<u32> {
+        self.stop.as_ref().map(|_| self.sweep)
     }
 
     /// The stage's label in tables and logs: its name, else `c=N` / `rate=R`.

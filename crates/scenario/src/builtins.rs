@@ -56,6 +56,26 @@ impl fmt::Display for CallProblems {
 
 impl std::error::Error for CallProblems {}
 
+/// Numbers the sweeps 0, 1, ... in the order they appear in the scenario
+/// (an `until_congested(...)` result left unused leaves no gap).
+fn number_sweeps(steps: &mut [Step]) {
+    let mut seen: Vec<u32> = Vec::new();
+    for step in steps {
+        if let Step::Stage(stage) = step
+            && stage.stop.is_some()
+        {
+            let n = match seen.iter().position(|s| *s == stage.sweep) {
+                Some(n) => n,
+                None => {
+                    seen.push(stage.sweep);
+                    seen.len() - 1
+                }
+            };
+            stage.sweep = u32::try_from(n).unwrap_or(u32::MAX);
+        }
+    }
+}
+
 /// Where the builtin now running was called from (1-based line and column).
 fn call_location(eval: &Evaluator) -> Option<SourceLocation> {
     let span = eval.call_stack_top_location()?;
@@ -484,6 +504,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
             warmup,
             conversation_pool_size,
             stop: None,
+            sweep: 0,
             location: location.clone(),
         };
         if let Some(rate) = stage.rate
@@ -558,6 +579,9 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
             location: location.clone(),
             param_locations,
         };
+        let sweeps = &state(eval)?.sweeps;
+        let sweep = sweeps.get();
+        sweeps.set(sweep.saturating_add(1));
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             if let Some(s) = StageValue::from_value(*item) {
@@ -574,6 +598,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
                 }
                 let mut stage = s.stage.clone();
                 stage.stop = Some(stop.clone());
+                stage.sweep = sweep;
                 out.push(eval.heap().alloc(StageValue { stage }));
             } else if BarrierValue::from_value(*item).is_some() {
                 problems.push(format!(
@@ -653,6 +678,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
                 }
             },
         };
+        number_sweeps(&mut steps);
         let scenario = Scenario {
             target,
             model,

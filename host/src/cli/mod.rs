@@ -1,8 +1,10 @@
 //! The command line: one file per command, each with its clap `Args` and a
 //! `run` that returns the process exit code.
 
+mod client;
 mod demo;
 mod generate;
+mod interrupt;
 mod policy;
 pub mod progress;
 mod report;
