@@ -30,6 +30,22 @@ start_fast_sim() {
     shift 2
     "$@" "$binary" sim --profile fast --port 0 >"$WORK/sim.out" 2>"$WORK/sim.err" &
     SIM_PID=$!
+    wait_for_sim "$name"
+}
+
+# start_sim NAME BINARY SIM_FLAGS...: start `BINARY sim --port 0 SIM_FLAGS...`
+# and set BASE as start_fast_sim does.
+start_sim() {
+    local name=$1 binary=$2
+    shift 2
+    "$binary" sim --port 0 "$@" >"$WORK/sim.out" 2>"$WORK/sim.err" &
+    SIM_PID=$!
+    wait_for_sim "$name"
+}
+
+# wait_for_sim NAME: wait until the simulator printed its endpoint; set BASE.
+wait_for_sim() {
+    local name=$1
     for _ in $(seq 100); do
         grep -q '^endpoint ' "$WORK/sim.out" 2>/dev/null && break
         sleep 0.1
@@ -38,7 +54,7 @@ start_fast_sim() {
     [[ -n "$BASE" ]] || { echo "$name: the simulator did not start:" >&2; cat "$WORK/sim.err" >&2; exit 1; }
 }
 
-# stop_sim: stop the simulator start_fast_sim started.
+# stop_sim: stop the simulator start_fast_sim or start_sim started.
 stop_sim() {
     if [[ -n "$SIM_PID" ]]; then kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; fi
     SIM_PID=

@@ -5,6 +5,8 @@
 //! to an exit code; each command lives in its own file under `cli/`.
 
 mod cli;
+mod recorded;
+mod replay;
 mod report;
 mod sweep;
 

@@ -1,7 +1,9 @@
 //! The congestion check: after each measured stage that carries an
 //! `until_congested(...)` stop condition, read the server signals of the
 //! stage, ask the policy for a verdict, and stop the sweep when it says
-//! "congested".
+//! "congested". Each `until_congested(...)` call is a sweep of its own: the
+//! policy's history holds that sweep's stages only, and its stop skips the
+//! rest of that sweep only.
 //!
 //! It plugs into the stage runner as its [`StageHook`], so it runs after the
 //! stage's requests completed and before the next stage starts, while the
@@ -12,8 +14,7 @@
 //! [`CongestionCheck::prepare`] before any request is sent.
 //!
 //! Failures never stop a sweep by themselves unless asked to: a failed
-//! signal query reads as zero and is recorded with the stage (SEED.md's
-//! fail-open rule); a failed policy call is recorded and, by default, the
+//! signal query reads as zero and is recorded with the stage (fail-open); a failed policy call is recorded and, by default, the
 //! sweep goes on (`--on-policy-error stop` changes that). A signal without
 //! series also reads zero, but the record says "no data" for it, and a stage
 //! judged with a whole role missing is a warning naming the role.
@@ -22,13 +23,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use nyann_load::{FinishedStage, HookOutcome, StageHook};
 use nyann_model::{
     Param, RoleCoverage, RoleSignals, Scenario, SeriesStatus, StageObservation, Step,
-    StopCondition, Verdict,
+    StopCondition, SweepRef, Verdict,
 };
-use nyann_policy_host::{HostConfig, Policy, PolicyHost};
+use nyann_policy_host::{HostConfig, Policy, PolicyError, PolicyHost};
 use nyann_signals::{SignalArgs, SignalSource};
 use serde::{Deserialize, Serialize};
 
@@ -70,40 +71,102 @@ pub struct PolicyArgs {
     #[arg(long, value_enum, default_value_t = OnPolicyError::Continue)]
     pub on_policy_error: OnPolicyError,
 
-    /// Time limit of one policy call.
-    #[arg(
-        long,
-        value_name = "DURATION",
-        default_value = "100ms",
-        value_parser = nyann_model::parse_duration
-    )]
-    pub policy_timeout: Duration,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
 }
 
 impl PolicyArgs {
     /// Load the policy these flags name.
     pub fn load(&self) -> anyhow::Result<Policy> {
-        let config = HostConfig {
-            call_timeout: self.policy_timeout,
-            ..HostConfig::default()
-        };
-        let host = PolicyHost::new(config)?;
-        let policy = if self.policy == nyann_policy_host::BUILTIN {
-            host.load_builtin()?
-        } else {
-            host.load_file(&PathBuf::from(&self.policy))?
-        };
-        Ok(policy)
+        self.sandbox.load(&self.policy)
     }
 }
 
+/// The sandbox's budgets, for every command that loads a policy.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Policy sandbox")]
+pub struct SandboxArgs {
+    /// Fuel of one policy `judge` call: about the WebAssembly instructions
+    /// it may run (deterministic: it counts work, not time). `describe` and
+    /// `validate`, once at load, get ten times as much.
+    #[arg(long, value_name = "INSTRUCTIONS", default_value_t = HostConfig::default().judge_fuel)]
+    pub policy_fuel: u64,
+
+    /// Wall-clock limit of one policy `judge` call: a backstop well above
+    /// what the fuel takes (ten times as much for `describe`/`validate`).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = nyann_model::parse_duration)]
+    pub policy_timeout: Duration,
+
+    /// Largest policy component accepted (e.g. `64MiB`, `100MB`), checked
+    /// before it is read or compiled.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub policy_max_size: u64,
+}
+
+impl SandboxArgs {
+    /// Load `policy` (`builtin` or a component file) under these budgets.
+    pub fn load(&self, policy: &str) -> anyhow::Result<Policy> {
+        let config = HostConfig {
+            judge_fuel: self.policy_fuel,
+            call_timeout: self.policy_timeout,
+            max_component_bytes: self.policy_max_size,
+            ..HostConfig::default()
+        };
+        let host = PolicyHost::new(config)?;
+        let loaded = if policy == nyann_policy_host::BUILTIN {
+            host.load_builtin()
+        } else {
+            host.load_file(&PathBuf::from(policy))
+        };
+        loaded.map_err(|e| match e {
+            PolicyError::TooLarge { .. } => {
+                anyhow::anyhow!("{e}; raise the limit with --policy-max-size if you trust it")
+            }
+            e => e.into(),
+        })
+    }
+}
+
+/// `64MiB`, `100MB`, `1GiB`, `512KiB`, or a number of bytes.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let unit_bytes: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "`{text}` is not a size; write e.g. 64MiB, 100MB or 1GiB"
+            ));
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_bytes))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("`{text}` is not a size > 0; write e.g. 64MiB, 100MB or 1GiB"))
+}
+
 /// What the check recorded for one judged stage: stored with the stage's
-/// result (`stages.json`, the summary) under the annotation key
-/// [`ANNOTATION_KEY`].
+/// result (`stages.json`, the summary) as its [`Judged`] annotation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CongestionRecord {
     pub policy: PolicyRef,
     pub mode: PolicyMode,
+    /// The sweep the stage belongs to.
+    #[serde(default)]
+    pub sweep: SweepRef,
+    /// The `until_congested(...)` parameters as written (before the
+    /// policy's defaults), so that `policy replay` can judge the stage again.
+    #[serde(default)]
+    pub params: Vec<Param>,
     /// The server signals per role the policy was shown.
     pub roles: Vec<RoleSignals>,
     /// Per role and signal: whether series were found (a missing signal
@@ -129,13 +192,22 @@ pub struct PolicyRef {
     pub origin: String,
 }
 
-/// The key of a [`CongestionRecord`] in a stage result's annotation.
-pub const ANNOTATION_KEY: &str = "congestion";
+/// What the congestion check stores with a judged stage: its annotation
+/// in `stages.json` and the summary (`{"congestion": {...}}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Judged {
+    pub congestion: CongestionRecord,
+}
+
+/// A step's result in a run the congestion check judged.
+pub type StageResult = nyann_load::StageResult<Judged>;
+/// A run the congestion check judged (`summary.json`).
+pub type RunResult = nyann_load::RunResult<Judged>;
 
 impl CongestionRecord {
     /// The record stored with a stage result, if the stage was judged.
-    pub fn of(annotation: Option<&serde_json::Value>) -> Option<CongestionRecord> {
-        serde_json::from_value(annotation?.get(ANNOTATION_KEY)?.clone()).ok()
+    pub fn of(stage: &StageResult) -> Option<&CongestionRecord> {
+        stage.annotation.as_ref().map(|judged| &judged.congestion)
     }
 
     /// True when the policy said "congested".
@@ -150,11 +222,13 @@ pub struct CongestionCheck {
     policy: Policy,
     mode: PolicyMode,
     on_error: OnPolicyError,
-    /// Checked parameters (defaults filled, durations in seconds) of each
-    /// step that carries a stop condition, by step index.
-    params: BTreeMap<usize, Vec<Param>>,
-    /// The stages judged so far, oldest first: the policy's `history`.
-    history: Vec<StageObservation>,
+    /// For each step that carries a stop condition, by step index: its
+    /// condition, checked parameters (defaults filled, durations in
+    /// seconds) and sweep.
+    stops: BTreeMap<usize, Stop>,
+    /// Per sweep (`until_congested(...)` call), the stages judged so far,
+    /// oldest first: the policy's `history` (a sweep never sees another's).
+    history: BTreeMap<u32, Vec<StageObservation>>,
 }
 
 impl CongestionCheck {
@@ -172,11 +246,11 @@ impl CongestionCheck {
             .iter()
             .enumerate()
             .filter_map(|(index, step)| match step {
-                Step::Stage(stage) => stage.stop.as_ref().map(|stop| (index, stop)),
+                Step::Stage(stage) => stage.stop.as_ref().map(|stop| (index, stage, stop)),
                 Step::Barrier { .. } => None,
             })
             .collect();
-        let Some((_, first)) = stops.first() else {
+        let Some(&(_, _, first)) = stops.first() else {
             return Ok(None);
         };
         let Some(source) = SignalSource::from_args(signal_args).await? else {
@@ -191,27 +265,22 @@ impl CongestionCheck {
                  or --scrape [ROLE=]URL to sample the servers' /metrics directly"
             );
         };
-        let policy = policy_args
-            .load()
-            .with_context(|| format!("loading policy {}", policy_args.policy))?;
-        // One until_congested(...) call gives every stage of its list the same
-        // stop condition: check each distinct condition once.
-        let mut checked: Vec<(&StopCondition, Result<Vec<Param>, String>)> = Vec::new();
-        let mut params = BTreeMap::new();
-        for (index, stop) in stops {
-            let known = checked.iter().position(|(seen, _)| *seen == stop);
-            let position = known.unwrap_or_else(|| {
-                checked.push((stop, policy.check_params(stop).map_err(|e| e.to_string())));
-                checked.len() - 1
-            });
-            if let Ok(stop_params) = &checked[position].1 {
-                params.insert(index, stop_params.clone());
-            }
-        }
-        let errors: Vec<String> = checked.into_iter().filter_map(|(_, r)| r.err()).collect();
-        if !errors.is_empty() {
-            bail!("{}", errors.join("\n"));
-        }
+        // Its errors name the policy already ("cannot load policy X: ...").
+        let policy = policy_args.load()?;
+        let checked = check_stop_conditions(scenario, &policy)
+            .map_err(|errors| anyhow::anyhow!("{}", errors.join("\n")))?;
+        let stops = stops
+            .into_iter()
+            .zip(checked)
+            .map(|((index, stage, stop), params)| {
+                let stop = Stop {
+                    condition: stop.clone(),
+                    params,
+                    sweep: sweep_of(stage.sweep, stop),
+                };
+                (index, stop)
+            })
+            .collect();
         for warning in source.preflight().await? {
             tracing::warn!("{warning}");
         }
@@ -228,8 +297,8 @@ impl CongestionCheck {
             policy,
             mode: policy_args.policy_mode,
             on_error: policy_args.on_policy_error,
-            params,
-            history: Vec::new(),
+            stops,
+            history: BTreeMap::new(),
         }))
     }
 
@@ -239,7 +308,11 @@ impl CongestionCheck {
         self.source.start();
     }
 
-    async fn judge(&mut self, done: &FinishedStage<'_>, params: &[Param]) -> HookOutcome {
+    async fn judge(
+        &mut self,
+        done: &FinishedStage<'_, Judged>,
+        stop: &Stop,
+    ) -> HookOutcome<Judged> {
         let started = Instant::now();
         let signals = self
             .source
@@ -248,6 +321,7 @@ impl CongestionCheck {
         let observation = StageObservation {
             index: u32::try_from(done.index).unwrap_or(u32::MAX),
             name: done.label.to_string(),
+            sweep: stop.sweep.clone(),
             concurrency: done.stage.concurrency,
             rate: done.stage.rate,
             start_unix_seconds: done.start_unix,
@@ -270,7 +344,8 @@ impl CongestionCheck {
             }
             tracing::info!("stage {}: {}", done.label, describe_role(role, coverage));
         }
-        let judged = self.policy.judge(params, &observation, &self.history).await;
+        let history = self.history.entry(stop.sweep.index).or_default();
+        let judged = self.policy.judge(&stop.params, &observation, history).await;
         let info = self.policy.info();
         let mut record = CongestionRecord {
             policy: PolicyRef {
@@ -279,6 +354,8 @@ impl CongestionCheck {
                 origin: self.policy.origin().to_string(),
             },
             mode: self.mode,
+            sweep: stop.sweep.clone(),
+            params: stop.condition.params.clone(),
             roles: observation.roles.clone(),
             coverage: signals.coverage,
             signal_errors: observation.signal_errors.clone(),
@@ -286,7 +363,7 @@ impl CongestionCheck {
             policy_error: None,
             check_seconds: 0.0,
         };
-        self.history.push(observation);
+        history.push(observation);
 
         let outcome = match judged {
             Ok(verdict) => {
@@ -319,17 +396,71 @@ impl CongestionCheck {
             }
         };
         record.check_seconds = started.elapsed().as_secs_f64();
-        let annotation = serde_json::json!({ ANNOTATION_KEY: record });
-        outcome.with_annotation(annotation)
+        outcome.with_annotation(Judged { congestion: record })
     }
 }
 
 impl StageHook for CongestionCheck {
-    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
-        match self.params.get(&done.index).cloned() {
-            Some(params) => self.judge(done, &params).await,
+    type Annotation = Judged;
+
+    async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {
+        match self.stops.get(&done.index).cloned() {
+            Some(stop) => self.judge(done, &stop).await,
             None => HookOutcome::proceed(),
         }
+    }
+}
+
+/// One step's stop condition, ready to judge.
+#[derive(Debug, Clone)]
+struct Stop {
+    condition: StopCondition,
+    params: Vec<Param>,
+    sweep: SweepRef,
+}
+
+/// Check every `until_congested(...)` call of `scenario` against `policy`
+/// (each distinct call once: one call gives every stage of its list the
+/// same condition): the checked parameters of each stage that carries a
+/// condition, in step order, or every error at once.
+pub fn check_stop_conditions(
+    scenario: &Scenario,
+    policy: &Policy,
+) -> Result<Vec<Vec<Param>>, Vec<String>> {
+    let mut checked: Vec<(&StopCondition, Result<Vec<Param>, String>)> = Vec::new();
+    let mut positions = Vec::new();
+    for step in &scenario.steps {
+        let Step::Stage(stage) = step else { continue };
+        let Some(stop) = &stage.stop else { continue };
+        let known = checked.iter().position(|(seen, _)| *seen == stop);
+        positions.push(known.unwrap_or_else(|| {
+            checked.push((stop, policy.check_params(stop).map_err(|e| e.to_string())));
+            checked.len() - 1
+        }));
+    }
+    let errors: Vec<String> = checked
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err().cloned())
+        .collect();
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(positions
+        .into_iter()
+        .map(|p| checked[p].1.clone().unwrap_or_default())
+        .collect())
+}
+
+/// The sweep a judged stage belongs to: its `until_congested(...)` call
+/// (each call is a sweep of its own), named after where it was called.
+fn sweep_of(index: u32, stop: &StopCondition) -> SweepRef {
+    SweepRef {
+        index,
+        name: stop
+            .location
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| format!("sweep {index}")),
     }
 }
 

@@ -33,14 +33,19 @@ pub async fn simulator(disaggregated: bool) -> RunningSim {
     .expect("the simulator starts")
 }
 
-/// A sweep of 3-second stages at the given concurrencies, stopped by
-/// `until_congested` with `params` (Starlark keyword arguments).
-pub fn sweep(concurrencies: &[u32], params: &str) -> String {
-    let levels = concurrencies
+/// `1, 2, 4`: concurrencies as a Starlark list's items.
+pub fn starlark_list(concurrencies: &[u32]) -> String {
+    concurrencies
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(", ")
+}
+
+/// A sweep of 3-second stages at the given concurrencies, stopped by
+/// `until_congested` with `params` (Starlark keyword arguments).
+pub fn sweep(concurrencies: &[u32], params: &str) -> String {
+    let levels = starlark_list(concurrencies);
     format!(
         "scenario(\n    workload = workload(\"faker\", isl=128, osl=256),\n    stages = until_congested(\n        \
          [stage(\"3s\", concurrency=c) for c in [{levels}]],\n        {params},\n    ),\n)\n"
@@ -52,12 +57,17 @@ pub struct Run {
     pub output: Output,
     /// `summary.json` from the output directory.
     pub summary: Value,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Run {
     pub fn code(&self) -> Option<i32> {
         self.output.status.code()
+    }
+
+    /// The output directory (stages.json, requests.jsonl, summary.json).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn stderr(&self) -> String {
@@ -122,7 +132,7 @@ pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run 
     Run {
         summary: serde_json::from_str(&summary).unwrap(),
         output,
-        _dir: dir,
+        dir,
     }
 }
 
@@ -154,6 +164,22 @@ pub async fn refused(scenario: &str, scrape: bool, extra: &[&str]) -> String {
     stderr
 }
 
+/// The body of `GET http://ADDR/PATH` (HTTP/1.0: the server closes when done).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_string()
+}
+
 /// `--scrape ROLE=URL` flags for every metrics endpoint of the simulator.
 pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
     sim.metrics_endpoints()
@@ -171,7 +197,7 @@ pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
 /// policy host's `hostile-policy` test guest) for wasm32-wasip2 and return
 /// its `.wasm`.
 pub fn policy_wasm(package: &str) -> PathBuf {
-    let built = if package == "hostile-policy" {
+    let built = if package == "hostile-policy" || package == "legacy-v01-policy" {
         nyann_guests::test_guest(package)
     } else {
         nyann_guests::repository_guest(package)

@@ -19,7 +19,7 @@ use crate::support::{
 
 /// Thresholds the simulator crosses at c=16 (KV pressure with preemptions)
 /// and not before; the queueing rule is out of reach at c <= 16.
-const STOPS_AT_16: &str =
+pub const STOPS_AT_16: &str =
     r#"waiting_requests_p50=8, ttft_p99="1s", kv_cache_usage=0.95, preemptions=1"#;
 
 /// Thresholds no stage reaches.
@@ -27,7 +27,7 @@ const NEVER: &str =
     r#"waiting_requests_p50=100000, ttft_p99="1h", kv_cache_usage=1.0, preemptions=1000000"#;
 
 /// Concurrency 4, 8, 16, 32: index 2 is c=16.
-const LEVELS: [u32; 4] = [4, 8, 16, 32];
+pub const LEVELS: [u32; 4] = [4, 8, 16, 32];
 
 fn assert_stopped_at_c16(run: &crate::support::Run) {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -336,8 +336,10 @@ async fn a_stop_condition_without_a_signal_source_fails_before_any_load() {
     );
 }
 
+/// The error points at the keyword (line 5, column 33: `ttft=`), not at
+/// the `until_congested(` line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_policy_parameters_point_at_the_scenario_line() {
+async fn bad_policy_parameters_point_at_the_keyword() {
     let stderr = refused(
         &sweep(&[4], r#"waiting_requests_p50=8, ttft="1s""#),
         true,
@@ -345,7 +347,7 @@ async fn bad_policy_parameters_point_at_the_scenario_line() {
     )
     .await;
     assert!(
-        stderr.contains("bad.star:3:") && stderr.contains("unknown parameter `ttft`"),
+        stderr.contains("bad.star:5:33: until_congested(...): unknown parameter `ttft`"),
         "{stderr}"
     );
 }
@@ -397,4 +399,60 @@ async fn demo_runs_and_names_the_congested_stage() {
         stderr.starts_with("sweep stopped after stage #3 c=16: congested"),
         "{stderr}"
     );
+}
+
+/// Two workloads characterised in one run: each `until_congested(...)` is
+/// a sweep of its own. The first stops at its c=16 and skips only its own
+/// c=32; the second still runs, from its c=4 up to its own stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sweep_stops_on_its_own() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let scenario = format!(
+        "chat = workload(\"faker\", isl=128, osl=256)\n\
+         scenario(\n    workload = chat,\n    stages = \
+         until_congested([stage(\"3s\", concurrency=c) for c in [4, 8, 16, 32]], {STOPS_AT_16})\n        \
+         + until_congested([stage(\"3s\", concurrency=c, workload=chat) for c in [4, 16, 32]], {STOPS_AT_16}),\n)\n"
+    );
+    let run = generate(&sim, &scenario, &scrape_flags(&sim)).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let statuses: Vec<_> = (0..7).map(|i| run.status(i)).collect();
+    assert_eq!(
+        statuses,
+        [
+            "measured", "measured", "measured", "skipped", "measured", "measured", "skipped"
+        ],
+        "{}",
+        run.stderr()
+    );
+    let congested: Vec<_> = [0, 1, 2, 4, 5].map(|i| run.congested(i)).to_vec();
+    assert_eq!(
+        congested,
+        [false, false, true, false, true],
+        "{}",
+        run.stderr()
+    );
+    assert!(
+        run.stage(3)["skip_reason"]
+            .as_str()
+            .unwrap()
+            .contains("#2 c=16"),
+        "{}",
+        run.stage(3)
+    );
+    let sweeps: Vec<_> = run.stages().iter().map(|s| s["sweep"].as_u64()).collect();
+    assert_eq!(
+        sweeps,
+        [0, 0, 0, 0, 1, 1, 1].map(Some),
+        "stages.json names each stage's sweep"
+    );
+    assert!(
+        run.stage(6)["skip_reason"]
+            .as_str()
+            .unwrap()
+            .contains("#5 c=16"),
+        "{}",
+        run.stage(6)
+    );
+    assert_eq!(run.stopped_at(), Some(5), "the last stop: {}", run.stderr());
 }

@@ -6,7 +6,10 @@
 //!   so building the binary needs no wasm toolchain); `cargo xtask builtin`
 //!   regenerates it and a test checks that it matches its source;
 //! - the example policies and the policy host's hostile test guests, which
-//!   the tests load.
+//!   the tests load;
+//! - components assembled without a compiler ([`assembled`]), for hostile
+//!   tests that Rust cannot express (several memories, huge code, a shape
+//!   that differs from the WIT).
 //!
 //! Guests build in their own target directory (never the outer build's,
 //! whose lock the outer cargo holds), with the outer build's flags stripped
@@ -15,6 +18,7 @@
 //! paths remapped so that the same source gives the same bytes on any
 //! machine with the pinned toolchain.
 
+pub mod assembled;
 mod toolchain;
 
 use std::ffi::OsString;

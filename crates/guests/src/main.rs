@@ -1,33 +1,44 @@
 //! `cargo xtask builtin`: rebuilds the built-in policy component from
 //! `policies/builtin` and writes it to `policies/builtin/builtin.wasm`, the
 //! file the nyann-bench binary embeds. Commit the result.
+//!
+//! `cargo xtask assemble OUT.wasm LINE EXTRA_MEMORIES GROW_MIB FILLER_MIB`:
+//! writes an assembled policy component (see `nyann_guests::assembled`) for
+//! the interface line `0.1` or `0.2`, for the sandbox benchmark
+//! (`bench/policy-sandbox.sh`).
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args
+    let result = match args
         .iter()
         .map(String::as_str)
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["builtin"] => match regenerate_builtin() {
-            Ok(message) => {
-                println!("{message}");
-                ExitCode::SUCCESS
-            }
-            Err(message) => {
-                eprintln!("error: {message}");
-                ExitCode::FAILURE
-            }
-        },
+        ["builtin"] => regenerate_builtin(),
+        ["assemble", out, line, memories, grow_mib, filler_mib] => {
+            assemble(out, line, memories, grow_mib, filler_mib)
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask builtin\n  rebuilds {} from policies/builtin (then commit it)",
+                "usage: cargo xtask builtin\n  rebuilds {} from policies/builtin (then commit it)\n\
+                 usage: cargo xtask assemble OUT.wasm 0.1|0.2 EXTRA_MEMORIES GROW_MIB FILLER_MIB\n  \
+                 writes an assembled policy component (for bench/policy-sandbox.sh)",
                 nyann_guests::BUILTIN_COMMITTED
             );
-            ExitCode::from(2)
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -53,4 +64,29 @@ fn regenerate_builtin() -> Result<String, String> {
         nyann_guests::BUILTIN_COMMITTED,
         bytes.len()
     ))
+}
+
+fn assemble(
+    out: &str,
+    line: &str,
+    memories: &str,
+    grow_mib: &str,
+    filler_mib: &str,
+) -> Result<String, String> {
+    let number = |what: &str, text: &str| {
+        text.parse::<u32>()
+            .map_err(|_| format!("{what} must be a whole number, got {text:?}"))
+    };
+    let wit_path = nyann_guests::repository_root().join(format!("wit/{line}/policy.wit"));
+    let wit = std::fs::read_to_string(&wit_path)
+        .map_err(|e| format!("no interface line {line:?} ({}: {e})", wit_path.display()))?;
+    let spec = nyann_guests::assembled::Assembled {
+        extra_memories: number("EXTRA_MEMORIES", memories)?,
+        judge_grows_pages: number("GROW_MIB", grow_mib)? * 16,
+        filler_bytes: number("FILLER_MIB", filler_mib)? as usize * (1 << 20),
+        ..Default::default()
+    };
+    let bytes = nyann_guests::assembled::component(&wit, &format!("{line}.0"), &spec)?;
+    std::fs::write(out, &bytes).map_err(|e| format!("cannot write {out}: {e}"))?;
+    Ok(format!("wrote {out} ({} bytes)", bytes.len()))
 }

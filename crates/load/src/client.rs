@@ -39,7 +39,7 @@ const READY_POLL: Duration = Duration::from_millis(250);
 const ITL_PREALLOCATED: usize = 64;
 
 /// Which OpenAI endpoint to call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Api {
     /// `/chat/completions` with a `messages` list.

@@ -7,19 +7,25 @@
 //! load holds the finished stage's level (same concurrency or arrival rate),
 //! so the server stays in the steady state the stage measured; requests sent
 //! in that gap are recorded with phase `hold` and count in no stage. A
-//! [`HookDecision::Stop`] ends the sweep: the finished stage keeps its result
-//! and every later step is recorded as skipped with the reason.
+//! [`HookDecision::Stop`] ends the stage's sweep (the stages of its
+//! `until_congested(...)` call; for a stage outside any sweep: the run): the
+//! finished stage keeps its result and every step it skips is recorded as
+//! skipped with the reason.
 
+use std::fmt::Debug;
 use std::future::Future;
 
 use nyann_model::{ClientStats, Stage};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::result::StageResult;
 use crate::stats::{StageAccumulator, StageDetail};
 
-/// What the hook is shown about a finished stage.
+/// What the hook is shown about a finished stage (`A`: what the hook
+/// records with a stage, see [`StageHook::Annotation`]).
 #[derive(Debug)]
-pub struct FinishedStage<'a> {
+pub struct FinishedStage<'a, A = serde_json::Value> {
     /// Position in the scenario's steps (0-based, barriers counted).
     pub index: usize,
     pub stage: &'a Stage,
@@ -35,7 +41,7 @@ pub struct FinishedStage<'a> {
     /// workers' (a fleet judges the sum of its workers).
     pub stats: &'a StageAccumulator,
     /// Results of the earlier steps, in order.
-    pub history: &'a [StageResult],
+    pub history: &'a [StageResult<A>],
 }
 
 /// Whether the sweep goes on.
@@ -51,12 +57,12 @@ pub enum HookDecision {
 /// The hook's answer: a decision plus an optional annotation stored with the
 /// stage's result (for example the policy's verdict and the server signals).
 #[derive(Debug, Clone, PartialEq)]
-pub struct HookOutcome {
+pub struct HookOutcome<A = serde_json::Value> {
     pub decision: HookDecision,
-    pub annotation: Option<serde_json::Value>,
+    pub annotation: Option<A>,
 }
 
-impl HookOutcome {
+impl<A> HookOutcome<A> {
     /// Go on, with nothing to record.
     pub fn proceed() -> Self {
         HookOutcome {
@@ -75,7 +81,7 @@ impl HookOutcome {
         }
     }
 
-    pub fn with_annotation(mut self, annotation: serde_json::Value) -> Self {
+    pub fn with_annotation(mut self, annotation: A) -> Self {
         self.annotation = Some(annotation);
         self
     }
@@ -87,6 +93,7 @@ impl HookOutcome {
 /// use nyann_load::{FinishedStage, HookOutcome, StageHook};
 /// struct StopAfterTwo;
 /// impl StageHook for StopAfterTwo {
+///     type Annotation = serde_json::Value;
 ///     async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
 ///         if done.index >= 1 { HookOutcome::stop("two stages are enough") } else { HookOutcome::proceed() }
 ///     }
@@ -104,8 +111,14 @@ pub trait StageHook: Send {
         std::future::ready(())
     }
 
-    fn after_stage(&mut self, done: &FinishedStage<'_>)
-    -> impl Future<Output = HookOutcome> + Send;
+    /// What the hook records with a stage it judged: stored typed in the
+    /// stage's result (and under `annotation` in `stages.json`).
+    type Annotation: Serialize + DeserializeOwned + Debug + Clone + PartialEq + Send + Sync;
+
+    fn after_stage(
+        &mut self,
+        done: &FinishedStage<'_, Self::Annotation>,
+    ) -> impl Future<Output = HookOutcome<Self::Annotation>> + Send;
 }
 
 /// The hook that always continues.
@@ -113,6 +126,7 @@ pub trait StageHook: Send {
 pub struct NoHook;
 
 impl StageHook for NoHook {
+    type Annotation = serde_json::Value;
     async fn after_stage(&mut self, _done: &FinishedStage<'_>) -> HookOutcome {
         HookOutcome::proceed()
     }
@@ -120,13 +134,17 @@ impl StageHook for NoHook {
 
 /// An optional hook: `None` always continues.
 impl<H: StageHook> StageHook for Option<H> {
+    type Annotation = H::Annotation;
     async fn before_stage(&mut self, index: usize) {
         if let Some(hook) = self {
             hook.before_stage(index).await;
         }
     }
 
-    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+    async fn after_stage(
+        &mut self,
+        done: &FinishedStage<'_, H::Annotation>,
+    ) -> HookOutcome<H::Annotation> {
         match self {
             Some(hook) => hook.after_stage(done).await,
             None => HookOutcome::proceed(),
@@ -135,14 +153,16 @@ impl<H: StageHook> StageHook for Option<H> {
 }
 
 impl<H: StageHook> StageHook for &mut H {
+    type Annotation = H::Annotation;
+
     fn before_stage(&mut self, index: usize) -> impl Future<Output = ()> + Send {
         (**self).before_stage(index)
     }
 
     fn after_stage(
         &mut self,
-        done: &FinishedStage<'_>,
-    ) -> impl Future<Output = HookOutcome> + Send {
+        done: &FinishedStage<'_, H::Annotation>,
+    ) -> impl Future<Output = HookOutcome<H::Annotation>> + Send {
         (**self).after_stage(done)
     }
 }

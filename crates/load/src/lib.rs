@@ -2,17 +2,15 @@
 //! scenario into request records and per-stage client statistics.
 //!
 //! Entry point: [`run`] with a [`Scenario`](nyann_model::Scenario),
-//! [`RunOptions`] (usually from [`ClientArgs::to_options`]) and a
+//! [`RunOptions`] (plain settings: the binary turns its flags into them) and a
 //! [`StageHook`] that is asked after each measured stage whether the sweep
 //! goes on. See [`runner`] for the exact rules (which stage a request belongs
 //! to, what the load does between stages, warm-up, barriers, aborts).
 
-pub mod args;
 pub mod backoff;
 pub mod client;
 pub mod hook;
 pub mod http;
-pub mod interrupt;
 pub mod live;
 pub mod metrics;
 pub mod preflight;
@@ -24,10 +22,8 @@ pub mod sse;
 pub mod stats;
 pub mod workload;
 
-pub use args::ClientArgs;
 pub use client::{Api, ClientConfig};
 pub use hook::{FinishedStage, HookDecision, HookOutcome, NoHook, StageHook};
-pub use interrupt::cancel_on_signals;
 pub use live::{Live, LiveSnapshot};
 pub use record::{Phase, RequestRecord, Status, TokenSource};
 pub use result::{RunOutcome, RunResult, StageResult, StageStatus};

@@ -127,6 +127,46 @@ pub struct RequestRecord {
     pub client_error: bool,
 }
 
+impl RequestRecord {
+    /// An open-loop arrival that found `max_inflight` requests in flight:
+    /// never sent.
+    pub(crate) fn dropped(
+        id: u64,
+        conversation: u64,
+        stage: usize,
+        phase: Phase,
+        scheduled_at: f64,
+    ) -> Self {
+        RequestRecord {
+            id,
+            conversation,
+            turn: 1,
+            stage,
+            phase,
+            status: Status::Dropped,
+            scheduled_at: Some(scheduled_at),
+            sent_at: None,
+            first_token_at: None,
+            end_at: None,
+            ttft_s: None,
+            e2e_s: None,
+            itl_s: Vec::new(),
+            chunk_tokens: Vec::new(),
+            prompt_tokens: None,
+            output_tokens: None,
+            output_tokens_source: None,
+            prompt_chars: 0,
+            finish_reason: None,
+            response_id: None,
+            http_status: None,
+            error: Some("max_inflight requests in flight: arrival dropped".into()),
+            client_lag_s: None,
+            resent: false,
+            client_error: false,
+        }
+    }
+}
+
 fn is_false(b: &bool) -> bool {
     !b
 }

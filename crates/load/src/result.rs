@@ -16,7 +16,7 @@ pub enum StageStatus {
     Measured,
     /// A warm-up stage: ran, statistics shown but excluded from the totals and never judged.
     Warmup,
-    /// Not run: an earlier stage stopped the sweep, or the run was interrupted/aborted.
+    /// Not run: an earlier stage stopped its sweep, or the run was interrupted/aborted.
     Skipped,
     /// A barrier step.
     Barrier,
@@ -24,9 +24,9 @@ pub enum StageStatus {
     Interrupted,
 }
 
-/// One step of the scenario, as run.
+/// One step of the scenario, as run (`A`: what the stage hook recorded).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StageResult {
+pub struct StageResult<A = serde_json::Value> {
     /// Position in the scenario's steps (0-based, barriers counted).
     pub index: usize,
     pub label: String,
@@ -40,12 +40,16 @@ pub struct StageResult {
     /// For barriers: whether it waited for in-flight requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<bool>,
+    /// The sweep (`until_congested(...)` call, numbered from 0) the stage
+    /// belongs to; absent outside any sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<u32>,
     pub start_unix: Option<f64>,
     pub end_unix: Option<f64>,
     pub client: Option<ClientStats>,
     pub detail: Option<StageDetail>,
     /// What the stage hook stored (e.g. the congestion verdict).
-    pub annotation: Option<serde_json::Value>,
+    pub annotation: Option<A>,
     /// Why a skipped stage did not run.
     pub skip_reason: Option<String>,
     /// The run was interrupted while the stage hook (the congestion check)
@@ -60,7 +64,8 @@ pub struct StageResult {
 pub enum RunOutcome {
     /// Every step ran.
     Completed,
-    /// The stage hook stopped the sweep after stage `stage`.
+    /// The stage hook stopped a sweep after stage `stage` (with several
+    /// sweeps stopped: the last stopping stage, and every reason).
     Stopped { stage: usize, reason: String },
     /// Too many consecutive failures (or another fatal condition).
     Aborted { reason: String },
@@ -68,9 +73,9 @@ pub enum RunOutcome {
     Interrupted,
 }
 
-/// The whole run.
+/// The whole run (`A`: what the stage hook recorded with each stage).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunResult {
+pub struct RunResult<A = serde_json::Value> {
     pub outcome: RunOutcome,
     pub start_unix: f64,
     pub end_unix: f64,
@@ -83,10 +88,10 @@ pub struct RunResult {
     pub totals: ClientStats,
     pub totals_detail: StageDetail,
     pub requests_recorded: u64,
-    pub stages: Vec<StageResult>,
+    pub stages: Vec<StageResult<A>>,
 }
 
-impl RunResult {
+impl<A: Serialize> RunResult<A> {
     /// The process exit code: 0 completed or stopped by the hook, 1 aborted, 130 interrupted.
     pub fn exit_code(&self) -> u8 {
         match self.outcome {

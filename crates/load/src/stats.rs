@@ -49,6 +49,19 @@ pub struct StageDetail {
     pub client_lag_p50_seconds: f64,
     #[serde(default)]
     pub client_lag_p99_seconds: f64,
+    /// TTFT of first turns and of later turns (a later turn's prompt starts
+    /// with the conversation so far: where prefix caching shows), and how
+    /// many later turns succeeded (0 for single-turn workloads).
+    #[serde(default)]
+    pub first_turn_ttft_p50_seconds: f64,
+    #[serde(default)]
+    pub first_turn_ttft_p99_seconds: f64,
+    #[serde(default)]
+    pub later_turns_ok: u64,
+    #[serde(default)]
+    pub later_turn_ttft_p50_seconds: f64,
+    #[serde(default)]
+    pub later_turn_ttft_p99_seconds: f64,
 }
 
 /// Client lag p99 above which a stage warns that the client fell behind.
@@ -88,6 +101,9 @@ pub struct StageAccumulator {
     client_errors: u64,
     output_tokens: u64,
     ttft: Histogram<u64>,
+    /// The TTFT of first turns and of later turns.
+    first_ttft: Histogram<u64>,
+    later_ttft: Histogram<u64>,
     itl: Histogram<u64>,
     e2e: Histogram<u64>,
     client_lag: Histogram<u64>,
@@ -121,6 +137,12 @@ struct WireAccumulator {
     itl: Vec<(u64, u64)>,
     e2e: Vec<(u64, u64)>,
     client_lag: Vec<(u64, u64)>,
+    /// TTFT of first and of later turns (conversation_pool); absent from
+    /// messages of builds before the pool.
+    #[serde(default)]
+    first_ttft: Vec<(u64, u64)>,
+    #[serde(default)]
+    later_ttft: Vec<(u64, u64)>,
 }
 
 fn buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
@@ -153,6 +175,8 @@ impl From<StageAccumulator> for WireAccumulator {
             itl: buckets(&a.itl),
             e2e: buckets(&a.e2e),
             client_lag: buckets(&a.client_lag),
+            first_ttft: buckets(&a.first_ttft),
+            later_ttft: buckets(&a.later_ttft),
         }
     }
 }
@@ -172,6 +196,8 @@ impl From<WireAccumulator> for StageAccumulator {
             itl: from_buckets(&w.itl),
             e2e: from_buckets(&w.e2e),
             client_lag: from_buckets(&w.client_lag),
+            first_ttft: from_buckets(&w.first_ttft),
+            later_ttft: from_buckets(&w.later_ttft),
         }
     }
 }
@@ -204,6 +230,8 @@ impl StageAccumulator {
             client_errors: 0,
             output_tokens: 0,
             ttft: histogram(),
+            first_ttft: histogram(),
+            later_ttft: histogram(),
             itl: histogram(),
             e2e: histogram(),
             client_lag: histogram(),
@@ -221,6 +249,12 @@ impl StageAccumulator {
                 self.output_tokens += record.output_tokens.unwrap_or(0);
                 if let Some(ttft) = record.ttft_s {
                     self.ttft.saturating_record(micros(ttft));
+                    let by_turn = if record.turn > 1 {
+                        &mut self.later_ttft
+                    } else {
+                        &mut self.first_ttft
+                    };
+                    by_turn.saturating_record(micros(ttft));
                 }
                 if let Some(e2e) = record.e2e_s {
                     self.e2e.saturating_record(micros(e2e));
@@ -252,6 +286,8 @@ impl StageAccumulator {
         self.output_tokens += other.output_tokens;
         // Same bounds on both sides: adding cannot fail.
         let _ = self.ttft.add(&other.ttft);
+        let _ = self.first_ttft.add(&other.first_ttft);
+        let _ = self.later_ttft.add(&other.later_ttft);
         let _ = self.itl.add(&other.itl);
         let _ = self.e2e.add(&other.e2e);
         let _ = self.client_lag.add(&other.client_lag);
@@ -287,6 +323,7 @@ impl StageAccumulator {
             itl_p99_seconds: quantile(&self.itl, 0.99),
             e2e_p50_seconds: quantile(&self.e2e, 0.5),
             e2e_p99_seconds: quantile(&self.e2e, 0.99),
+            dropped: self.dropped,
             requests_rejected: self.rejected,
             rejected_per_second: per_second(self.rejected),
             requests_late: self.late,
@@ -304,6 +341,11 @@ impl StageAccumulator {
             e2e_p90_seconds: quantile(&self.e2e, 0.9),
             client_lag_p50_seconds: quantile(&self.client_lag, 0.5),
             client_lag_p99_seconds: quantile(&self.client_lag, 0.99),
+            first_turn_ttft_p50_seconds: quantile(&self.first_ttft, 0.5),
+            first_turn_ttft_p99_seconds: quantile(&self.first_ttft, 0.99),
+            later_turns_ok: self.later_ttft.len(),
+            later_turn_ttft_p50_seconds: quantile(&self.later_ttft, 0.5),
+            later_turn_ttft_p99_seconds: quantile(&self.later_ttft, 0.99),
         };
         (client, detail)
     }

@@ -263,6 +263,7 @@ async fn a_barrier_drain_is_bounded_too_and_later_stages_are_untouched() {
 async fn a_check_interrupted_mid_way_is_recorded_on_its_stage() {
     struct Forever(nyann_load::CancellationToken);
     impl StageHook for Forever {
+        type Annotation = serde_json::Value;
         async fn after_stage(&mut self, _: &FinishedStage<'_>) -> HookOutcome {
             self.0.cancel();
             std::future::pending().await

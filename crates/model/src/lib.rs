@@ -6,19 +6,24 @@
 //! had data, beside what the policy sees. They are plain serde types with no
 //! behaviour, so that the crates that produce them (scenario, load, signals)
 //! and the ones that consume them (load, policy host, report) depend on this
-//! small crate and not on each other. `duration` is the one duration grammar
-//! of the scenario language and of every flag.
+//! small crate and not on each other. `rules` are the checks every scenario
+//! passes, whoever built it. `duration` is the one duration grammar
+//! of the scenario language and of every flag; `header` the one grammar of a
+//! header flag.
 
 pub mod coverage;
 pub mod duration;
+pub mod header;
 pub mod observation;
+pub mod rules;
 pub mod scenario;
 
 pub use coverage::{RoleCoverage, SeriesStatus, SignalCoverage};
 pub use duration::{DURATION_HELP, parse_duration, parse_seconds};
+pub use header::parse_header;
 
 pub use observation::{
-    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Verdict,
+    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, SweepRef, Verdict,
 };
 pub use scenario::{
     CacheSalt, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition, Value, Workload,

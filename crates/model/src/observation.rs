@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 use crate::scenario::Value;
 
 /// Server-side signals of one role (`aggregate`, `prefill` or `decode`) over one stage.
-/// Missing series evaluate as zero; [`RoleCoverage`](crate::RoleCoverage)
-/// says which signals had series.
+/// Missing series evaluate as zero (and so do fields missing from a record);
+/// [`RoleCoverage`](crate::RoleCoverage) says which signals had series.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RoleSignals {
     pub role: String,
     /// p50 over the steady window of the per-sample sum of waiting requests across pods.
@@ -26,7 +27,6 @@ pub struct RoleSignals {
     pub preemptions: f64,
     /// More named figures (e.g. `ttft_p50_seconds`, `itl_p99_seconds`,
     /// `generation_tokens_per_second`, `kv_cache_usage_min`, `running_requests_p50`).
-    #[serde(default)]
     pub extra: Vec<(String, f64)>,
 }
 
@@ -38,7 +38,10 @@ impl RoleSignals {
 }
 
 /// Client-side statistics of one stage (measured by nyann-bench itself).
+/// Read tolerantly (`#[serde(default)]`): results written by older versions
+/// lack the newer counts, which then read as zero.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ClientStats {
     pub requests_ok: u64,
     pub requests_failed: u64,
@@ -52,14 +55,23 @@ pub struct ClientStats {
     pub e2e_p99_seconds: f64,
     /// Requests the server shed (HTTP 429, or 503 with `Retry-After`): a
     /// busy server, not a broken one. Not in `requests_failed`.
-    #[serde(default)]
     pub requests_rejected: u64,
-    #[serde(default)]
     pub rejected_per_second: f64,
     /// Requests still in flight when the stage's drain time ran out
     /// (abandoned; in no latency figure).
-    #[serde(default)]
     pub requests_late: u64,
+    /// Open-loop arrivals not sent because `max_inflight` requests were in flight.
+    pub dropped: u64,
+}
+
+/// Which sweep a stage belongs to: one `until_congested(...)` list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepRef {
+    /// Position among the scenario's sweeps (0-based).
+    pub index: u32,
+    /// Where the `until_congested(...)` call is written (`file:line:col`),
+    /// else `sweep <index>`.
+    pub name: String,
 }
 
 /// Everything known about one finished stage.
@@ -68,6 +80,9 @@ pub struct StageObservation {
     /// Position of the stage in the scenario (0-based, barriers counted).
     pub index: u32,
     pub name: String,
+    /// The sweep of the stage; `history` holds the earlier stages of the same sweep.
+    #[serde(default)]
+    pub sweep: SweepRef,
     pub concurrency: Option<u32>,
     pub rate: Option<f64>,
     pub start_unix_seconds: f64,
@@ -91,6 +106,8 @@ pub struct Verdict {
 pub enum ParamKind {
     /// Any finite number.
     Number,
+    /// A whole number; passed as `Value::Integer`.
+    Integer,
     /// A number in 0..=1.
     Fraction,
     /// `"750ms"`, `"2s"`, `"1m30s"` or integer seconds; passed as seconds.

@@ -87,9 +87,19 @@ pub struct Stage {
     /// Set by `until_congested(...)`: judge this stage when it ends.
     #[serde(default)]
     pub stop: Option<StopCondition>,
+    /// Set by `until_congested(...)` with `stop`: which sweep the stage
+    /// belongs to (one per call, numbered from 0 in the order of the
+    /// calls). A sweep's policy history is its own, and its stop skips only
+    /// the rest of that sweep.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sweep: u32,
     /// Where `stage(...)` was called, for error messages.
     #[serde(default)]
     pub location: Option<SourceLocation>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The parameters of one `until_congested(...)` call, as written (in order).
@@ -101,6 +111,22 @@ pub struct StopCondition {
     /// Where `until_congested(...)` was called, for error messages.
     #[serde(default)]
     pub location: Option<SourceLocation>,
+    /// Where each parameter's keyword is written, in the order of `params`
+    /// (empty when unknown: `**kwargs`, or an IR file written without them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_locations: Vec<Option<SourceLocation>>,
+}
+
+impl StopCondition {
+    /// Where parameter `name` is written, else where the call is.
+    pub fn location_of(&self, name: &str) -> Option<&SourceLocation> {
+        self.params
+            .iter()
+            .position(|p| p.name == name)
+            .and_then(|i| self.param_locations.get(i))
+            .and_then(Option::as_ref)
+            .or(self.location.as_ref())
+    }
 }
 
 /// A named parameter value.
@@ -118,6 +144,9 @@ pub struct Param {
 pub enum Value {
     Flag(bool),
     Number(f64),
+    /// Only made by the policy host, for a parameter of kind `integer`: the
+    /// scenario writes numbers (and an integer reads back as a number).
+    Integer(i64),
     Text(String),
 }
 
@@ -256,8 +285,14 @@ impl Stage {
             warmup: false,
             conversation_pool_size: 0,
             stop: None,
+            sweep: 0,
             location: None,
         }
+    }
+
+    /// The sweep the stage belongs to: `None` outside `until_congested(...)`.
+    pub fn sweep(&self) -> Option<u32> {
+        self.stop.as_ref().map(|_| self.sweep)
     }
 
     /// The stage's label in tables and logs: its name, else `c=N` / `rate=R`.

@@ -171,11 +171,12 @@ fn main() {
                 },
             ],
             location: None,
+            param_locations: Vec::new(),
         })
         .unwrap();
     let (p50, p99) = judge_latency(&builtin, &params, 2000);
     println!(
-        "judge (fresh instance + call), builtin, sync:  p50 {}  p99 {}  (target p50 <= 1 ms)",
+        "judge (thread + fresh instance + call), builtin, sync: p50 {}  p99 {}  (target p50 <= 1 ms)",
         ms(p50),
         ms(p99)
     );
@@ -194,6 +195,7 @@ fn main() {
                 value: Value::Text("2s".into()),
             }],
             location: None,
+            param_locations: Vec::new(),
         })
         .unwrap();
     let (p50, p99) = judge_latency(&slo, &slo_params, 2000);

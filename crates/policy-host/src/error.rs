@@ -22,6 +22,19 @@ pub enum PolicyError {
         message: String,
     },
 
+    /// The component is larger than [`crate::HostConfig::max_component_bytes`];
+    /// nothing of it was compiled.
+    #[error(
+        "cannot load policy {origin}: it is {}, over the {} limit for policy components",
+        human_size(*.size),
+        human_size(*.limit)
+    )]
+    TooLarge {
+        origin: String,
+        size: u64,
+        limit: u64,
+    },
+
     /// The parameters of an `until_congested(...)` call are wrong (checked
     /// against `describe`, or refused by `validate`).
     #[error("{}until_congested(...): {message} (policy {policy})", at_location(.location))]
@@ -76,10 +89,16 @@ pub enum CallFailure {
     /// The guest trapped (a Rust panic is `unreachable` after printing its
     /// message to stderr, which is included).
     Crashed { trap: String, stderr: String },
-    /// The call ran past its time limit and was interrupted.
-    Deadline(Duration),
-    /// The guest tried to grow its memory past the cap (bytes).
+    /// The call used up its fuel (instructions) budget.
+    Fuel(u64),
+    /// The call ran past its wall-clock limit and was stopped (or, if it
+    /// was stuck outside the guest's code, abandoned) after `elapsed`.
+    Deadline { limit: Duration, elapsed: Duration },
+    /// The guest tried to grow its memories and tables past the cap (bytes).
     MemoryCap(usize),
+    /// The guest tried to wait (sleep, or a clock subscription in the
+    /// future) for this long.
+    Blocked(Duration),
     /// The result or the log exceeded the host's bounds.
     OversizedOutput(String),
     /// The policy returned `err(message)`.
@@ -89,13 +108,15 @@ pub enum CallFailure {
 }
 
 impl CallFailure {
-    /// A stable one-word kind for records: `crashed`, `deadline`, `memory`,
-    /// `output`, `rejected`, `internal`.
+    /// A stable one-word kind for records: `crashed`, `fuel`, `deadline`,
+    /// `memory`, `blocked`, `output`, `rejected`, `internal`.
     pub fn kind(&self) -> &'static str {
         match self {
             CallFailure::Crashed { .. } => "crashed",
-            CallFailure::Deadline(_) => "deadline",
+            CallFailure::Fuel(_) => "fuel",
+            CallFailure::Deadline { .. } => "deadline",
             CallFailure::MemoryCap(_) => "memory",
+            CallFailure::Blocked(_) => "blocked",
             CallFailure::OversizedOutput(_) => "output",
             CallFailure::Rejected(_) => "rejected",
             CallFailure::Internal(_) => "internal",
@@ -116,13 +137,23 @@ impl fmt::Display for CallFailure {
                     write!(f, "crashed ({trap}; stderr: {stderr})")
                 }
             }
-            CallFailure::Deadline(limit) => {
-                write!(
-                    f,
-                    "ran past its {} ms time limit and was stopped",
-                    limit.as_millis()
-                )
-            }
+            CallFailure::Fuel(budget) => write!(
+                f,
+                "used up its fuel budget of {} instructions and was stopped",
+                thousands(*budget)
+            ),
+            CallFailure::Deadline { limit, elapsed } => write!(
+                f,
+                "ran past its {} wall-clock limit and was stopped after {}",
+                human_duration(*limit),
+                human_duration(*elapsed)
+            ),
+            CallFailure::Blocked(wanted) => write!(
+                f,
+                "tried to wait {} (a sleep or a clock subscription) and was stopped: \
+                 policies run on a virtual clock and may not block",
+                human_duration(*wanted)
+            ),
             CallFailure::MemoryCap(cap) => {
                 write!(
                     f,
@@ -163,6 +194,47 @@ pub(crate) fn truncate(text: &str, max: usize) -> String {
     format!("{}...", &text[..end])
 }
 
+/// `1.5 s`, `250 ms`, `12 µs`.
+pub(crate) fn human_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 {
+        format!("{} s", round3(s))
+    } else if s >= 1e-3 {
+        format!("{} ms", round3(s * 1e3))
+    } else {
+        format!("{} µs", round3(s * 1e6))
+    }
+}
+
+/// At most three decimals, without trailing zeros.
+fn round3(x: f64) -> String {
+    let text = format!("{x:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// `200,000,000`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `116.3 MiB`, `64 MiB`, `1000 bytes`: sizes that are not round.
+pub(crate) fn human_size(n: u64) -> String {
+    let mib = n as f64 / f64::from(1 << 20);
+    if mib >= 1.0 {
+        format!("{} MiB", round3((mib * 10.0).round() / 10.0))
+    } else {
+        human_bytes(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+}
+
 /// `64 MiB`, `512 KiB`, `100 bytes`.
 pub(crate) fn human_bytes(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
@@ -184,11 +256,24 @@ mod tests {
             policy: "slow".into(),
             function: "judge",
             stage: Some(3),
-            failure: CallFailure::Deadline(Duration::from_millis(100)),
+            failure: CallFailure::Deadline {
+                limit: Duration::from_secs(1),
+                elapsed: Duration::from_millis(1012),
+            },
         };
         assert_eq!(
             e.to_string(),
-            "policy slow: ran past its 100 ms time limit and was stopped at stage 3"
+            "policy slow: ran past its 1 s wall-clock limit and was stopped after 1.012 s at stage 3"
+        );
+        let e = PolicyError::Call {
+            policy: "busy".into(),
+            function: "judge",
+            stage: Some(2),
+            failure: CallFailure::Fuel(200_000_000),
+        };
+        assert_eq!(
+            e.to_string(),
+            "policy busy: used up its fuel budget of 200,000,000 instructions and was stopped at stage 2"
         );
         let e = PolicyError::Call {
             policy: "p".into(),
@@ -228,5 +313,11 @@ mod tests {
         assert_eq!(human_bytes(1024), "1 KiB");
         assert_eq!(human_bytes(1000), "1000 bytes");
         assert_eq!(truncate("héllo", 2), "h...");
+        assert_eq!(human_size(116 << 20), "116 MiB");
+        assert_eq!(human_size(121_634_816 + 300_000), "116.3 MiB");
+        assert_eq!(human_duration(Duration::from_millis(250)), "250 ms");
+        assert_eq!(human_duration(Duration::from_secs(10)), "10 s");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(999), "999");
     }
 }

@@ -1,32 +1,22 @@
-//! Load-time checks of a policy's bytes and component type, so that a bad
-//! file is refused with a message saying what it is and what to do, before
-//! wasmtime's own (more cryptic) linking errors could appear.
+//! Load-time checks of a policy's bytes, read from the binary's sections
+//! before anything is compiled: a bad file is refused with a message saying
+//! what it is and what to do, and a component that imports a forbidden
+//! interface or defines too many memories never reaches the compiler (nor
+//! the compiled-code cache).
 
 use wasmtime::Engine;
-use wasmtime::component::Component;
+use wasmtime::wasmparser::{Parser, Payload};
 
-/// The interface package every policy implements.
-pub const PACKAGE: &str = "nyann:policy";
-
-/// The interface version lines this host supports (a 0.x line is `0.minor`:
-/// wasmtime matches any `0.1.z` export against `0.1.0`).
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.1"];
-
-/// `nyann:policy@0.1.x` (and more, comma-separated, when there are more).
-pub fn supported_versions() -> String {
-    SUPPORTED_VERSIONS
-        .iter()
-        .map(|v| format!("{PACKAGE}@{v}.x"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+use crate::sandbox::MAX_MEMORIES;
+use crate::versions::{Interface, PACKAGE, supported_versions};
 
 /// Interfaces a policy may import: the contract's own, and the WASI 0.2
-/// interfaces a Rust wasm32-wasip2 `std` links (granted over an empty
-/// context: no files, environment, arguments; stdin closed). Sockets, HTTP
-/// and anything unknown are refused.
+/// interfaces a Rust wasm32-wasip2 `std` links, granted over an empty
+/// context (no files, environment, arguments; stdin closed; virtual clocks).
+/// Sockets, HTTP and anything unknown are refused. `sandbox::linker` links
+/// exactly these.
 const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
-    ("nyann:policy", &["types", "host"]),
+    (PACKAGE, &["types", "host"]),
     (
         "wasi:cli",
         &[
@@ -48,8 +38,30 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
     ("wasi:random", &["random", "insecure", "insecure-seed"]),
 ];
 
+/// Check a policy's bytes and return the interface line it implements.
+pub(crate) fn inspect(bytes: &[u8]) -> Result<Interface, String> {
+    check_header(bytes)?;
+    let sections = read_sections(bytes)?;
+    let interface = exported_interface(&sections.exports)?;
+    if let Some(name) = sections.imports.iter().find(|n| !import_allowed(n)) {
+        return Err(format!(
+            "imports `{name}`, which policies may not use (allowed: {PACKAGE}/host, and the \
+             wasi:cli, wasi:io, wasi:clocks, wasi:filesystem and wasi:random 0.2 interfaces \
+             a Rust std links, granted over an empty context)"
+        ));
+    }
+    if sections.memories > MAX_MEMORIES {
+        return Err(format!(
+            "defines {} linear memories; policies may define at most {MAX_MEMORIES} (a policy \
+             built by a Rust, JavaScript or Python toolchain has one)",
+            sections.memories
+        ));
+    }
+    Ok(interface)
+}
+
 /// Refuse anything that is not a WebAssembly component, saying what it is.
-pub fn check_bytes(bytes: &[u8]) -> Result<(), String> {
+fn check_header(bytes: &[u8]) -> Result<(), String> {
     const MAGIC: &[u8] = b"\0asm";
     if Engine::detect_precompiled(bytes).is_some() {
         return Err(
@@ -73,14 +85,57 @@ pub fn check_bytes(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Check the exported interface version and every import.
-pub fn check_component(engine: &Engine, component: &Component) -> Result<(), String> {
-    let ty = component.component_type();
-    let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
-    let policy_exports: Vec<&str> = exports
+/// What the load-time checks need from the binary.
+struct Sections {
+    /// Names the component itself imports and exports (not its nested
+    /// components' and modules').
+    imports: Vec<String>,
+    exports: Vec<String>,
+    /// Linear memories defined by all its core modules.
+    memories: usize,
+}
+
+fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
+    let mut sections = Sections {
+        imports: Vec::new(),
+        exports: Vec::new(),
+        memories: 0,
+    };
+    // The parser walks nested modules and components in line; `depth` is
+    // 0 in the outer component's own sections.
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        let payload = payload.map_err(|e| format!("is not a valid component: {e}"))?;
+        match payload {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(reader) if depth == 0 => {
+                for import in reader {
+                    let import = import.map_err(|e| format!("is not a valid component: {e}"))?;
+                    sections.imports.push(import.name.name.to_string());
+                }
+            }
+            Payload::ComponentExportSection(reader) if depth == 0 => {
+                for export in reader {
+                    let export = export.map_err(|e| format!("is not a valid component: {e}"))?;
+                    sections.exports.push(export.name.name.to_string());
+                }
+            }
+            Payload::MemorySection(reader) => {
+                sections.memories += usize::try_from(reader.count()).unwrap_or(usize::MAX);
+            }
+            _ => {}
+        }
+    }
+    Ok(sections)
+}
+
+/// The newest supported line among the component's `policy` exports.
+fn exported_interface(exports: &[String]) -> Result<Interface, String> {
+    let prefix = format!("{PACKAGE}/policy");
+    let policy_exports: Vec<&String> = exports
         .iter()
-        .copied()
-        .filter(|n| n.starts_with(&format!("{PACKAGE}/policy")))
+        .filter(|n| n.split('@').next() == Some(prefix.as_str()))
         .collect();
     if policy_exports.is_empty() {
         let shown = if exports.is_empty() {
@@ -89,44 +144,28 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<(), Str
             exports.join(", ")
         };
         return Err(format!(
-            "does not export {PACKAGE}/policy (it exports {shown}); is it a congestion policy? \
+            "does not export {prefix} (it exports {shown}); is it a congestion policy? \
              This host supports {}",
             supported_versions()
         ));
     }
-    for name in &policy_exports {
-        let version = name.split_once('@').map(|(_, v)| v).unwrap_or("");
-        if !version_supported(version) {
-            let shown = if version.is_empty() {
-                "an unversioned interface".to_string()
-            } else {
-                format!("{PACKAGE}@{version}")
-            };
-            return Err(format!(
-                "is built for {shown}; this host supports {} (rebuild the policy against \
-                 the WIT printed by `nyann-bench policy wit`)",
-                supported_versions()
-            ));
-        }
+    if let Some(interface) = policy_exports
+        .iter()
+        .filter_map(|n| Interface::of_name(n))
+        .max()
+    {
+        return Ok(interface);
     }
-    for (name, _) in ty.imports(engine) {
-        if !import_allowed(name) {
-            return Err(format!(
-                "imports `{name}`, which policies may not use (allowed: {PACKAGE}/host, and the \
-                 wasi:cli, wasi:io, wasi:clocks, wasi:filesystem and wasi:random 0.2 interfaces \
-                 a Rust std links, granted over an empty context)"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn version_supported(version: &str) -> bool {
-    let mut parts = version.split('.');
-    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
-        return false;
+    let version = policy_exports[0].split_once('@').map(|(_, v)| v);
+    let shown = match version {
+        Some(v) if !v.is_empty() => format!("{PACKAGE}@{v}"),
+        _ => "an unversioned interface".to_string(),
     };
-    SUPPORTED_VERSIONS.contains(&format!("{major}.{minor}").as_str())
+    Err(format!(
+        "is built for {shown}; this host supports {} (rebuild the policy against the WIT \
+         printed by `nyann-bench policy wit`)",
+        supported_versions()
+    ))
 }
 
 fn import_allowed(name: &str) -> bool {
@@ -135,7 +174,7 @@ fn import_allowed(name: &str) -> bool {
         return false;
     };
     let version_ok = if package == PACKAGE {
-        version_supported(version)
+        Interface::of_version(version).is_some()
     } else {
         version.starts_with("0.2.")
     };
@@ -150,21 +189,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions() {
-        assert!(version_supported("0.1.0"));
-        assert!(version_supported("0.1.7"));
-        assert!(!version_supported("0.2.0"));
-        assert!(!version_supported("1.0.0"));
-        assert!(!version_supported(""));
-        assert_eq!(supported_versions(), "nyann:policy@0.1.x");
-    }
-
-    #[test]
     fn imports() {
         assert!(import_allowed("wasi:cli/environment@0.2.3"));
         assert!(import_allowed("wasi:io/streams@0.2.0"));
         assert!(import_allowed("nyann:policy/host@0.1.0"));
-        assert!(!import_allowed("nyann:policy/host@0.2.0"));
+        assert!(import_allowed("nyann:policy/host@0.2.0"));
+        assert!(!import_allowed("nyann:policy/host@0.3.0"));
         assert!(!import_allowed("wasi:sockets/tcp@0.2.3"));
         assert!(!import_allowed("wasi:http/outgoing-handler@0.2.3"));
         assert!(!import_allowed("wasi:cli/environment@0.3.0"));
@@ -172,18 +202,44 @@ mod tests {
     }
 
     #[test]
-    fn bytes() {
-        assert!(check_bytes(b"\0asm\x0d\x00\x01\x00").is_ok());
+    fn exports_pick_the_newest_supported_line() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            exported_interface(&names(&["nyann:policy/policy@0.1.0"])),
+            Ok(Interface::V0_1)
+        );
+        assert_eq!(
+            exported_interface(&names(&[
+                "nyann:policy/policy@0.1.0",
+                "nyann:policy/policy@0.2.1"
+            ])),
+            Ok(Interface::V0_2)
+        );
         assert!(
-            check_bytes(b"\0asm\x01\x00\x00\x00")
+            exported_interface(&names(&["nyann:policy/policy@0.9.0"]))
+                .unwrap_err()
+                .starts_with("is built for nyann:policy@0.9.0; this host supports")
+        );
+        assert!(
+            exported_interface(&names(&["nyann:policy/policy-extra@0.2.0"]))
+                .unwrap_err()
+                .starts_with("does not export nyann:policy/policy")
+        );
+    }
+
+    #[test]
+    fn headers() {
+        assert!(check_header(b"\0asm\x0d\x00\x01\x00").is_ok());
+        assert!(
+            check_header(b"\0asm\x01\x00\x00\x00")
                 .unwrap_err()
                 .contains("core WebAssembly module")
         );
         assert!(
-            check_bytes(b"hello world")
+            check_header(b"hello world")
                 .unwrap_err()
                 .contains("not a WebAssembly component")
         );
-        assert!(check_bytes(b"").is_err());
+        assert!(check_header(b"").is_err());
     }
 }

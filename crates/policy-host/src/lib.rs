@@ -16,36 +16,48 @@
 //! # let _ = verdict; Ok(()) }
 //! ```
 //!
-//! Sandbox (DESIGN.md "Policy host and sandbox"): one `Engine` with epoch
-//! interruption and a ticker thread; each component compiled once (and its
-//! compiled code cached on disk); the bindgen `Pre` built once, which
-//! type-checks the exports at load; a fresh `Store` and instance per call
-//! with a memory cap and a deadline; an empty WASI context with stderr
-//! captured; results, reasons and log volume bounded; sync calls kept off
-//! the async runtime's worker threads.
+//! Loading, in order, each step refusing with a message that says what is
+//! wrong: the size (before reading it all), the binary's own sections
+//! (component or not, interface version, imports, number of memories:
+//! `inspect`), compiling (bounded in time; the compiled code is cached on
+//! disk, the cache bounded in size: `cache`), the exports against the
+//! version's WIT (`shape`), linking, then `describe()`.
+//!
+//! Calling: a fresh store and instance per call, on a thread of its own
+//! (`bounded`), with a fuel budget (the primary, deterministic bound), an
+//! epoch deadline and a host-side wall-clock backstop, one cap over all the
+//! instance's memories and tables, an empty WASI context with virtual
+//! clocks and seeded randomness, and bounded results, reasons and logs
+//! (`sandbox`). Interface versions live side by side, one adapter each
+//! (`versions`).
 
+mod bounded;
 mod cache;
-mod convert;
 pub mod error;
 mod inspect;
 pub mod params;
 mod sandbox;
+mod shape;
+mod versions;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nyann_model::observation::{PolicyInfo, StageObservation, Verdict};
 use nyann_model::scenario::{Param, StopCondition};
 use wasmtime::component::Linker;
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, Store};
 
 pub use cache::default_cache_dir;
 pub use error::{CallFailure, PolicyError};
-pub use inspect::{SUPPORTED_VERSIONS, supported_versions};
+pub use versions::{Interface, supported_versions};
 
+use bounded::Unfinished;
 use error::{human_bytes, truncate};
-use sandbox::{CallStore, CongestionPolicyPre, HostState, Limits};
+use sandbox::{Budget, CallStore, CallWorld, HostState, Limits};
+use versions::Pre;
 
 /// The built-in policy component: `policies/builtin` compiled for
 /// wasm32-wasip2 and committed, so that building the host needs no wasm
@@ -53,19 +65,24 @@ use sandbox::{CallStore, CongestionPolicyPre, HostState, Limits};
 /// matches its source).
 pub const BUILTIN_WASM: &[u8] = include_bytes!("../../../policies/builtin/builtin.wasm");
 
-/// The WIT contract policies implement (`wit/policy.wit`), for
-/// `nyann-bench policy wit`.
-pub const WIT: &str = include_str!("../../../wit/policy.wit");
-
 /// The name `load_builtin` policies report as their origin.
 pub const BUILTIN: &str = "builtin";
 
 /// Limits and settings of the host. `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
-    /// Wall-clock limit of one call (`--policy-timeout`). Default 100 ms.
+    /// Fuel of one `judge` call: roughly the WebAssembly instructions it may
+    /// run (the primary budget: it counts work, not time, so it never trips
+    /// because the machine is busy). Default 500 million.
+    pub judge_fuel: u64,
+    /// Wall-clock backstop of one `judge` call (`--policy-timeout`), well
+    /// above what its fuel takes. Default 1 s.
     pub call_timeout: Duration,
-    /// Linear-memory cap of one instance. Default 64 MiB.
+    /// `describe` and `validate`, which run once at load, get this many
+    /// times the judge's fuel and wall-clock budgets. Default 10.
+    pub load_call_factor: u32,
+    /// Cap on all the linear memories and tables of one instance together.
+    /// Default 64 MiB.
     pub memory_limit_bytes: usize,
     /// Most reasons a verdict may carry. Default 32.
     pub max_reasons: usize,
@@ -76,24 +93,43 @@ pub struct HostConfig {
     pub max_log_bytes: usize,
     /// Bytes of stderr captured per call (writing more traps). Default 64 KiB.
     pub max_stderr_bytes: usize,
+    /// Largest component accepted, checked before reading it
+    /// (`--policy-max-size`). Default 64 MiB (componentize-py output is
+    /// 18-40 MB).
+    pub max_component_bytes: u64,
+    /// Longest compile of a component before its load is refused.
+    /// Default 2 min.
+    pub compile_timeout: Duration,
     /// Where compiled code is cached; `None` compiles on every load.
     /// Default: [`default_cache_dir`].
     pub cache_dir: Option<PathBuf>,
+    /// Total size of the cache's entries; the oldest go first. Default 512 MiB.
+    pub cache_max_bytes: u64,
 }
 
 impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
-            call_timeout: Duration::from_millis(100),
+            judge_fuel: 500_000_000,
+            call_timeout: Duration::from_secs(1),
+            load_call_factor: 10,
             memory_limit_bytes: 64 << 20,
             max_reasons: 32,
             max_reason_bytes: 1024,
             max_log_bytes: 64 << 10,
             max_stderr_bytes: 64 << 10,
+            max_component_bytes: 64 << 20,
+            compile_timeout: Duration::from_secs(120),
             cache_dir: default_cache_dir(),
+            cache_max_bytes: 512 << 20,
         }
     }
 }
+
+/// How much longer than its wall-clock limit the host waits for a call
+/// before abandoning it: the epoch deadline stops guest code at the limit,
+/// so only a call stuck outside the guest's code gets this far.
+const ABANDON_GRACE: Duration = Duration::from_secs(1);
 
 /// The policy host: one per process. Cheap to clone.
 #[derive(Clone)]
@@ -108,32 +144,30 @@ struct HostInner {
     limits: Limits,
 }
 
-/// Largest policy file accepted (componentize-py output reaches ~40 MB).
-const MAX_COMPONENT_BYTES: u64 = 128 << 20;
-
 impl PolicyHost {
     /// Set up the engine, its epoch ticker thread and the linker. Loads nothing.
     pub fn new(config: HostConfig) -> Result<Self, PolicyError> {
-        if config.call_timeout.is_zero() {
+        if config.call_timeout.is_zero() || config.judge_fuel == 0 || config.load_call_factor == 0 {
             return Err(PolicyError::Host(
-                "the policy call timeout must be > 0".into(),
+                "the policy call budgets (fuel, time limit, load factor) must be > 0".into(),
             ));
         }
         let mut wasm_config = Config::new();
         wasm_config
             .wasm_component_model(true)
-            .epoch_interruption(true);
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(sandbox::BACKTRACE_FRAMES));
         let engine = Engine::new(&wasm_config)
             .map_err(|e| PolicyError::Host(format!("cannot create the engine: {e:#}")))?;
         let linker = sandbox::linker(&engine)
             .map_err(|e| PolicyError::Host(format!("cannot link WASI: {e:#}")))?;
-        // A tenth of the timeout, between 1 and 10 ms: deadlines land within
+        // A tenth of the limit, between 1 and 10 ms: deadlines land within
         // ~10% of the limit without waking the ticker needlessly often.
         let epoch_tick =
             (config.call_timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
         spawn_ticker(&engine, epoch_tick)?;
         let limits = Limits {
-            timeout: config.call_timeout,
             epoch_tick,
             memory_bytes: config.memory_limit_bytes,
             stderr_bytes: config.max_stderr_bytes,
@@ -162,19 +196,25 @@ impl PolicyHost {
     /// Load a policy component from a `.wasm` file.
     pub fn load_file(&self, path: &Path) -> Result<Policy, PolicyError> {
         let origin = path.display().to_string();
-        let load_err = |message: String| PolicyError::Load {
+        let read_err = |e: std::io::Error| PolicyError::Load {
             origin: origin.clone(),
-            message,
+            message: format!("cannot read it: {e}"),
         };
-        let meta = std::fs::metadata(path).map_err(|e| load_err(format!("cannot read it: {e}")))?;
-        if meta.len() > MAX_COMPONENT_BYTES {
-            return Err(load_err(format!(
-                "is {} bytes; policies are limited to {}",
-                meta.len(),
-                human_bytes(MAX_COMPONENT_BYTES as usize)
-            )));
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        let size = file.metadata().map_err(read_err)?.len();
+        let limit = self.inner.config.max_component_bytes;
+        if size > limit {
+            return Err(PolicyError::TooLarge {
+                origin,
+                size,
+                limit,
+            });
         }
-        let bytes = std::fs::read(path).map_err(|e| load_err(format!("cannot read it: {e}")))?;
+        // Read at most one byte past the limit, in case the file grew.
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        file.take(limit.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
         self.load_bytes(&origin, &bytes)
     }
 
@@ -186,54 +226,74 @@ impl PolicyHost {
             message,
         };
         let inner = &self.inner;
-        inspect::check_bytes(bytes).map_err(load_err)?;
-        let component =
-            cache::load_or_compile(&inner.engine, inner.config.cache_dir.as_deref(), bytes)
-                .map_err(|e| load_err(format!("is not a valid component: {e:#}")))?;
-        inspect::check_component(&inner.engine, &component).map_err(load_err)?;
+        let config = &inner.config;
+        let size = bytes.len() as u64;
+        if size > config.max_component_bytes {
+            return Err(PolicyError::TooLarge {
+                origin: origin.to_string(),
+                size,
+                limit: config.max_component_bytes,
+            });
+        }
+        let interface = inspect::inspect(bytes).map_err(load_err)?;
+        let cache = cache::CacheConfig {
+            dir: config.cache_dir.clone(),
+            max_bytes: config.cache_max_bytes,
+            compile_timeout: config.compile_timeout,
+        };
+        let component = cache::load_or_compile(&inner.engine, &cache, bytes).map_err(load_err)?;
+        shape::check(&inner.engine, &component, interface).map_err(load_err)?;
         let instance_pre = inner
             .linker
             .instantiate_pre(&component)
             .map_err(|e| load_err(format!("cannot be linked: {e:#}")))?;
-        let pre = CongestionPolicyPre::new(instance_pre).map_err(|e| {
+        let pre = Pre::new(interface, instance_pre).map_err(|e| {
             load_err(format!(
-                "does not implement {} as this host knows it: {e:#}",
-                inspect::supported_versions()
+                "does not implement {interface} as this host knows it: {e:#}"
             ))
         })?;
-        let mut policy = PolicyInner {
+        let judge = Budget {
+            fuel: config.judge_fuel,
+            wall: config.call_timeout,
+        };
+        let load = Budget {
+            fuel: judge
+                .fuel
+                .saturating_mul(u64::from(config.load_call_factor)),
+            wall: judge.wall.saturating_mul(config.load_call_factor),
+        };
+        let policy = Arc::new(PolicyInner {
             engine: inner.engine.clone(),
             pre,
-            info: PolicyInfo {
-                name: origin.to_string(),
-                version: String::new(),
-                summary: String::new(),
-                params: Vec::new(),
-            },
-            name: Arc::from(origin),
             origin: origin.to_string(),
             limits: inner.limits.clone(),
-            max_reasons: inner.config.max_reasons,
-            max_reason_bytes: inner.config.max_reason_bytes,
-        };
-        let info = off_runtime(|| {
-            policy.call("describe", None, |store, p| {
-                p.nyann_policy_policy().call_describe(store)
-            })
-        })
-        .map_err(|e| {
-            load_err(format!(
-                "describe() failed: {}",
-                e.failure().map(ToString::to_string).unwrap_or_default()
-            ))
-        })?;
-        let info = convert::info_from_wit(info);
-        check_info(&info, inner.config.max_reason_bytes)
+            judge,
+            load,
+            max_reasons: config.max_reasons,
+            max_reason_bytes: config.max_reason_bytes,
+        });
+        let provisional: Arc<str> = Arc::from(origin);
+        let info = policy
+            .call(
+                &provisional,
+                "describe",
+                None,
+                load,
+                CallWorld::at_load(0),
+                |s, p| p.describe(s),
+            )
+            .map_err(|e| {
+                load_err(format!(
+                    "describe() failed: {}",
+                    e.failure().map(ToString::to_string).unwrap_or_default()
+                ))
+            })?;
+        check_info(&info, config.max_reason_bytes)
             .map_err(|m| load_err(format!("describe() returned {m}")))?;
-        policy.name = Arc::from(info.name.as_str());
-        policy.info = info;
         Ok(Policy {
-            inner: Arc::new(policy),
+            name: Arc::from(info.name.as_str()),
+            info: Arc::new(info),
+            inner: policy,
         })
     }
 }
@@ -242,15 +302,18 @@ impl PolicyHost {
 #[derive(Clone)]
 pub struct Policy {
     inner: Arc<PolicyInner>,
+    info: Arc<PolicyInfo>,
+    /// `info.name`, shared with every call's log sink.
+    name: Arc<str>,
 }
 
 struct PolicyInner {
     engine: Engine,
-    pre: CongestionPolicyPre<HostState>,
-    info: PolicyInfo,
-    name: Arc<str>,
+    pre: Pre,
     origin: String,
     limits: Limits,
+    judge: Budget,
+    load: Budget,
     max_reasons: usize,
     max_reason_bytes: usize,
 }
@@ -258,7 +321,7 @@ struct PolicyInner {
 impl std::fmt::Debug for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Policy")
-            .field("name", &self.inner.info.name)
+            .field("name", &self.info.name)
             .field("origin", &self.inner.origin)
             .finish()
     }
@@ -267,12 +330,12 @@ impl std::fmt::Debug for Policy {
 impl Policy {
     /// What `describe()` returned at load.
     pub fn info(&self) -> &PolicyInfo {
-        &self.inner.info
+        &self.info
     }
 
     /// The policy's name (from `describe()`), used in every message.
     pub fn name(&self) -> &str {
-        &self.inner.info.name
+        &self.info.name
     }
 
     /// `builtin` or the file it was loaded from.
@@ -280,24 +343,37 @@ impl Policy {
         &self.inner.origin
     }
 
+    /// The interface line the component implements.
+    pub fn interface(&self) -> Interface {
+        self.inner.pre.interface()
+    }
+
     /// Check one `until_congested(...)` call's parameters: against
     /// `describe()` (unknown name, duplicate, missing required, wrong kind;
     /// defaults filled, durations converted to seconds), then the policy's
-    /// own `validate()`. Errors name the call's scenario location. Returns
-    /// the parameters to pass to [`Policy::judge`].
+    /// own `validate()`. Errors point at the offending keyword when they
+    /// name one, else at the call. Returns the parameters to pass to
+    /// [`Policy::judge`].
     pub fn check_params(&self, stop: &StopCondition) -> Result<Vec<Param>, PolicyError> {
         let params_err = |message: String| PolicyError::Params {
             policy: self.name().to_string(),
-            location: stop.location.clone(),
+            location: params::offending(&stop.params, &message)
+                .and_then(|name| stop.location_of(name))
+                .or(stop.location.as_ref())
+                .cloned(),
             message,
         };
-        let params = params::check(&self.inner.info, &stop.params).map_err(params_err)?;
-        let wit_params = convert::params_to_wit(&params);
-        let result = off_runtime(|| {
-            self.inner.call("validate", None, |store, p| {
-                p.nyann_policy_policy().call_validate(store, &wit_params)
-            })
-        });
+        let params = params::check(&self.info, &stop.params).map_err(params_err)?;
+        let checked = params.clone();
+        let world = CallWorld::at_load(1);
+        let result = self.inner.call(
+            &self.name,
+            "validate",
+            None,
+            self.inner.load,
+            world,
+            move |s, p| p.validate(s, &checked),
+        );
         match result {
             Ok(Ok(())) => Ok(params),
             Ok(Err(msg)) => Err(params_err(truncate(&msg, self.inner.max_reason_bytes))),
@@ -310,119 +386,192 @@ impl Policy {
 
     /// Judge a finished stage: `params` from [`Policy::check_params`],
     /// `history` the earlier measured stages of the sweep, oldest first.
-    /// Runs on tokio's blocking pool (a fresh instance, bounded in time and
-    /// memory). Errors read `policy <name>: <what happened> at stage <n>`.
+    /// Runs off the async runtime (a fresh instance on a thread of its
+    /// own, bounded in fuel, time and memory). Errors read
+    /// `policy <name>: <what happened> at stage <n>`.
     pub async fn judge(
         &self,
         params: &[Param],
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
+        let policy = self.clone();
         let call = JudgeCall::new(params, stage, history);
-        let policy = self.inner.clone();
         let index = stage.index;
-        tokio::task::spawn_blocking(move || policy.judge(&call))
+        tokio::task::spawn_blocking(move || policy.judge_call(call))
             .await
-            .unwrap_or_else(|e| Err(policy_panic(&self.inner, index, e)))
+            .unwrap_or_else(|e| {
+                Err(self.call_error(
+                    index,
+                    CallFailure::Internal(format!("the host's judge task failed: {e}")),
+                ))
+            })
     }
 
-    /// [`Policy::judge`] for callers without an async runtime (or inside
-    /// one, from synchronous code: the call then runs on a scoped thread).
+    /// [`Policy::judge`] for synchronous callers (it blocks the calling
+    /// thread until the verdict is in, at most the wall-clock backstop).
     pub fn judge_blocking(
         &self,
         params: &[Param],
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        let call = JudgeCall::new(params, stage, history);
-        off_runtime(|| self.inner.judge(&call))
+        self.judge_call(JudgeCall::new(params, stage, history))
     }
-}
 
-fn policy_panic(policy: &PolicyInner, stage: u32, err: tokio::task::JoinError) -> PolicyError {
-    PolicyError::Call {
-        policy: policy.name.to_string(),
-        function: "judge",
-        stage: Some(stage),
-        failure: CallFailure::Internal(format!("the host's judge task failed: {err}")),
+    fn judge_call(&self, call: JudgeCall) -> Result<Verdict, PolicyError> {
+        let index = call.stage.index;
+        let world = CallWorld::of_stage(&call.stage);
+        let verdict = self
+            .inner
+            .call(
+                &self.name,
+                "judge",
+                Some(index),
+                self.inner.judge,
+                world,
+                move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+            )?
+            .map_err(|msg| {
+                self.call_error(
+                    index,
+                    CallFailure::Rejected(truncate(&msg, self.inner.max_reason_bytes)),
+                )
+            })?;
+        self.check_verdict(&verdict)
+            .map_err(|what| self.call_error(index, CallFailure::OversizedOutput(what)))?;
+        Ok(verdict)
     }
-}
 
-/// The arguments of one `judge`, converted to the guest's types up front.
-struct JudgeCall {
-    index: u32,
-    params: Vec<sandbox::wit::Param>,
-    stage: sandbox::wit::StageObservation,
-    history: Vec<sandbox::wit::StageObservation>,
-}
-
-impl JudgeCall {
-    fn new(params: &[Param], stage: &StageObservation, history: &[StageObservation]) -> Self {
-        JudgeCall {
-            index: stage.index,
-            params: convert::params_to_wit(params),
-            stage: convert::stage_to_wit(stage),
-            history: history.iter().map(convert::stage_to_wit).collect(),
-        }
-    }
-}
-
-impl PolicyInner {
-    fn judge(&self, call: &JudgeCall) -> Result<Verdict, PolicyError> {
-        let fail = |failure| PolicyError::Call {
-            policy: self.name.to_string(),
-            function: "judge",
-            stage: Some(call.index),
-            failure,
-        };
-        let result = self.call("judge", Some(call.index), |store, p| {
-            p.nyann_policy_policy()
-                .call_judge(store, &call.params, &call.stage, &call.history)
-        })?;
-        let verdict = result
-            .map_err(|msg| fail(CallFailure::Rejected(truncate(&msg, self.max_reason_bytes))))?;
-        if verdict.reasons.len() > self.max_reasons {
-            return Err(fail(CallFailure::OversizedOutput(format!(
-                "{} reasons; the limit is {}",
-                verdict.reasons.len(),
-                self.max_reasons
-            ))));
+    fn check_verdict(&self, verdict: &Verdict) -> Result<(), String> {
+        let (max_reasons, max_bytes) = (self.inner.max_reasons, self.inner.max_reason_bytes);
+        if verdict.reasons.len() > max_reasons {
+            return Err(format!(
+                "{} reasons; the limit is {max_reasons}",
+                verdict.reasons.len()
+            ));
         }
         if let Some((i, r)) = verdict
             .reasons
             .iter()
             .enumerate()
-            .find(|(_, r)| r.len() > self.max_reason_bytes)
+            .find(|(_, r)| r.len() > max_bytes)
         {
-            return Err(fail(CallFailure::OversizedOutput(format!(
+            return Err(format!(
                 "reason {} is {} bytes; the limit is {}",
                 i + 1,
                 r.len(),
-                human_bytes(self.max_reason_bytes)
-            ))));
+                human_bytes(max_bytes)
+            ));
         }
-        Ok(convert::verdict_from_wit(verdict))
+        Ok(())
     }
 
-    /// Run one export in a fresh store and instance; classify failures.
-    fn call<R>(
-        &self,
+    fn call_error(&self, stage: u32, failure: CallFailure) -> PolicyError {
+        PolicyError::Call {
+            policy: self.name.to_string(),
+            function: "judge",
+            stage: Some(stage),
+            failure,
+        }
+    }
+}
+
+/// The arguments of one `judge`, owned: the call runs on another thread.
+struct JudgeCall {
+    params: Vec<Param>,
+    stage: StageObservation,
+    history: Vec<StageObservation>,
+}
+
+impl JudgeCall {
+    fn new(params: &[Param], stage: &StageObservation, history: &[StageObservation]) -> Self {
+        JudgeCall {
+            params: params.to_vec(),
+            stage: stage.clone(),
+            history: history.to_vec(),
+        }
+    }
+}
+
+impl CallWorld {
+    /// What `describe` and `validate` see: the Unix epoch, a clock at zero,
+    /// a fixed seed per function.
+    fn at_load(function: u64) -> CallWorld {
+        CallWorld {
+            wall_unix_seconds: 0.0,
+            monotonic_ns: 0,
+            seed: sandbox::mix(function),
+        }
+    }
+
+    /// What `judge` sees: the stage's own timeline, and a seed drawn from
+    /// the stage's identity (the same stage always gets the same numbers).
+    fn of_stage(stage: &StageObservation) -> CallWorld {
+        let length = (stage.end_unix_seconds - stage.start_unix_seconds).max(0.0);
+        CallWorld {
+            wall_unix_seconds: stage.end_unix_seconds.max(0.0),
+            monotonic_ns: (length * 1e9) as u64,
+            seed: sandbox::mix(
+                u64::from(stage.index)
+                    ^ stage.end_unix_seconds.to_bits().rotate_left(17)
+                    ^ u64::from(stage.sweep.index).rotate_left(41),
+            ),
+        }
+    }
+}
+
+impl PolicyInner {
+    /// Run one export in a fresh store and instance on a thread of its own,
+    /// bounded by `budget`; classify failures.
+    fn call<R: Send + 'static>(
+        self: &Arc<Self>,
+        name: &Arc<str>,
         function: &'static str,
         stage: Option<u32>,
-        f: impl FnOnce(
-            &mut wasmtime::Store<HostState>,
-            &sandbox::CongestionPolicy,
-        ) -> wasmtime::Result<R>,
+        budget: Budget,
+        world: CallWorld,
+        f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
     ) -> Result<R, PolicyError> {
-        let mut cs = CallStore::new(&self.engine, self.name.clone(), &self.limits);
-        let result = self
-            .pre
-            .instantiate(&mut cs.store)
-            .and_then(|instance| f(&mut cs.store, &instance));
+        let fail = |failure| PolicyError::Call {
+            policy: name.to_string(),
+            function,
+            stage,
+            failure,
+        };
+        let started = Instant::now();
+        let (inner, policy) = (self.clone(), name.clone());
+        let limit = budget.wall.saturating_add(ABANDON_GRACE);
+        match bounded::run("nyann-policy-call", limit, move || {
+            inner.call_here(policy, function, budget, world, f)
+        }) {
+            Ok(result) => result.map_err(fail),
+            Err(Unfinished::Abandoned { .. }) => Err(fail(CallFailure::Deadline {
+                limit: budget.wall,
+                elapsed: started.elapsed(),
+            })),
+            Err(Unfinished::Failed(e)) => Err(fail(CallFailure::Internal(e))),
+        }
+    }
+
+    /// The body of [`PolicyInner::call`], on the call's own thread.
+    fn call_here<R>(
+        &self,
+        policy: Arc<str>,
+        function: &str,
+        budget: Budget,
+        world: CallWorld,
+        f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R>,
+    ) -> Result<R, CallFailure> {
+        let mut cs = CallStore::new(&self.engine, policy.clone(), &self.limits, budget, world)
+            .map_err(|e| CallFailure::Internal(format!("cannot create the store: {e:#}")))?;
+        let started = Instant::now();
+        let result = f(&mut cs.store, &self.pre);
+        let elapsed = started.elapsed();
         let dropped = cs.dropped_log_lines();
         if dropped > 0 {
             tracing::warn!(
-                policy = &*self.name,
+                policy = &*policy,
                 "dropped {dropped} log line(s) over the {} per-call limit",
                 human_bytes(self.limits.log_bytes)
             );
@@ -432,34 +581,21 @@ impl PolicyInner {
                 let stderr = cs.stderr();
                 if !stderr.trim().is_empty() {
                     tracing::debug!(
-                        policy = &*self.name,
+                        policy = &*policy,
                         "{function} wrote to stderr: {}",
                         truncate(stderr.trim(), 4096)
                     );
                 }
+                tracing::trace!(
+                    policy = &*policy,
+                    "{function} used {} fuel in {elapsed:?}",
+                    cs.fuel_used(budget)
+                );
                 Ok(value)
             }
-            Err(err) => Err(PolicyError::Call {
-                policy: self.name.to_string(),
-                function,
-                stage,
-                failure: cs.failure(&err, &self.limits),
-            }),
+            Err(err) => Err(cs.failure(&err, &self.limits, budget, elapsed)),
         }
     }
-}
-
-/// Run a synchronous guest call where wasmtime-wasi's sync shims may block:
-/// on this thread when it is not inside a tokio runtime, else on a scoped
-/// thread (blocking a worker thread would panic in the shims).
-fn off_runtime<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return f();
-    }
-    std::thread::scope(|s| match s.spawn(f).join() {
-        Ok(r) => r,
-        Err(panic) => std::panic::resume_unwind(panic),
-    })
 }
 
 /// Bump the engine's epoch every `tick` until the engine is gone.

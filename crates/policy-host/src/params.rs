@@ -48,6 +48,32 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
     Ok(out)
 }
 
+/// The given parameter a message is about, so that the error can point at
+/// its keyword: the first one named in backticks, else the one whose name
+/// appears first as a word (policies' own `validate` messages usually start
+/// with it: "ttft_p99 must be > 0"). `None`: the message is about the call.
+pub fn offending<'a>(given: &'a [Param], message: &str) -> Option<&'a str> {
+    let is_given = |name: &str| given.iter().find(|p| p.name == name);
+    if let Some(p) = message.split('`').skip(1).step_by(2).find_map(is_given) {
+        return Some(&p.name);
+    }
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    given
+        .iter()
+        .filter_map(|p| {
+            message
+                .match_indices(p.name.as_str())
+                .find(|(at, _)| {
+                    let before = message[..*at].chars().next_back();
+                    let after = message[at + p.name.len()..].chars().next();
+                    !before.is_some_and(ident) && !after.is_some_and(ident)
+                })
+                .map(|(at, _)| (at, p.name.as_str()))
+        })
+        .min()
+        .map(|(_, name)| name)
+}
+
 /// Check and convert one value to what the policy receives.
 pub(crate) fn convert(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
     let name = &spec.name;
@@ -60,6 +86,14 @@ pub(crate) fn convert(spec: &ParamSpec, value: &Value) -> Result<Value, String> 
     };
     match (spec.kind, value) {
         (ParamKind::Number, Value::Number(n)) if n.is_finite() => Ok(Value::Number(*n)),
+        (ParamKind::Number, Value::Integer(i)) => Ok(Value::Number(*i as f64)),
+        (ParamKind::Integer, Value::Integer(i)) => Ok(Value::Integer(*i)),
+        // Whole numbers only, within the range an f64 holds exactly.
+        (ParamKind::Integer, Value::Number(n))
+            if n.fract() == 0.0 && n.abs() <= 9_007_199_254_740_992.0 =>
+        {
+            Ok(Value::Integer(*n as i64))
+        }
         (ParamKind::Fraction, Value::Number(n)) if (0.0..=1.0).contains(n) => Ok(Value::Number(*n)),
         (ParamKind::Duration, Value::Number(n)) if n.is_finite() && *n >= 0.0 => {
             Ok(Value::Number(*n))
@@ -77,6 +111,7 @@ pub(crate) fn convert(spec: &ParamSpec, value: &Value) -> Result<Value, String> 
 pub fn kind_help(kind: ParamKind) -> &'static str {
     match kind {
         ParamKind::Number => "a number",
+        ParamKind::Integer => "a whole number",
         ParamKind::Fraction => "a fraction between 0 and 1",
         ParamKind::Duration => {
             "a duration such as \"750ms\", \"2s\", \"1m30s\" or a number of seconds"
@@ -100,6 +135,7 @@ fn known(info: &PolicyInfo) -> String {
 fn show(value: &Value) -> String {
     match value {
         Value::Number(n) => format!("{n}"),
+        Value::Integer(i) => format!("{i}"),
         Value::Text(t) => format!("{t:?}"),
         Value::Flag(b) => if *b { "True" } else { "False" }.to_string(),
     }
@@ -141,6 +177,7 @@ mod tests {
                 ),
                 spec("label", ParamKind::Text, false, None),
                 spec("strict", ParamKind::Flag, false, Some(Value::Flag(false))),
+                spec("window", ParamKind::Integer, false, Some(Value::Integer(3))),
             ],
         }
     }
@@ -170,8 +207,53 @@ mod tests {
                 p("kv_cache_usage", Value::Number(0.95)),
                 p("preemptions", Value::Number(1.0)),
                 p("strict", Value::Flag(false)),
+                p("window", Value::Integer(3)),
             ]
         );
+    }
+
+    #[test]
+    fn messages_name_the_offending_parameter() {
+        let given = [
+            p("ttft_p99", Value::Number(0.0)),
+            p("kv_usage", Value::Number(1.0)),
+            p("p", Value::Number(1.0)),
+        ];
+        let unknown = "unknown parameter `kv_usage`; builtin accepts ttft_p99, p";
+        assert_eq!(offending(&given, unknown), Some("kv_usage"));
+        assert_eq!(
+            offending(&given, "ttft_p99 must be > 0 (got 0)"),
+            Some("ttft_p99")
+        );
+        // `p` inside other words is not `p`.
+        assert_eq!(
+            offending(&given, "the kv_usage is too high"),
+            Some("kv_usage")
+        );
+        assert_eq!(
+            offending(&given, "missing required parameter `other`"),
+            None
+        );
+        assert_eq!(offending(&given, "parameters disagree"), None);
+    }
+
+    #[test]
+    fn integers_are_whole_numbers() {
+        let base = |window: Value| {
+            vec![
+                p("waiting_requests_p50", Value::Number(1.0)),
+                p("ttft_p99", Value::Text("2s".into())),
+                p("window", window),
+            ]
+        };
+        let out = check(&info(), &base(Value::Number(5.0))).unwrap();
+        assert_eq!(out.last(), Some(&p("window", Value::Integer(5))));
+        assert_eq!(
+            check(&info(), &base(Value::Number(2.5))).unwrap_err(),
+            "parameter `window` must be a whole number, got 2.5"
+        );
+        assert!(check(&info(), &base(Value::Number(1e300))).is_err());
+        assert!(check(&info(), &base(Value::Text("3".into()))).is_err());
     }
 
     #[test]

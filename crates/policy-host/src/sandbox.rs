@@ -1,45 +1,101 @@
-//! The per-call sandbox: the bindgen glue, the store state (an empty WASI
-//! context, the memory limiter, the bounded log), and the translation of a
-//! failed call into a [`CallFailure`].
+//! The per-call sandbox: what a store carries (an empty WASI context, a
+//! virtual clock, seeded randomness, the memory account, the bounded log),
+//! the linker that decides what a policy can call at all, and the
+//! translation of a failed call into a [`CallFailure`].
 //!
 //! Every call gets a fresh `Store` and instance: a trapped instance can never
 //! be entered again, and a fresh one keeps calls independent (policies are
 //! pure functions of their arguments).
+//!
+//! Nothing a policy can import blocks. The clocks are virtual (the wall
+//! clock reads the judged stage's end, the monotonic clock the stage's
+//! length, both fixed for the call), and subscribing to a clock instant in
+//! the future traps instead of sleeping: a blocked host call is out of reach
+//! of fuel and of the epoch deadline, which only interrupt guest code.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter, Store};
+use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::p2::{DynPollable, Pollable};
+use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use crate::error::{CallFailure, human_bytes, truncate};
 
-wasmtime::component::bindgen!({
-    path: "../../wit",
-    world: "congestion-policy",
-});
+/// Most linear memories a policy may define. Components built by Rust,
+/// JavaScript and Python toolchains use one; the component model's shim
+/// modules share it.
+pub(crate) const MAX_MEMORIES: usize = 4;
 
-pub(crate) use nyann::policy::types as wit;
+/// Most tables and core instances a store may create.
+const MAX_TABLES: usize = 64;
+const MAX_INSTANCES: usize = 64;
 
-/// The bounds every call runs under (from [`crate::HostConfig`]).
+/// What a table element is charged against the memory cap (a pointer).
+const TABLE_ELEMENT_BYTES: usize = 8;
+
+/// The bounds one call runs under.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    /// Instructions (wasmtime fuel units): the primary, deterministic bound.
+    pub fuel: u64,
+    /// Wall time: the backstop (the epoch deadline interrupts guest code at
+    /// this limit; the host abandons the call a little later).
+    pub wall: Duration,
+}
+
+/// The bounds every call shares (from [`crate::HostConfig`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
-    pub timeout: Duration,
     pub epoch_tick: Duration,
     pub memory_bytes: usize,
     pub stderr_bytes: usize,
     pub log_bytes: usize,
 }
 
+/// What the virtual clocks and the random generator show one call: fixed,
+/// so that the same inputs give the same behaviour.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CallWorld {
+    /// `wasi:clocks/wall-clock` (Unix time): the judged stage's end.
+    pub wall_unix_seconds: f64,
+    /// `wasi:clocks/monotonic-clock` (ns): the judged stage's length.
+    pub monotonic_ns: u64,
+    /// Seeds `wasi:random` (both the secure and the insecure generator).
+    pub seed: u64,
+}
+
+/// Levels of the `log` import, shared by every interface version.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+}
+
 /// What a store carries for one call.
 pub(crate) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
-    memory_cap: usize,
-    memory_cap_hit: bool,
+    memory: MemoryAccount,
+    clock: VirtualClock,
     log: LogSink,
+}
+
+/// All memories and tables of the instance against one cap.
+struct MemoryAccount {
+    cap: usize,
+    used: usize,
+    cap_hit: bool,
+}
+
+/// The monotonic clock a policy reads; `waited` records a refused wait.
+struct VirtualClock {
+    now_ns: u64,
+    waited: Option<Duration>,
 }
 
 /// The guest's `log` import: forwarded to `tracing`, bounded per call.
@@ -47,6 +103,27 @@ struct LogSink {
     policy: Arc<str>,
     budget: usize,
     dropped: usize,
+}
+
+impl HostState {
+    /// The `log` import of every interface version.
+    pub fn log(&mut self, level: LogLevel, msg: &str) {
+        const MAX_LINE: usize = 4096;
+        let sink = &mut self.log;
+        if msg.len() > sink.budget {
+            sink.dropped += 1;
+            sink.budget = 0;
+            return;
+        }
+        sink.budget -= msg.len();
+        let msg = truncate(msg, MAX_LINE);
+        let policy = &*sink.policy;
+        match level {
+            LogLevel::Debug => tracing::debug!(policy, "{msg}"),
+            LogLevel::Info => tracing::info!(policy, "{msg}"),
+            LogLevel::Warn => tracing::warn!(policy, "{msg}"),
+        }
+    }
 }
 
 impl WasiView for HostState {
@@ -61,68 +138,212 @@ impl WasiView for HostState {
 impl ResourceLimiter for HostState {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
-            // Trap rather than let the guest see a failed grow: a guest
-            // allocator would abort anyway, and the flag names the cause.
-            self.memory_cap_hit = true;
-            wasmtime::bail!(
-                "policy memory cap of {} reached (growing to {desired} bytes)",
-                human_bytes(self.memory_cap)
-            );
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
         }
-        Ok(maximum.is_none_or(|max| desired <= max))
+        self.memory.charge(desired.saturating_sub(current))?;
+        Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        const MAX_TABLE_ELEMENTS: usize = 1 << 20;
-        if desired > MAX_TABLE_ELEMENTS {
-            self.memory_cap_hit = true;
-            wasmtime::bail!("policy table cap of {MAX_TABLE_ELEMENTS} elements reached");
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
         }
-        Ok(maximum.is_none_or(|max| desired <= max))
+        let elements = desired.saturating_sub(current);
+        self.memory
+            .charge(elements.saturating_mul(TABLE_ELEMENT_BYTES))?;
+        Ok(true)
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
     }
 }
 
-impl nyann::policy::types::Host for HostState {}
-
-impl nyann::policy::host::Host for HostState {
-    fn log(&mut self, level: nyann::policy::host::Level, msg: String) {
-        use nyann::policy::host::Level;
-        const MAX_LINE: usize = 4096;
-        let sink = &mut self.log;
-        if msg.len() > sink.budget {
-            sink.dropped += 1;
-            sink.budget = 0;
-            return;
+impl MemoryAccount {
+    /// Count `bytes` more, or trap when the instance would exceed the cap.
+    /// Trapping rather than failing the grow: a guest allocator would abort
+    /// anyway, and the flag names the cause.
+    fn charge(&mut self, bytes: usize) -> wasmtime::Result<()> {
+        let total = self.used.saturating_add(bytes);
+        if total > self.cap {
+            self.cap_hit = true;
+            wasmtime::bail!(
+                "policy memory cap of {} reached (memories and tables would total {total} bytes)",
+                human_bytes(self.cap)
+            );
         }
-        sink.budget -= msg.len();
-        let msg = truncate(&msg, MAX_LINE);
-        let policy = &*sink.policy;
-        match level {
-            Level::Debug => tracing::debug!(policy, "{msg}"),
-            Level::Info => tracing::info!(policy, "{msg}"),
-            Level::Warn => tracing::warn!(policy, "{msg}"),
-        }
+        self.used = total;
+        Ok(())
     }
 }
 
-/// The linker every policy is instantiated with: the WASI 0.2 shims (over
-/// an empty context) and the `host` interface. Which imports a component may
-/// use at all is checked separately, before linking (see `inspect`).
+/// A pollable that is ready at once: a wait that is already over.
+struct Ready;
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Ready {
+    async fn ready(&mut self) {}
+}
+
+impl monotonic_clock::Host for VirtualClockView<'_> {
+    fn now(&mut self) -> wasmtime::Result<monotonic_clock::Instant> {
+        Ok(self.clock.now_ns)
+    }
+
+    fn resolution(&mut self) -> wasmtime::Result<monotonic_clock::Duration> {
+        Ok(1_000)
+    }
+
+    fn subscribe_instant(
+        &mut self,
+        when: monotonic_clock::Instant,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        self.wait(when.saturating_sub(self.clock.now_ns))
+    }
+
+    fn subscribe_duration(
+        &mut self,
+        duration: monotonic_clock::Duration,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        self.wait(duration)
+    }
+}
+
+/// The monotonic-clock import's view of a store: the clock and the table
+/// its pollables go into.
+struct VirtualClockView<'a> {
+    clock: &'a mut VirtualClock,
+    table: &'a mut ResourceTable,
+}
+
+struct VirtualClocks;
+
+impl HasData for VirtualClocks {
+    type Data<'a> = VirtualClockView<'a>;
+}
+
+impl VirtualClockView<'_> {
+    /// A wait of `ns`: over at once when zero (a poll with no timeout), a
+    /// trap otherwise (the virtual clock never advances during a call).
+    fn wait(&mut self, ns: u64) -> wasmtime::Result<Resource<DynPollable>> {
+        if ns > 0 {
+            let wanted = Duration::from_nanos(ns);
+            self.clock.waited = Some(wanted);
+            wasmtime::bail!("policy tried to wait {wanted:?}; policies may not block");
+        }
+        let ready = self.table.push(Ready)?;
+        wasmtime_wasi::p2::subscribe(self.table, ready)
+    }
+}
+
+/// The linker every policy is instantiated with: exactly the imports the
+/// load-time check allows (`inspect::ALLOWED_IMPORTS`): the WASI 0.2
+/// interfaces a Rust `std` links, over an empty context and with the
+/// virtual monotonic clock, and the `host` interface of every version.
+/// Sockets, HTTP and the rest are not linked at all.
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+    use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+    use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
+    use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+    use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, io, random, sync};
+    use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
+
     let mut linker = Linker::new(engine);
-    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-    CongestionPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+    let l = &mut linker;
+    io::error::add_to_linker::<HostState, HasTable>(l, |s| &mut s.table)?;
+    sync::io::poll::add_to_linker::<HostState, HasTable>(l, |s| &mut s.table)?;
+    sync::io::streams::add_to_linker::<HostState, HasTable>(l, |s| &mut s.table)?;
+    clocks::wall_clock::add_to_linker::<HostState, WasiClocks>(l, |s| s.clocks())?;
+    clocks::monotonic_clock::add_to_linker::<HostState, VirtualClocks>(l, |s| VirtualClockView {
+        clock: &mut s.clock,
+        table: &mut s.table,
+    })?;
+    filesystem::preopens::add_to_linker::<HostState, WasiFilesystem>(l, |s| s.filesystem())?;
+    sync::filesystem::types::add_to_linker::<HostState, WasiFilesystem>(l, |s| s.filesystem())?;
+    random::random::add_to_linker::<HostState, WasiRandom>(l, |s| s.random())?;
+    random::insecure::add_to_linker::<HostState, WasiRandom>(l, |s| s.random())?;
+    random::insecure_seed::add_to_linker::<HostState, WasiRandom>(l, |s| s.random())?;
+    cli::exit::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::environment::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::stdin::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::stdout::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::stderr::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::terminal_input::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::terminal_output::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::terminal_stdin::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::terminal_stdout::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    cli::terminal_stderr::add_to_linker::<HostState, WasiCli>(l, |s| s.cli())?;
+    crate::versions::add_to_linker(l)?;
     Ok(linker)
+}
+
+struct HasTable;
+
+impl HasData for HasTable {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// A wall clock stopped at one instant.
+struct FixedWallClock(Duration);
+
+impl HostWallClock for FixedWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_micros(1)
+    }
+
+    fn now(&self) -> Duration {
+        self.0
+    }
+}
+
+/// SplitMix64: a tiny, fixed algorithm, so that a policy's random numbers
+/// stay the same across host versions (replays of old runs included).
+struct SeededRandom(u64);
+
+impl rand_core::TryRng for SeededRandom {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok((self.try_next_u64()? >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        Ok(mix(self.0))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        for chunk in dst.chunks_mut(8) {
+            let bytes = self.try_next_u64()?.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64's output function: spreads `x` over all 64 bits.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
 }
 
 /// One call's store plus the handle on its captured stderr.
@@ -132,18 +353,38 @@ pub(crate) struct CallStore {
 }
 
 impl CallStore {
-    /// A fresh store: no capabilities, stderr captured, memory capped,
-    /// deadline armed.
-    pub fn new(engine: &Engine, policy: Arc<str>, limits: &Limits) -> Self {
+    /// A fresh store: no capabilities, stderr captured, virtual clocks and
+    /// seeded randomness, memory capped, fuel and deadline armed.
+    pub fn new(
+        engine: &Engine,
+        policy: Arc<str>,
+        limits: &Limits,
+        budget: Budget,
+        world: CallWorld,
+    ) -> wasmtime::Result<Self> {
         let stderr = MemoryOutputPipe::new(limits.stderr_bytes);
-        // Built from scratch: no inherit_*, no preopens, env or args;
-        // stdin closed, stdout discarded, sockets denied by default.
-        let wasi = WasiCtx::builder().stderr(stderr.clone()).build();
+        let wall = Duration::try_from_secs_f64(world.wall_unix_seconds).unwrap_or_default();
+        // Built from scratch: no inherit_*, no preopens, env or args; stdin
+        // closed, stdout discarded. Sockets are not even linked.
+        let wasi = WasiCtx::builder()
+            .stderr(stderr.clone())
+            .wall_clock(FixedWallClock(wall))
+            .secure_random(SeededRandom(world.seed))
+            .insecure_random(SeededRandom(mix(world.seed)))
+            .insecure_random_seed(u128::from(mix(world.seed ^ 1)))
+            .build();
         let state = HostState {
             wasi,
             table: ResourceTable::new(),
-            memory_cap: limits.memory_bytes,
-            memory_cap_hit: false,
+            memory: MemoryAccount {
+                cap: limits.memory_bytes,
+                used: 0,
+                cap_hit: false,
+            },
+            clock: VirtualClock {
+                now_ns: world.monotonic_ns,
+                waited: None,
+            },
             log: LogSink {
                 policy,
                 budget: limits.log_bytes,
@@ -152,9 +393,10 @@ impl CallStore {
         };
         let mut store = Store::new(engine, state);
         store.limiter(|s| s as &mut dyn ResourceLimiter);
+        store.set_fuel(budget.fuel)?;
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(deadline_ticks(limits));
-        CallStore { store, stderr }
+        store.set_epoch_deadline(deadline_ticks(budget.wall, limits.epoch_tick));
+        Ok(CallStore { store, stderr })
     }
 
     /// What the guest wrote to stderr.
@@ -167,45 +409,88 @@ impl CallStore {
         self.store.data().log.dropped
     }
 
-    /// Classify a failed call.
-    pub fn failure(&self, err: &wasmtime::Error, limits: &Limits) -> CallFailure {
-        if self.store.data().memory_cap_hit {
+    /// Fuel the call used.
+    pub fn fuel_used(&self, budget: Budget) -> u64 {
+        budget
+            .fuel
+            .saturating_sub(self.store.get_fuel().unwrap_or(0))
+    }
+
+    /// Classify a failed call; `elapsed` is its real duration.
+    pub fn failure(
+        &self,
+        err: &wasmtime::Error,
+        limits: &Limits,
+        budget: Budget,
+        elapsed: Duration,
+    ) -> CallFailure {
+        let state = self.store.data();
+        if state.memory.cap_hit {
             return CallFailure::MemoryCap(limits.memory_bytes);
         }
+        if let Some(wanted) = state.clock.waited {
+            return CallFailure::Blocked(wanted);
+        }
         let trap = err.downcast_ref::<wasmtime::Trap>();
+        match trap {
+            Some(wasmtime::Trap::OutOfFuel) => return CallFailure::Fuel(budget.fuel),
+            Some(wasmtime::Trap::Interrupt) => {
+                return CallFailure::Deadline {
+                    limit: budget.wall,
+                    elapsed,
+                };
+            }
+            _ => {}
+        }
         // A full stderr pipe makes the guest's next write fail (Rust's
         // `eprintln!` then panics, unable to print why): the flood is the cause.
-        if trap != Some(&wasmtime::Trap::Interrupt)
-            && self.stderr.contents().len() >= limits.stderr_bytes
-        {
+        if self.stderr.contents().len() >= limits.stderr_bytes {
             return CallFailure::OversizedOutput(format!(
                 "wrote more than {} to stderr",
                 human_bytes(limits.stderr_bytes)
             ));
         }
-        match trap {
-            Some(wasmtime::Trap::Interrupt) => CallFailure::Deadline(limits.timeout),
-            Some(trap) => CallFailure::Crashed {
-                trap: trap.to_string(),
-                stderr: self.stderr(),
-            },
-            None => {
-                let text = format!("{err:#}");
-                CallFailure::Crashed {
-                    trap: truncate(&text, 1000),
-                    stderr: self.stderr(),
-                }
+        let trap = match trap {
+            Some(wasmtime::Trap::StackOverflow) => STACK_OVERFLOW.to_string(),
+            Some(wasmtime::Trap::MemoryOutOfBounds) if looks_recursive(err) => {
+                STACK_OVERFLOW.to_string()
             }
+            Some(trap) => trap.to_string(),
+            None => truncate(&format!("{err:#}"), 1000),
+        };
+        CallFailure::Crashed {
+            trap,
+            stderr: self.stderr(),
         }
     }
 }
 
-/// Epoch ticks for the call's time limit: the deadline fires between
-/// `ticks - 1` and `ticks` ticker periods after it is armed, so one tick
-/// is added to never stop a call before its limit.
-fn deadline_ticks(limits: &Limits) -> u64 {
-    let tick = limits.epoch_tick.as_nanos().max(1);
-    let ticks = limits.timeout.as_nanos().div_ceil(tick);
+const STACK_OVERFLOW: &str = "stack overflow: recursion too deep";
+
+/// Frames captured in a trap's backtrace: enough to tell deep recursion.
+pub(crate) const BACKTRACE_FRAMES: usize = 32;
+
+/// A guest whose stack lives in its linear memory (Rust, C: the shadow
+/// stack below the data) overflows it as an out-of-bounds access, not as
+/// wasmtime's stack-overflow trap. Such a trap with a full backtrace made
+/// of at most three distinct functions is deep recursion.
+fn looks_recursive(err: &wasmtime::Error) -> bool {
+    let Some(trace) = err.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return false;
+    };
+    let frames = trace.frames();
+    let mut distinct: Vec<u32> = frames.iter().map(|f| f.func_index()).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    frames.len() >= BACKTRACE_FRAMES && distinct.len() <= 3
+}
+
+/// Epoch ticks for a wall limit: the deadline fires between `ticks - 1` and
+/// `ticks` ticker periods after it is armed, so one tick is added to never
+/// stop a call before its limit.
+fn deadline_ticks(wall: Duration, tick: Duration) -> u64 {
+    let tick = tick.as_nanos().max(1);
+    let ticks = wall.as_nanos().div_ceil(tick);
     u64::try_from(ticks)
         .unwrap_or(u64::MAX - 1)
         .saturating_add(1)

@@ -56,6 +56,26 @@ impl fmt::Display for CallProblems {
 
 impl std::error::Error for CallProblems {}
 
+/// Numbers the sweeps 0, 1, ... in the order they appear in the scenario
+/// (an `until_congested(...)` result left unused leaves no gap).
+fn number_sweeps(steps: &mut [Step]) {
+    let mut seen: Vec<u32> = Vec::new();
+    for step in steps {
+        if let Step::Stage(stage) = step
+            && stage.stop.is_some()
+        {
+            let n = match seen.iter().position(|s| *s == stage.sweep) {
+                Some(n) => n,
+                None => {
+                    seen.push(stage.sweep);
+                    seen.len() - 1
+                }
+            };
+            stage.sweep = u32::try_from(n).unwrap_or(u32::MAX);
+        }
+    }
+}
+
 /// Where the builtin now running was called from (1-based line and column).
 fn call_location(eval: &Evaluator) -> Option<SourceLocation> {
     let span = eval.call_stack_top_location()?;
@@ -65,6 +85,70 @@ fn call_location(eval: &Evaluator) -> Option<SourceLocation> {
         line: u32::try_from(resolved.span.begin.line + 1).unwrap_or(u32::MAX),
         column: u32::try_from(resolved.span.begin.column + 1).unwrap_or(u32::MAX),
     })
+}
+
+/// Where keyword argument `name` is written in the call now running, found
+/// by scanning the call's source text for `name =` outside strings,
+/// comments and nested brackets. `None` when it is not written there (for
+/// example passed through `**kwargs`).
+fn keyword_location(eval: &Evaluator, name: &str) -> Option<SourceLocation> {
+    let call = eval.call_stack_top_location()?;
+    let text = call.source_span();
+    let bytes = text.as_bytes();
+    let mut depth = 0u32;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            quote @ (b'"' | b'\'') => {
+                let triple = text[i..].starts_with(&String::from(quote as char).repeat(3));
+                let (open, close) = if triple { (3, 3) } else { (1, 1) };
+                i += open;
+                while i < bytes.len() {
+                    if bytes[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if bytes[i] == quote
+                        && (!triple || bytes[i..].starts_with(&[quote, quote, quote]))
+                    {
+                        i += close - 1;
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            c if depth == 1 && (c.is_ascii_alphabetic() || c == b'_') => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                let rest = text[i..].trim_start();
+                if &text[start..i] == name && rest.starts_with('=') && !rest.starts_with("==") {
+                    let offset = u32::try_from(start).ok()?;
+                    let pos = starlark::codemap::Pos::new(call.span.begin().get() + offset);
+                    let resolved = call
+                        .file
+                        .resolve_span(starlark::codemap::Span::new(pos, pos));
+                    return Some(SourceLocation {
+                        file: call.filename().to_string(),
+                        line: u32::try_from(resolved.begin.line + 1).unwrap_or(u32::MAX),
+                        column: u32::try_from(resolved.begin.column + 1).unwrap_or(u32::MAX),
+                    });
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 fn raise(location: Option<SourceLocation>, messages: Vec<String>) -> starlark::Error {
@@ -420,6 +504,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
             warmup,
             conversation_pool_size,
             stop: None,
+            sweep: 0,
             location: location.clone(),
         };
         if let Some(rate) = stage.rate
@@ -485,10 +570,18 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
                 "until_congested(): stages must be a non-empty list of stage(...) values".into(),
             );
         }
+        let param_locations = typed
+            .iter()
+            .map(|p| keyword_location(eval, &p.name))
+            .collect();
         let stop = StopCondition {
             params: typed,
             location: location.clone(),
+            param_locations,
         };
+        let sweeps = &state(eval)?.sweeps;
+        let sweep = sweeps.get();
+        sweeps.set(sweep.saturating_add(1));
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             if let Some(s) = StageValue::from_value(*item) {
@@ -505,6 +598,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
                 }
                 let mut stage = s.stage.clone();
                 stage.stop = Some(stop.clone());
+                stage.sweep = sweep;
                 out.push(eval.heap().alloc(StageValue { stage }));
             } else if BarrierValue::from_value(*item).is_some() {
                 problems.push(format!(
@@ -584,6 +678,7 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
                 }
             },
         };
+        number_sweeps(&mut steps);
         let scenario = Scenario {
             target,
             model,

@@ -22,7 +22,7 @@ pub use nyann_model::Scenario;
 pub use crate::builtins::{MAX_RANGE_LEN, MAX_SEQUENCE_LEN};
 pub use crate::compile::{MAX_EVAL_TIME, MAX_NESTING, MAX_SOURCE_BYTES, MAX_STEPS_EVALUATED};
 pub use crate::error::{Diagnostic, ScenarioError};
-pub use crate::validate::MAX_STEPS;
+pub use nyann_model::rules::MAX_STEPS;
 
 /// Loads a scenario file: `.star` is evaluated, `.json` is parsed as the IR
 /// and validated with the same rules. Anything but a regular file (a

@@ -107,6 +107,8 @@ pub(crate) struct State {
     pub(crate) scenario: RefCell<Option<(Scenario, SourceLocation)>>,
     /// Set when the evaluation budget stopped the program, and why.
     pub(crate) budget_exceeded: Cell<Option<Budget>>,
+    /// `until_congested(...)` calls so far: each call is a sweep of its own.
+    pub(crate) sweeps: Cell<u32>,
 }
 
 /// Which evaluation budget ran out.

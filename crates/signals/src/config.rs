@@ -346,16 +346,12 @@ pub fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
     Ok(ScrapeTarget { role, url })
 }
 
-/// Parses `Name: Value`.
+/// Parses `Name: Value` ([`nyann_model::parse_header`]).
 pub fn parse_header(flag: &str) -> Result<(String, String), SignalError> {
-    let (name, value) = flag
-        .split_once(':')
-        .filter(|(n, _)| !n.trim().is_empty())
-        .ok_or_else(|| SignalError::Header {
-            flag: flag.to_string(),
-            why: "expected 'Name: Value'".to_string(),
-        })?;
-    Ok((name.trim().to_string(), value.trim().to_string()))
+    nyann_model::parse_header(flag).ok_or_else(|| SignalError::Header {
+        flag: flag.to_string(),
+        why: "expected 'Name: Value'".to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -61,6 +61,8 @@ pub(crate) struct App {
     /// The model name as a JSON string literal (quoted, escaped).
     pub model_json: String,
     pub max_model_len: u32,
+    /// Tokens the chat template adds to a chat prompt.
+    pub chat_template_tokens: u32,
     pub default_max_tokens: u32,
     pub seed: u64,
     pub created: u64,
@@ -288,7 +290,10 @@ async fn tokenize(State(app): State<Arc<App>>, body: Bytes) -> Response {
             Err(e) => return bad_request(e),
         },
         (None, Some(m)) => match chat_text(m) {
-            Ok(t) => (count_text(&t), token_ids(&t)),
+            Ok(t) => (
+                count_text(&t).saturating_add(app.chat_template_tokens),
+                token_ids(&t),
+            ),
             Err(e) => return bad_request(e),
         },
         (None, None) => return bad_request("give either \"prompt\" or \"messages\""),
@@ -391,7 +396,8 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response 
         Ok(t) => t,
         Err(e) => return bad_request(e),
     };
-    match validate(&app, Kind::Chat, count_text(&text), &req.common) {
+    let prompt_tokens = count_text(&text).saturating_add(app.chat_template_tokens);
+    match validate(&app, Kind::Chat, prompt_tokens, &req.common) {
         Ok(g) => generate(app, g).await,
         Err(resp) => *resp,
     }

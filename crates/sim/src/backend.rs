@@ -51,6 +51,10 @@ struct State {
     engine: Engine,
     subs: HashMap<SeqId, watch::Sender<Progress>>,
     stopped: bool,
+    /// How far the engine clock was behind the wall clock when the current
+    /// step began: a submission is dated on the engine clock, or a request
+    /// arriving while the engine catches up would wait that much longer.
+    lag: Duration,
 }
 
 struct Shared {
@@ -82,6 +86,7 @@ impl EngineHandle {
                 engine,
                 subs: HashMap::new(),
                 stopped: false,
+                lag: Duration::ZERO,
             }),
             epoch: Instant::now(),
             wake: Notify::new(),
@@ -97,9 +102,10 @@ impl EngineHandle {
 
     /// Queue a sequence; its progress arrives on the returned stream.
     pub fn submit(&self, new: NewSeq) -> Result<SeqStream, QueueError> {
-        let now = self.secs(Instant::now());
         let rx = {
             let mut st = lock(&self.shared);
+            let wall = Instant::now();
+            let now = self.secs(wall.checked_sub(st.lag).unwrap_or(wall));
             if st.stopped {
                 return Err(QueueError::ShuttingDown);
             }
@@ -162,16 +168,31 @@ async fn run_engine(shared: Arc<Shared>) {
             Some(p) if p + MAX_LAG >= now => p,
             _ => now,
         };
-        let planned = {
+        let (planned, next_arrival) = {
             let mut st = lock(&shared);
             if st.stopped {
                 return;
             }
-            st.engine.begin_step(secs(start))
+            st.lag = now.saturating_duration_since(start);
+            let planned = st.engine.begin_step(secs(start));
+            (planned, st.engine.next_arrival())
         };
         let Some(duration) = planned else {
             prev_end = None;
-            shared.wake.notified().await;
+            match next_arrival {
+                // A request is on its way to the queue (request overhead): wake
+                // when it arrives, or earlier for a new submission.
+                // Woken by the timer, the step starts when the request
+                // arrived, not a timer tick later.
+                Some(at) => {
+                    let at = shared.epoch + Duration::from_secs_f64(at);
+                    let notified = shared.wake.notified();
+                    if tokio::time::timeout_at(at.into(), notified).await.is_err() {
+                        prev_end = Some(at);
+                    }
+                }
+                None => shared.wake.notified().await,
+            }
             continue;
         };
         let end = start + Duration::from_secs_f64(duration);

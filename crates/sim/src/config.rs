@@ -1,21 +1,41 @@
-//! The simulator's command-line flags ([`SimArgs`]) and the engine settings
-//! they resolve to for each profile.
+//! The simulator's command-line flags ([`SimArgs`]) and the server profile
+//! they resolve to: a built-in profile or a profile file, with the flags'
+//! overrides applied.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::engine::{EngineConfig, StepCost};
+use crate::profile::{EngineSpec, ServerProfile};
 
-/// Timing and capacity presets.
+/// Built-in profiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Profile {
     /// A small GPU deployment scaled to run fast: 16 running sequences, 224 KV
     /// blocks of 16 tokens, steps of ~1-4 ms. With the default workload (isl
     /// 128, osl 256) the KV cache saturates around concurrency 12-16 (for isl
-    /// 64, osl 128, --kv-blocks 112 gives the same curve).
+    /// 64, osl 128, --kv-blocks 112 gives the same curve). With
+    /// --disaggregated the prefill engine has 512 KV blocks and the decode
+    /// engine 4096, so under long prompts (isl 2048, osl 32) the prefill
+    /// engine queues first.
     Default,
     /// A server that is never the bottleneck: 1 ms to the first token, 0.5 ms
     /// per token, 32 tokens by default, no queue, no KV limit.
     Fast,
+    /// The twin of a real vLLM 0.32 (CPU build, tiny model, 2 cores) with
+    /// --max-num-seqs 16 --block-size 32 --num-gpu-blocks-override 64
+    /// --max-model-len 1024, its time model fitted from a recorded sweep.
+    VllmCpuRef,
+}
+
+impl Profile {
+    /// The built-in server profile (`None` for `fast`, which has no engine).
+    pub fn server(self) -> Option<ServerProfile> {
+        match self {
+            Profile::Default => Some(ServerProfile::default_profile()),
+            Profile::Fast => None,
+            Profile::VllmCpuRef => Some(ServerProfile::vllm_cpu_ref()),
+        }
+    }
 }
 
 /// Flags of `nyann-bench sim` (and of the in-process simulator).
@@ -33,32 +53,95 @@ pub struct SimArgs {
     #[arg(long, default_value = "nyann-sim")]
     pub model: String,
 
-    /// Timing and capacity preset; the flags below override its values.
-    #[arg(long, value_enum, default_value_t = Profile::Default)]
+    /// Built-in server profile (limits and time model); the flags below
+    /// override its values.
+    #[arg(long, value_enum, default_value_t = Profile::Default, help_heading = "Server profile")]
     pub profile: Profile,
 
+    /// Read the server profile from this TOML file instead (written by
+    /// `nyann-bench sim fit`, or `--print-profile`).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "profile",
+        help_heading = "Server profile"
+    )]
+    pub profile_file: Option<PathBuf>,
+
+    /// Print the resolved profile as a TOML file and exit.
+    #[arg(long, help_heading = "Server profile")]
+    pub print_profile: bool,
+
     /// Most sequences running at once [default profile: 16; fast: unlimited].
-    #[arg(long)]
+    #[arg(long, help_heading = "Limits")]
     pub max_num_seqs: Option<usize>,
 
-    /// Token budget of one engine step (decodes count 1, prefill chunks their length) [default: 2048].
-    #[arg(long)]
+    /// Token budget of one engine step, the chunked-prefill budget (decodes
+    /// count 1, prefill chunks their length) [default profile: 2048].
+    #[arg(long, help_heading = "Limits")]
     pub max_num_batched_tokens: Option<u32>,
 
-    /// KV cache blocks [default profile: 224; fast: unlimited].
-    #[arg(long)]
+    /// Usable KV cache blocks [default profile: 224; fast: unlimited].
+    #[arg(long, help_heading = "Limits")]
     pub kv_blocks: Option<u32>,
 
-    /// Tokens per KV block [default: 16].
-    #[arg(long)]
+    /// Tokens per KV block [default profile: 16].
+    #[arg(long, help_heading = "Limits")]
     pub block_size: Option<u32>,
+
+    /// Longest prompt + output accepted [default: what the KV cache holds].
+    #[arg(long, help_heading = "Limits")]
+    pub max_model_len: Option<u32>,
+
+    /// Fixed cost of every engine step, in microseconds.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub step_overhead_us: Option<f64>,
+
+    /// Cost per prompt token computed in a step (prefill and
+    /// recompute after preemption), in microseconds.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub prefill_per_token_us: Option<f64>,
+
+    /// Cost per sequence decoding one token in a step, in microseconds.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub decode_per_seq_us: Option<f64>,
+
+    /// Cost per KV token read by the decoding sequences of a
+    /// step (their context), in microseconds.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub decode_per_context_token_us: Option<f64>,
+
+    /// Latency of each request before it reaches the queue (the
+    /// API server's work), in microseconds; counts in TTFT.
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub request_overhead_us: Option<f64>,
+
+    /// Relative jitter of each step (0.1 = ±10%).
+    #[arg(long, help_heading = "Time model")]
+    pub jitter: Option<f64>,
+
+    /// Slow drift of the step speed, the standard deviation of
+    /// the log of its factor (0.35: most steps within -30%..+40% of the
+    /// model, in runs of --drift-time-ms); 0 for none.
+    #[arg(long, help_heading = "Time model")]
+    pub drift: Option<f64>,
+
+    /// How long the drift takes to change, in milliseconds.
+    #[arg(long, value_name = "MS", help_heading = "Time model")]
+    pub drift_time_ms: Option<f64>,
+
+    /// Tokens the chat template adds to every chat prompt (counted in usage
+    /// and in the KV cache) [default profile: 0; vllm-cpu-ref: 16].
+    #[arg(long, help_heading = "Server profile")]
+    pub chat_template_tokens: Option<u32>,
 
     /// Requests waiting beyond this number get HTTP 429 [default: no limit].
     #[arg(long)]
     pub max_waiting: Option<usize>,
 
-    /// Output tokens when a request gives no max_tokens [default profile: 256; fast: 32].
-    #[arg(long)]
+    /// Output tokens when a request gives no max_tokens [default and
+    /// vllm-cpu-ref profiles: 256; fast: 32].
+    #[arg(long, help_heading = "Server profile")]
     pub default_max_tokens: Option<u32>,
 
     /// Seed of every random choice (step jitter, output text, faults).
@@ -119,10 +202,22 @@ impl SimArgs {
             port: 0,
             model: "nyann-sim".into(),
             profile: Profile::Default,
+            profile_file: None,
+            print_profile: false,
             max_num_seqs: None,
             max_num_batched_tokens: None,
             kv_blocks: None,
             block_size: None,
+            max_model_len: None,
+            step_overhead_us: None,
+            prefill_per_token_us: None,
+            decode_per_seq_us: None,
+            decode_per_context_token_us: None,
+            request_overhead_us: None,
+            jitter: None,
+            drift: None,
+            drift_time_ms: None,
+            chat_template_tokens: None,
             max_waiting: None,
             default_max_tokens: None,
             seed: 0,
@@ -181,7 +276,45 @@ impl SimArgs {
         if self.default_max_tokens == Some(0) {
             return Err("--default-max-tokens must be at least 1".into());
         }
-        if self.profile == Profile::Fast && self.disaggregated {
+        if self.max_model_len == Some(0) {
+            return Err("--max-model-len must be at least 1".into());
+        }
+        for (name, v) in [
+            ("--step-overhead-us", self.step_overhead_us),
+            ("--prefill-per-token-us", self.prefill_per_token_us),
+            ("--decode-per-seq-us", self.decode_per_seq_us),
+            (
+                "--decode-per-context-token-us",
+                self.decode_per_context_token_us,
+            ),
+            ("--request-overhead-us", self.request_overhead_us),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return Err(format!(
+                    "{name} must be a number of microseconds >= 0, got {v}"
+                ));
+            }
+        }
+        if let Some(j) = self.jitter
+            && !(0.0..1.0).contains(&j)
+        {
+            return Err(format!("--jitter must be in [0, 1), got {j}"));
+        }
+        if let Some(d) = self.drift
+            && !(0.0..=2.0).contains(&d)
+        {
+            return Err(format!("--drift must be in [0, 2], got {d}"));
+        }
+        if let Some(t) = self.drift_time_ms
+            && !(t.is_finite() && t > 0.0)
+        {
+            return Err(format!(
+                "--drift-time-ms must be a positive number of milliseconds, got {t}"
+            ));
+        }
+        if self.profile == Profile::Fast && self.profile_file.is_none() && self.disaggregated {
             return Err(
                 "--disaggregated needs the default profile (the fast profile has no engine)".into(),
             );
@@ -189,31 +322,61 @@ impl SimArgs {
         Ok(())
     }
 
-    /// Output tokens of a request without max_tokens.
-    pub fn resolved_default_max_tokens(&self) -> u32 {
-        self.default_max_tokens.unwrap_or(match self.profile {
-            Profile::Default => 256,
-            Profile::Fast => 32,
-        })
+    /// The server profile these flags select, with their overrides applied:
+    /// `None` for the fast profile (no engine). Reads `--profile-file`.
+    pub async fn server_profile(&self) -> Result<Option<ServerProfile>, crate::SimError> {
+        let base = match &self.profile_file {
+            Some(path) => {
+                let shown = path.display().to_string();
+                let text = tokio::fs::read_to_string(path).await.map_err(|source| {
+                    crate::profile::ProfileError::Read {
+                        path: shown.clone(),
+                        source,
+                    }
+                })?;
+                Some(ServerProfile::from_toml(&text, &shown)?)
+            }
+            None => self.profile.server(),
+        };
+        Ok(base.map(|p| self.overridden(p)))
     }
 
-    /// Engine settings of the default profile with the overrides applied.
-    /// `role_seed` separates the prefill and decode engines' jitter.
-    pub fn engine_config(&self, role_seed: u64) -> EngineConfig {
-        let s = self.time_scale;
-        EngineConfig {
-            max_num_seqs: self.max_num_seqs.unwrap_or(16),
-            max_num_batched_tokens: self.max_num_batched_tokens.unwrap_or(2048),
-            kv_blocks: self.kv_blocks.unwrap_or(224),
-            block_size: self.block_size.unwrap_or(16),
-            cost: StepCost {
-                base: 0.0012 * s,
-                per_decode_seq: 0.00012 * s,
-                per_prefill_token: 0.00002 * s,
-                jitter: 0.1,
-            },
-            seed: self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(role_seed),
-        }
+    /// `profile` with this command line's overrides (every engine alike).
+    fn overridden(&self, mut profile: ServerProfile) -> ServerProfile {
+        let apply = |spec: &mut EngineSpec| {
+            let (l, t) = (&mut spec.limits, &mut spec.time);
+            set(&mut l.max_num_seqs, self.max_num_seqs.map(|v| v as u32));
+            set(&mut l.max_num_batched_tokens, self.max_num_batched_tokens);
+            set(&mut l.kv_blocks, self.kv_blocks);
+            set(&mut l.block_size, self.block_size);
+            if self.max_model_len.is_some() {
+                l.max_model_len = self.max_model_len;
+            }
+            let micros = |v: Option<f64>| v.map(|us| us / 1e6);
+            set(&mut t.step_overhead, micros(self.step_overhead_us));
+            set(&mut t.prefill_per_token, micros(self.prefill_per_token_us));
+            set(&mut t.decode_per_seq, micros(self.decode_per_seq_us));
+            set(
+                &mut t.decode_per_context_token,
+                micros(self.decode_per_context_token_us),
+            );
+            set(&mut t.request_overhead, micros(self.request_overhead_us));
+            set(&mut t.jitter, self.jitter);
+            set(&mut t.drift, self.drift);
+            set(&mut t.drift_time, self.drift_time_ms.map(|ms| ms / 1e3));
+            spec.time = spec.time.scaled(self.time_scale);
+        };
+        apply(&mut profile.engine);
+        profile.prefill.iter_mut().for_each(apply);
+        profile.decode.iter_mut().for_each(apply);
+        set(&mut profile.chat_template_tokens, self.chat_template_tokens);
+        set(&mut profile.default_max_tokens, self.default_max_tokens);
+        profile
+    }
+
+    /// Output tokens of a request without max_tokens, for the fast profile.
+    pub fn fast_default_max_tokens(&self) -> u32 {
+        self.default_max_tokens.unwrap_or(32)
     }
 
     /// Fast profile timings: (time to first token, time per further token).
@@ -222,5 +385,72 @@ impl SimArgs {
             Duration::from_secs_f64(0.001 * self.time_scale),
             Duration::from_secs_f64(0.0005 * self.time_scale),
         )
+    }
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *field = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Role;
+
+    #[tokio::test]
+    async fn flags_override_every_engine_of_the_profile() {
+        let args = SimArgs {
+            kv_blocks: Some(64),
+            decode_per_seq_us: Some(300.0),
+            drift: Some(0.2),
+            time_scale: 2.0,
+            ..SimArgs::for_tests()
+        };
+        let profile = args.server_profile().await.unwrap().unwrap();
+        for role in [Role::Aggregate, Role::Prefill, Role::Decode] {
+            let e = profile.engine(role);
+            assert_eq!(e.limits.kv_blocks, 64, "{role:?}");
+            assert!((e.time.decode_per_seq - 600e-6).abs() < 1e-12, "{role:?}");
+            assert!((e.time.step_overhead - 2400e-6).abs() < 1e-12, "{role:?}");
+            assert_eq!(e.time.drift, 0.2);
+        }
+        let fast = SimArgs::fast_for_tests().server_profile().await.unwrap();
+        assert_eq!(fast, None, "the fast profile has no engine");
+    }
+
+    #[test]
+    fn bad_time_flags_are_refused_with_their_name() {
+        let bad = |args: SimArgs| args.validate().unwrap_err();
+        let base = SimArgs::for_tests;
+        assert!(
+            bad(SimArgs {
+                prefill_per_token_us: Some(-1.0),
+                ..base()
+            })
+            .starts_with("--prefill-per-token-us")
+        );
+        assert!(
+            bad(SimArgs {
+                jitter: Some(1.0),
+                ..base()
+            })
+            .starts_with("--jitter")
+        );
+        assert!(
+            bad(SimArgs {
+                drift_time_ms: Some(0.0),
+                ..base()
+            })
+            .starts_with("--drift-time-ms")
+        );
+        assert!(
+            bad(SimArgs {
+                max_model_len: Some(0),
+                ..base()
+            })
+            .starts_with("--max-model-len")
+        );
     }
 }

@@ -12,20 +12,21 @@
 //!
 //! One engine step (vLLM V1's scheduler, simplified):
 //! 1. Running sequences, oldest admission first, each get work within the
-//!    step's token budget (`max_num_batched_tokens`): a decode sequence one
-//!    token, a sequence still prefilling a chunk of its remaining prefill.
-//!    A decode that needs a new block when none is free preempts the most
-//!    recently admitted running sequence (possibly itself): its blocks are
-//!    freed, it goes back to the FRONT of the waiting queue, its KV is dropped
-//!    (it will recompute prompt + output so far as a prefill) and the
-//!    preemption counter increases.
+//!    step's token budget (`max_num_batched_tokens`, the chunked-prefill
+//!    budget): a decode sequence one token, a sequence still prefilling the
+//!    next chunk of its remaining prefill. Each needs KV blocks for what it
+//!    computes; when none are free, the most recently admitted running
+//!    sequence is preempted (possibly itself): its blocks are freed, it goes
+//!    back to the FRONT of the waiting queue, its KV is dropped (it will
+//!    recompute prompt + output so far as a prefill) and the preemption
+//!    counter increases.
 //! 2. If nothing was preempted in this step, waiting sequences are admitted in
 //!    FIFO order while fewer than `max_num_seqs` run, budget remains and the
-//!    head's whole prefill fits in the free blocks (no skipping: the head of
-//!    the queue blocks the others, as in vLLM).
-//! 3. The step lasts
-//!    `(base + per_decode_seq * decode_seqs + per_prefill_token * prefill_tokens) * (1 + jitter * u)`
-//!    seconds, `u` uniform in [-1, 1] from the seeded generator.
+//!    blocks of the head's first chunk are free (no skipping: the head of the
+//!    queue blocks the others, as in vLLM).
+//! 3. The step lasts as long as the [`TimeModel`] says for its prefill
+//!    tokens, decoding sequences and the context those read, with a seeded
+//!    jitter.
 //! 4. At the end of the step, every decode produced one token, and a prefill
 //!    that finished produced one token (the first, or the next one after a
 //!    recompute).
@@ -43,20 +44,80 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::metrics::{EngineMetrics, FinishedReason};
 
+/// The shortest step: time always moves on, whatever the time model (a
+/// model whose costs are all 0 would otherwise produce tokens forever
+/// without time passing).
+const MIN_STEP: f64 = 1e-6;
+
 /// Identifier of a sequence inside one engine (chosen by the caller).
 pub type SeqId = u64;
 
-/// Cost model of one engine step, in seconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepCost {
-    /// Fixed cost of any step.
-    pub base: f64,
-    /// Added per sequence that decodes one token in the step.
-    pub per_decode_seq: f64,
-    /// Added per prompt token prefilled in the step.
-    pub per_prefill_token: f64,
-    /// Relative jitter: the step time is multiplied by `1 + jitter * u`, `u` in [-1, 1].
+/// The time model: how long one engine step takes, from the work in it.
+///
+/// `step = step_overhead + prefill_per_token * prefill tokens
+///        + decode_per_seq * decoding sequences
+///        + decode_per_context_token * KV tokens those sequences read`,
+/// then multiplied by `1 + jitter * u` (`u` uniform in [-1, 1]). All costs
+/// are in seconds. Steps slow down as the batch grows and as the sequences
+/// in it get longer, as on a real server where decoding reads the whole KV
+/// of every running sequence.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TimeModel {
+    /// Fixed cost of any step (scheduling, launch, sampling, output handling).
+    pub step_overhead: f64,
+    /// Per prompt token computed in the step (prefill chunks and recomputes).
+    pub prefill_per_token: f64,
+    /// Per sequence that decodes one token in the step.
+    pub decode_per_seq: f64,
+    /// Per KV token read by the decoding sequences (their context length).
+    pub decode_per_context_token: f64,
+    /// Relative jitter of each step (0.1 = ±10%).
     pub jitter: f64,
+    /// Latency of each request before it reaches the scheduler's queue
+    /// (vLLM's API server: chat template, tokenization, hand-over to the
+    /// engine), on average: each request's is uniform between half and one
+    /// and a half times it. Counted in TTFT; takes no engine time.
+    pub request_overhead: f64,
+    /// Slow drift of the step speed (a machine shared with other work): every
+    /// step time is multiplied by `exp(drift * x)`, `x` a standard Gaussian
+    /// process that changes over `drift_time`, the factor's mean being 1. 0
+    /// for none. It spreads TTFT in queueing stages the way a busy machine
+    /// does.
+    pub drift: f64,
+    /// Correlation time of the drift, in seconds.
+    pub drift_time: f64,
+}
+
+/// What one step computes: the inputs of [`TimeModel::step_seconds`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepWork {
+    pub prefill_tokens: u64,
+    pub decode_seqs: u64,
+    pub context_tokens: u64,
+}
+
+impl TimeModel {
+    /// Duration of a step doing `work`, before jitter.
+    pub fn step_seconds(&self, work: StepWork) -> f64 {
+        self.step_overhead
+            + self.prefill_per_token * work.prefill_tokens as f64
+            + self.decode_per_seq * work.decode_seqs as f64
+            + self.decode_per_context_token * work.context_tokens as f64
+    }
+
+    /// Every duration multiplied by `factor` (jitter unchanged).
+    pub fn scaled(self, factor: f64) -> TimeModel {
+        TimeModel {
+            step_overhead: self.step_overhead * factor,
+            prefill_per_token: self.prefill_per_token * factor,
+            decode_per_seq: self.decode_per_seq * factor,
+            decode_per_context_token: self.decode_per_context_token * factor,
+            jitter: self.jitter,
+            request_overhead: self.request_overhead * factor,
+            drift: self.drift,
+            drift_time: self.drift_time * factor,
+        }
+    }
 }
 
 /// What an engine can hold and how fast it steps.
@@ -66,14 +127,22 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: u32,
     pub kv_blocks: u32,
     pub block_size: u32,
-    pub cost: StepCost,
+    /// Longest prompt + output accepted (vLLM's `--max-model-len`); at most the KV capacity.
+    pub max_model_len: u32,
+    pub time: TimeModel,
     pub seed: u64,
 }
 
 impl EngineConfig {
-    /// Largest prompt + output a single sequence may need: the whole KV cache.
-    pub fn max_model_len(&self) -> u32 {
+    /// Tokens the KV cache holds.
+    pub fn kv_capacity(&self) -> u32 {
         self.kv_blocks.saturating_mul(self.block_size)
+    }
+
+    /// Longest prompt + output a request may need: `max_model_len`, never
+    /// more than the whole KV cache (a longer sequence could never run).
+    pub fn max_model_len(&self) -> u32 {
+        self.max_model_len.min(self.kv_capacity())
     }
 }
 
@@ -153,12 +222,50 @@ impl Seq {
     fn in_decode(&self) -> bool {
         self.generated > 0 && self.computed + 1 >= self.new.prompt_tokens + self.generated
     }
+
+    /// Tokens this sequence computes in a step with `budget` tokens left:
+    /// one when decoding, else the next chunk of its prefill.
+    fn tokens_to_schedule(&self, budget: u32) -> u32 {
+        if self.in_decode() {
+            1.min(budget)
+        } else {
+            self.prefill_target()
+                .saturating_sub(self.computed)
+                .min(budget)
+        }
+    }
 }
 
+/// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
 enum Work {
-    Decode(SeqId),
+    /// One token; `context` KV tokens are read.
+    Decode { id: SeqId, context: u32 },
+    /// A chunk of (re)computed prompt.
     Prefill(SeqId, u32),
+}
+
+impl Work {
+    fn id(&self) -> SeqId {
+        match *self {
+            Work::Decode { id, .. } | Work::Prefill(id, _) => id,
+        }
+    }
+
+    fn tokens(&self) -> u32 {
+        match *self {
+            Work::Decode { .. } => 1,
+            Work::Prefill(_, n) => n,
+        }
+    }
+}
+
+/// How [`Engine::allocate_or_preempt`] ended.
+enum Allocation {
+    /// The blocks are there; `preempted` tells whether others were preempted for them.
+    Done { preempted: bool },
+    /// The sequence itself was preempted (or is gone): it does not run in this step.
+    PreemptedItself,
 }
 
 /// The engine: queues, KV pool, the step in progress and the metrics.
@@ -167,12 +274,16 @@ pub struct Engine {
     cfg: EngineConfig,
     rng: ChaCha8Rng,
     seqs: HashMap<SeqId, Seq>,
+    /// Submitted, not queued yet: (time it reaches the queue, id), in order.
+    arriving: VecDeque<(f64, SeqId)>,
     waiting: VecDeque<SeqId>,
     /// Admission order, oldest first.
     running: Vec<SeqId>,
     free_blocks: u32,
     in_step: Option<Vec<Work>>,
     metrics: EngineMetrics,
+    /// The drift process's current value (standard normal in the long run).
+    drift_state: f64,
 }
 
 fn blocks_for(tokens: u32, block_size: u32) -> u32 {
@@ -186,10 +297,12 @@ impl Engine {
             free_blocks: cfg.kv_blocks,
             cfg,
             seqs: HashMap::new(),
+            arriving: VecDeque::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             in_step: None,
             metrics,
+            drift_state: 0.0,
         }
     }
 
@@ -220,6 +333,22 @@ impl Engine {
     /// Whether a step would do anything.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// When the next submitted sequence reaches the queue, if one is on its
+    /// way (see [`TimeModel::request_overhead`]): an idle engine wakes then.
+    pub fn next_arrival(&self) -> Option<f64> {
+        self.arriving.front().map(|(at, _)| *at)
+    }
+
+    /// Queue the sequences whose request overhead is over at `now`.
+    fn queue_arrivals(&mut self, now: f64) {
+        while let Some(&(at, id)) = self.arriving.front()
+            && at <= now
+        {
+            self.arriving.pop_front();
+            self.waiting.push_back(id);
+        }
     }
 
     /// Queue a sequence (FIFO) at time `now`.
@@ -261,7 +390,16 @@ impl Engine {
                 prefill_tokens_computed: 0,
             },
         );
-        self.waiting.push_back(new.id);
+        let overhead = self.cfg.time.request_overhead;
+        if overhead > 0.0 {
+            // The API server's latency varies: half to one and a half times the mean.
+            let overhead = overhead * self.rng.random_range(0.5..=1.5);
+            let at = now + overhead;
+            let pos = self.arriving.partition_point(|(t, _)| *t <= at);
+            self.arriving.insert(pos, (at, new.id));
+        } else {
+            self.waiting.push_back(new.id);
+        }
         self.refresh_gauges();
         Ok(())
     }
@@ -271,13 +409,12 @@ impl Engine {
         let Some(seq) = self.seqs.remove(&id) else {
             return false;
         };
+        self.arriving.retain(|(_, a)| *a != id);
         self.waiting.retain(|w| *w != id);
         self.running.retain(|r| *r != id);
         self.free_blocks += seq.blocks;
         if let Some(work) = &mut self.in_step {
-            work.retain(|w| match w {
-                Work::Decode(s) | Work::Prefill(s, _) => *s != id,
-            });
+            work.retain(|w| w.id() != id);
         }
         self.finish_metrics(&seq, now, FinishedReason::Abort);
         self.refresh_gauges();
@@ -289,10 +426,10 @@ impl Engine {
     /// Must be followed by [`Engine::end_step`] before the next `begin_step`.
     pub fn begin_step(&mut self, now: f64) -> Option<f64> {
         debug_assert!(self.in_step.is_none(), "begin_step twice without end_step");
+        self.queue_arrivals(now);
         if !self.has_work() {
             return None;
         }
-        let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut work = Vec::new();
         let mut preempted_any = false;
@@ -301,50 +438,29 @@ impl Engine {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let Some(seq) = self.seqs.get(&id) else {
+            let Some(tokens) = self.seqs.get(&id).map(|s| s.tokens_to_schedule(budget)) else {
                 i += 1;
                 continue;
             };
-            if seq.in_decode() {
-                let need = blocks_for(seq.computed + 1, bs);
-                let mut scheduled_self = true;
-                while self.seqs.get(&id).map(|s| s.blocks).unwrap_or(need) < need {
-                    if self.free_blocks > 0 {
-                        self.free_blocks -= 1;
-                        if let Some(s) = self.seqs.get_mut(&id) {
-                            s.blocks += 1;
-                        }
-                        continue;
-                    }
-                    // No free block: preempt the most recently admitted.
-                    let Some(victim) = self.running.pop() else {
-                        scheduled_self = false;
-                        break;
-                    };
-                    self.preempt(victim);
+            if tokens == 0 {
+                i += 1;
+                continue;
+            }
+            match self.allocate_or_preempt(id, tokens) {
+                Allocation::Done { preempted } => preempted_any |= preempted,
+                Allocation::PreemptedItself => {
                     preempted_any = true;
-                    if victim == id {
-                        scheduled_self = false;
-                        break;
-                    }
-                }
-                if !scheduled_self {
                     break;
                 }
-                budget -= 1;
-                work.push(Work::Decode(id));
-            } else {
-                let remaining = seq.prefill_target().saturating_sub(seq.computed);
-                let chunk = remaining.min(budget);
-                if chunk > 0 {
-                    budget -= chunk;
-                    work.push(Work::Prefill(id, chunk));
-                }
             }
+            budget -= tokens;
+            work.push(self.work_for(id, tokens));
             i += 1;
         }
 
-        // 2. Admission, FIFO, only if nothing was preempted this step.
+        // 2. Admission, FIFO, only if nothing was preempted this step. The
+        // head of the queue needs blocks for what it computes in this step
+        // (its first chunk); if they are not free, nobody behind it passes.
         if !preempted_any {
             while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
                 let Some(&id) = self.waiting.front() else {
@@ -354,20 +470,14 @@ impl Engine {
                     self.waiting.pop_front();
                     continue;
                 };
-                let target = seq.prefill_target();
-                // A sequence whose KV arrived decodes at once: it needs room for one more token.
-                let tokens = if seq.in_decode() {
-                    seq.computed + 1
-                } else {
-                    target
-                };
-                let need = blocks_for(tokens, bs).saturating_sub(seq.blocks);
+                let tokens = seq.tokens_to_schedule(budget);
+                let need = blocks_for(seq.computed + tokens, self.cfg.block_size)
+                    .saturating_sub(seq.blocks);
                 if need > self.free_blocks {
                     break;
                 }
                 self.waiting.pop_front();
                 self.free_blocks -= need;
-                let chunk = target.saturating_sub(seq.computed).min(budget);
                 if let Some(s) = self.seqs.get_mut(&id) {
                     s.blocks += need;
                     if s.first_scheduled.is_none() {
@@ -375,40 +485,98 @@ impl Engine {
                     }
                 }
                 self.running.push(id);
-                if chunk > 0 {
-                    budget -= chunk;
-                    work.push(Work::Prefill(id, chunk));
-                } else {
-                    // KV already there (transferred): decode straight away.
-                    budget -= 1;
-                    work.push(Work::Decode(id));
-                }
+                budget -= tokens;
+                work.push(self.work_for(id, tokens));
             }
         }
 
-        let decode_seqs = work.iter().filter(|w| matches!(w, Work::Decode(_))).count();
-        let prefill_tokens: u32 = work
-            .iter()
-            .map(|w| match w {
-                Work::Prefill(_, n) => *n,
-                Work::Decode(_) => 0,
-            })
-            .sum();
-        let c = self.cfg.cost;
-        let base = c.base
-            + c.per_decode_seq * decode_seqs as f64
-            + c.per_prefill_token * f64::from(prefill_tokens);
-        let u: f64 = if c.jitter > 0.0 {
+        let duration = self.step_duration(&work);
+        let tokens: u64 = work.iter().map(|w| u64::from(w.tokens())).sum();
+        self.metrics.observe_iteration(tokens);
+        self.in_step = Some(work);
+        self.refresh_gauges();
+        Some(duration)
+    }
+
+    /// The scheduled work of `tokens` tokens for sequence `id`.
+    fn work_for(&self, id: SeqId, tokens: u32) -> Work {
+        match self.seqs.get(&id) {
+            Some(s) if s.in_decode() => Work::Decode {
+                id,
+                context: s.computed,
+            },
+            _ => Work::Prefill(id, tokens),
+        }
+    }
+
+    /// Give `id` the blocks for `tokens` more tokens, preempting the most
+    /// recently admitted running sequences (possibly `id` itself) while none
+    /// are free.
+    fn allocate_or_preempt(&mut self, id: SeqId, tokens: u32) -> Allocation {
+        let mut preempted = false;
+        loop {
+            let Some(seq) = self.seqs.get(&id) else {
+                return Allocation::PreemptedItself;
+            };
+            let need =
+                blocks_for(seq.computed + tokens, self.cfg.block_size).saturating_sub(seq.blocks);
+            if need <= self.free_blocks {
+                self.free_blocks -= need;
+                if let Some(s) = self.seqs.get_mut(&id) {
+                    s.blocks += need;
+                }
+                return Allocation::Done { preempted };
+            }
+            let Some(victim) = self.running.pop() else {
+                return Allocation::PreemptedItself;
+            };
+            self.preempt(victim);
+            preempted = true;
+            if victim == id {
+                return Allocation::PreemptedItself;
+            }
+        }
+    }
+
+    /// The time model applied to one step's work, with the seeded jitter.
+    fn step_duration(&mut self, work: &[Work]) -> f64 {
+        let mut done = StepWork::default();
+        for w in work {
+            match *w {
+                Work::Decode { context, .. } => {
+                    done.decode_seqs += 1;
+                    done.context_tokens += u64::from(context);
+                }
+                Work::Prefill(_, n) => done.prefill_tokens += u64::from(n),
+            }
+        }
+        let t = self.cfg.time;
+        let u: f64 = if t.jitter > 0.0 {
             self.rng.random_range(-1.0..=1.0)
         } else {
             0.0
         };
-        let duration = (base * (1.0 + c.jitter * u)).max(0.0);
-        self.metrics
-            .observe_iteration(decode_seqs as u64 + u64::from(prefill_tokens));
-        self.in_step = Some(work);
-        self.refresh_gauges();
-        Some(duration)
+        let step = t.step_seconds(done) * (1.0 + t.jitter * u);
+        (step * self.drift_factor(step)).max(MIN_STEP)
+    }
+
+    /// The drift's factor for a step of `step` seconds: `exp(drift * x)`,
+    /// `x` a standard Ornstein-Uhlenbeck process with correlation time
+    /// `drift_time`, normalised so that the factor's mean is 1.
+    fn drift_factor(&mut self, step: f64) -> f64 {
+        let t = &self.cfg.time;
+        if t.drift <= 0.0 || t.drift_time <= 0.0 {
+            return 1.0;
+        }
+        let keep = (-step / t.drift_time).exp();
+        // Box-Muller: a standard normal draw from two uniform ones.
+        let (u1, u2): (f64, f64) = (
+            self.rng.random_range(f64::EPSILON..1.0),
+            self.rng.random_range(0.0..1.0),
+        );
+        let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        self.drift_state = self.drift_state * keep + (1.0 - keep * keep).sqrt() * normal;
+        (t.drift * self.drift_state - t.drift * t.drift / 2.0).exp()
     }
 
     /// Finish the step planned by [`Engine::begin_step`] at time `now`:
@@ -421,7 +589,7 @@ impl Engine {
         let mut finished = Vec::new();
         for w in work {
             let (id, produced) = match w {
-                Work::Decode(id) => {
+                Work::Decode { id, .. } => {
                     let Some(s) = self.seqs.get_mut(&id) else {
                         continue;
                     };
@@ -545,11 +713,16 @@ mod tests {
             max_num_batched_tokens: 2048,
             kv_blocks,
             block_size: 16,
-            cost: StepCost {
-                base: 0.002,
-                per_decode_seq: 0.0002,
-                per_prefill_token: 0.00002,
+            max_model_len: u32::MAX,
+            time: TimeModel {
+                step_overhead: 0.002,
+                prefill_per_token: 0.00002,
+                decode_per_seq: 0.0002,
+                decode_per_context_token: 0.0,
                 jitter: 0.1,
+                request_overhead: 0.0,
+                drift: 0.0,
+                drift_time: 0.0,
             },
             seed: 7,
         }
@@ -792,5 +965,179 @@ mod tests {
         assert_eq!(e.kv_usage(), 0.0);
         assert!(e.end_step(0.002).is_empty());
         assert!(!e.has_work());
+    }
+
+    fn seq(id: SeqId, prompt_tokens: u32, max_tokens: u32) -> NewSeq {
+        NewSeq {
+            id,
+            prompt_tokens,
+            max_tokens,
+            pre_generated: 0,
+            kv_transferred: false,
+            finish: FinishedReason::Length,
+        }
+    }
+
+    /// `cfg` without jitter and with the given time model.
+    fn timed(time: TimeModel) -> EngineConfig {
+        EngineConfig {
+            time,
+            ..cfg(8, 10_000)
+        }
+    }
+
+    const NO_COST: TimeModel = TimeModel {
+        step_overhead: 0.001,
+        prefill_per_token: 0.0,
+        decode_per_seq: 0.0,
+        decode_per_context_token: 0.0,
+        jitter: 0.0,
+        request_overhead: 0.0,
+        drift: 0.0,
+        drift_time: 0.0,
+    };
+
+    #[test]
+    fn each_cost_of_the_time_model_lengthens_the_step_it_applies_to() {
+        let step = |time: TimeModel, prompt: u32, decoding: bool| {
+            let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
+            e.submit(seq(1, prompt, 100), 0.0).unwrap();
+            let first = e.begin_step(0.0).unwrap();
+            e.end_step(first);
+            if decoding {
+                e.begin_step(first).unwrap()
+            } else {
+                first
+            }
+        };
+        let base = step(NO_COST, 100, false);
+        assert!((base - 0.001).abs() < 1e-12);
+        let prefill = TimeModel {
+            prefill_per_token: 1e-5,
+            ..NO_COST
+        };
+        assert!((step(prefill, 100, false) - (0.001 + 100.0 * 1e-5)).abs() < 1e-12);
+        let decode = TimeModel {
+            decode_per_seq: 2e-4,
+            ..NO_COST
+        };
+        assert!((step(decode, 100, true) - 0.0012).abs() < 1e-12);
+        // A decode reads its context: the 100 prompt tokens (the first
+        // output token has no KV entry yet).
+        let context = TimeModel {
+            decode_per_context_token: 1e-6,
+            ..NO_COST
+        };
+        assert!((step(context, 100, true) - (0.001 + 100.0 * 1e-6)).abs() < 1e-12);
+        assert!(step(context, 1000, true) > step(context, 100, true));
+    }
+
+    #[test]
+    fn the_request_overhead_delays_the_queue_and_counts_in_ttft() {
+        let time = TimeModel {
+            request_overhead: 0.010,
+            ..NO_COST
+        };
+        let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
+        e.submit(seq(1, 10, 2), 0.0).unwrap();
+        assert!(
+            !e.has_work() && e.num_waiting() == 0,
+            "still in the API server"
+        );
+        let at = e.next_arrival().unwrap();
+        assert!(
+            (0.005..=0.015).contains(&at),
+            "half to 1.5 times the overhead: {at}"
+        );
+        assert_eq!(e.begin_step(at - 1e-6), None, "not queued before its time");
+        let step = e.begin_step(at).unwrap();
+        let events = e.end_step(at + step);
+        assert_eq!(events.len(), 1);
+        let ttft = e.metrics().ttft().sum();
+        assert!(
+            (ttft - (at + step)).abs() < 1e-9,
+            "TTFT from submission: {ttft}"
+        );
+    }
+
+    #[test]
+    fn a_time_model_of_no_cost_still_moves_time_on() {
+        // Else a virtual sweep would produce tokens forever at one instant.
+        let free = TimeModel {
+            step_overhead: 0.0,
+            ..NO_COST
+        };
+        let mut e = Engine::new(timed(free), EngineMetrics::new("m", "0", 4096));
+        e.submit(seq(1, 10, 2), 0.0).unwrap();
+        assert_eq!(e.begin_step(0.0), Some(MIN_STEP));
+    }
+
+    #[test]
+    fn drift_is_seeded_and_keeps_the_mean_step() {
+        let run = |drift: f64, seed: u64| {
+            let time = TimeModel {
+                drift,
+                drift_time: 0.05,
+                ..NO_COST
+            };
+            let mut e = Engine::new(
+                EngineConfig {
+                    seed,
+                    ..timed(time)
+                },
+                EngineMetrics::new("m", "0", 4096),
+            );
+            e.submit(seq(1, 10, 20_000), 0.0).unwrap();
+            let (mut now, mut steps) = (0.0, Vec::new());
+            while let Some(d) = e.begin_step(now) {
+                now += d;
+                steps.push(d);
+                e.end_step(now);
+            }
+            steps
+        };
+        assert!(run(0.0, 1).iter().all(|d| (d - 0.001).abs() < 1e-12));
+        let drifting = run(0.5, 1);
+        assert_eq!(drifting, run(0.5, 1), "same seed, same steps");
+        assert_ne!(drifting, run(0.5, 2));
+        let mean = drifting.iter().sum::<f64>() / drifting.len() as f64;
+        assert!((mean / 0.001 - 1.0).abs() < 0.05, "mean step {mean}");
+        let (lo, hi) = drifting
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), d| (lo.min(*d), hi.max(*d)));
+        assert!(lo < 0.0007 && hi > 0.0014, "it drifts: {lo}..{hi}");
+    }
+
+    #[test]
+    fn a_long_prompt_is_admitted_with_the_blocks_of_its_first_chunk() {
+        // vLLM V1: the head of the queue needs blocks for what it computes
+        // now (its first chunk), not for its whole prompt. 40 blocks of 16;
+        // A holds 19 of them; B's 480-token prompt needs 30 but its first
+        // 64-token chunk 4, so B starts in the same step as A's decode.
+        let mut e = Engine::new(
+            EngineConfig {
+                max_num_batched_tokens: 64,
+                ..cfg(8, 40)
+            },
+            EngineMetrics::new("m", "0", 4096),
+        );
+        e.submit(seq(1, 300, 50), 0.0).unwrap();
+        let mut now = 0.0;
+        while e.num_running() == 0 || e.seqs[&1].generated == 0 {
+            now += e.begin_step(now).unwrap();
+            e.end_step(now);
+        }
+        e.submit(seq(2, 480, 10), now).unwrap();
+        now += e.begin_step(now).unwrap();
+        assert_eq!(e.num_running(), 2, "B admitted with 21 blocks free");
+        assert_eq!(e.seqs[&2].blocks, 4, "the first chunk's blocks only");
+        e.end_step(now);
+        // Both complete; B, the most recently admitted, yields when the
+        // cache runs out.
+        while let Some(d) = e.begin_step(now) {
+            now += d;
+            e.end_step(now);
+        }
+        assert_eq!(e.metrics().success(FinishedReason::Length), 2);
     }
 }

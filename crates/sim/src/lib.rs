@@ -21,8 +21,12 @@ mod api;
 pub mod backend;
 pub mod config;
 pub mod engine;
+pub mod fit;
 pub mod metrics;
+pub mod profile;
 pub mod record;
+pub mod reference;
+pub mod sweep;
 pub mod tokens;
 
 use std::net::SocketAddr;
@@ -37,11 +41,13 @@ use tokio::task::JoinHandle;
 
 pub use config::{Profile, SimArgs};
 pub use metrics::EngineMetrics;
+pub use profile::{ProfileError, ServerProfile};
 pub use record::{RequestLog, RequestRecord};
 
 use api::{App, Backend, Faults};
 use backend::{EngineHandle, FastBackend};
 use engine::Engine;
+use profile::Role;
 
 /// How long [`RunningSim::shutdown`] lets open responses finish.
 const GRACE: Duration = Duration::from_secs(2);
@@ -54,6 +60,8 @@ const FAST_MAX_MODEL_LEN: u32 = 1 << 20;
 pub enum SimError {
     #[error("invalid simulator settings: {0}")]
     InvalidArgs(String),
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
     #[error(
         "cannot listen on {addr}: {source} (is the port in use? use port 0 for an ephemeral one)"
     )]
@@ -192,6 +200,10 @@ fn local_addr(l: &TcpListener, host: &str) -> Result<SocketAddr, SimError> {
 /// Start the simulator: bind every listener, spawn the engines and servers.
 pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
     args.validate().map_err(SimError::InvalidArgs)?;
+    let profile = args.server_profile().await?;
+    if let Some(p) = &profile {
+        p.validate().map_err(SimError::InvalidArgs)?;
+    }
     let (stop, _) = watch::channel(false);
     let listener = bind(&args.host, args.port).await?;
     let endpoint = local_addr(&listener, &args.host)?;
@@ -199,40 +211,55 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
     let mut engines = Vec::new();
     let mut metrics = Vec::new();
     let mut extra = Vec::new();
-    let new_engine = |role_seed: u64| {
-        let cfg = args.engine_config(role_seed);
+    // Each engine's jitter has its own seed (prefill and decode differ).
+    let new_engine = |profile: &ServerProfile, role: Role, role_seed: u64| {
+        let cfg = profile
+            .engine(role)
+            .config(args.seed.wrapping_mul(0x9e37_79b9).wrapping_add(role_seed));
         let m = EngineMetrics::new(&args.model, "0", cfg.max_model_len())
             .with_cache_config(cfg.kv_blocks, cfg.block_size);
         Engine::new(cfg, m)
     };
-    let (backend, max_model_len) = match (args.profile, args.disaggregated) {
-        (Profile::Fast, _) => {
+    let (backend, max_model_len, chat_template_tokens, default_max_tokens) = match profile {
+        None => {
             let (ttft, per_token) = args.fast_timings();
             let m = EngineMetrics::new(&args.model, "0", FAST_MAX_MODEL_LEN);
             metrics.push(("aggregate".to_string(), endpoint));
             (
                 Backend::Fast(Arc::new(FastBackend::new(ttft, per_token, m))),
                 FAST_MAX_MODEL_LEN,
+                0,
+                args.fast_default_max_tokens(),
             )
         }
-        (Profile::Default, false) => {
-            let engine = new_engine(0);
+        Some(p) if !args.disaggregated => {
+            let engine = new_engine(&p, Role::Aggregate, 0);
             let len = engine.config().max_model_len();
             let (h, task) = EngineHandle::spawn(engine, args.max_waiting);
             engines.push((h.clone(), task));
             metrics.push(("aggregate".to_string(), endpoint));
-            (Backend::Aggregate(h), len)
+            (
+                Backend::Aggregate(h),
+                len,
+                p.chat_template_tokens,
+                p.default_max_tokens,
+            )
         }
-        (Profile::Default, true) => {
-            let prefill = new_engine(1);
-            let len = prefill.config().max_model_len();
-            let (p, pt) = EngineHandle::spawn(prefill, args.max_waiting);
-            let (d, dt) = EngineHandle::spawn(new_engine(2), None);
-            engines.push((p.clone(), pt));
-            engines.push((d.clone(), dt));
+        Some(p) => {
+            let prefill = new_engine(&p, Role::Prefill, 1);
+            let decode = new_engine(&p, Role::Decode, 2);
+            // A request must fit both engines.
+            let len = prefill
+                .config()
+                .max_model_len()
+                .min(decode.config().max_model_len());
+            let (pre, pre_task) = EngineHandle::spawn(prefill, args.max_waiting);
+            let (dec, dec_task) = EngineHandle::spawn(decode, None);
+            engines.push((pre.clone(), pre_task));
+            engines.push((dec.clone(), dec_task));
             for (role, port, h) in [
-                ("prefill", args.prefill_metrics_port, &p),
-                ("decode", args.decode_metrics_port, &d),
+                ("prefill", args.prefill_metrics_port, &pre),
+                ("decode", args.decode_metrics_port, &dec),
             ] {
                 let l = bind(&args.host, port).await?;
                 metrics.push((role.to_string(), local_addr(&l, &args.host)?));
@@ -240,10 +267,12 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
             }
             (
                 Backend::Disaggregated {
-                    prefill: p,
-                    decode: d,
+                    prefill: pre,
+                    decode: dec,
                 },
                 len,
+                p.chat_template_tokens,
+                p.default_max_tokens,
             )
         }
     };
@@ -252,7 +281,8 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
         model_json: serde_json::Value::String(args.model.clone()).to_string(),
         model: args.model.clone(),
         max_model_len,
-        default_max_tokens: args.resolved_default_max_tokens(),
+        chat_template_tokens,
+        default_max_tokens,
         seed: args.seed,
         created: record::unix_now() as u64,
         next: AtomicU64::new(0),

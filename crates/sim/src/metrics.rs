@@ -107,6 +107,37 @@ impl Histogram {
     pub fn sum(&self) -> f64 {
         self.sum
     }
+
+    /// The `q` quantile as Prometheus' `histogram_quantile` reads these
+    /// buckets: linear interpolation inside the bucket holding rank
+    /// `q * count` (from 0 for the first bucket), the highest finite bound
+    /// when the rank falls in `+Inf`, NaN without observations.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.count == 0 {
+            return f64::NAN;
+        }
+        let rank = q.clamp(0.0, 1.0) * self.count as f64;
+        let mut below = 0u64;
+        for (i, &n) in self.counts.iter().enumerate() {
+            if n > 0 && (below + n) as f64 >= rank {
+                let Some(&upper) = self.bounds.get(i) else {
+                    return self.bounds.last().copied().unwrap_or(f64::NAN);
+                };
+                let lower = if i == 0 { 0.0 } else { self.bounds[i - 1] };
+                return lower + (upper - lower) * (rank - below as f64) / n as f64;
+            }
+            below += n;
+        }
+        self.bounds.last().copied().unwrap_or(f64::NAN)
+    }
+
+    /// Index of the bucket that holds `v` (`bounds.len()` for `+Inf`).
+    pub fn bucket_of(&self, v: f64) -> usize {
+        self.bounds
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(self.bounds.len())
+    }
 }
 
 /// 1-2-5 buckets up to `max` (vLLM's token-count histograms).
@@ -218,7 +249,8 @@ impl EngineMetrics {
         }
     }
 
-    /// Record the KV cache geometry for `vllm:cache_config_info`.
+    /// Record the KV cache geometry for `vllm:cache_config_info`: the usable
+    /// blocks (the exposition adds vLLM's null block, as vLLM does).
     pub fn with_cache_config(mut self, kv_blocks: u32, block_size: u32) -> EngineMetrics {
         self.kv_blocks = kv_blocks;
         self.block_size = block_size;
@@ -478,9 +510,12 @@ impl EngineMetrics {
             "Information of the LLMEngine CacheConfig",
             "gauge",
         );
+        // vLLM counts its null block (never allocated) in num_gpu_blocks and
+        // the KV size, and leaves it out of the usage fraction.
+        let gpu_blocks = u64::from(self.kv_blocks) + 1;
         let block_size = self.block_size.to_string();
-        let blocks = self.kv_blocks.to_string();
-        let size_tokens = (u64::from(self.kv_blocks) * u64::from(self.block_size)).to_string();
+        let blocks = gpu_blocks.to_string();
+        let size_tokens = (gpu_blocks * u64::from(self.block_size)).to_string();
         w.sample(
             "vllm:cache_config_info",
             &[

@@ -18,6 +18,15 @@ async fn post(sim: &RunningSim, path: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
+async fn get_json(sim: &RunningSim, path: &str) -> Value {
+    reqwest::get(format!("http://{}{path}", sim.endpoint()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// The `data:` payloads of an SSE body, `[DONE]` included.
 fn sse_events(body: &str) -> Vec<String> {
     assert!(
@@ -273,12 +282,7 @@ async fn bad_requests_get_openai_errors() {
 async fn models_health_tokenize() {
     let sim = start(SimArgs::for_tests()).await.unwrap();
     let base = format!("http://{}", sim.endpoint());
-    let m: Value = reqwest::get(format!("{base}/v1/models"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m = get_json(&sim, "/v1/models").await;
     assert_eq!(m["data"][0]["id"], "nyann-sim");
     assert_eq!(m["data"][0]["max_model_len"], 224 * 16);
     assert_eq!(
@@ -306,6 +310,76 @@ async fn models_health_tokenize() {
         .await
         .unwrap();
     assert_eq!(t["count"], 2, "\"abcd\\nefg\" is 8 characters");
+    sim.shutdown().await;
+}
+
+/// The vllm-cpu-ref profile: its limits in /v1/models and /metrics (with
+/// vLLM's null block), and its chat template's 16 tokens in chat prompts
+/// (usage, /tokenize with messages) but not in completion prompts.
+#[tokio::test]
+async fn a_profile_shows_its_limits_and_chat_template() {
+    let sim = start(SimArgs {
+        profile: nyann_sim::Profile::VllmCpuRef,
+        ..SimArgs::for_tests()
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{}", sim.endpoint());
+    let m = get_json(&sim, "/v1/models").await;
+    assert_eq!(m["data"][0]["max_model_len"], 1024);
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("block_size=\"32\"")
+            && metrics.contains("num_gpu_blocks=\"64\"")
+            && metrics.contains("kv_cache_size_tokens=\"2048\""),
+        "{metrics}"
+    );
+    let prompt = "x".repeat(240); // 60 tokens
+    let usage = |v: Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let chat = post(
+        &sim,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(usage(chat), 76);
+    let completion = post(
+        &sim,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(usage(completion), 60);
+    let t: Value = post(
+        &sim,
+        "/tokenize",
+        json!({"messages": [{"role": "user", "content": prompt}]}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(t["count"], 76);
+    let t: Value = post(&sim, "/tokenize", json!({"prompt": prompt}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        t["count"], 60,
+        "what a client calibrates its prompt lengths with"
+    );
     sim.shutdown().await;
 }
 

@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nyann_load::{ClientArgs, Live, RunOutcome, RunResult};
+use nyann_load::{Live, RunOutcome};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
 use nyann_signals::SignalArgs;
 
 use super::Ui;
+use super::client::ClientArgs;
+use super::interrupt::cancel_on_signals;
 use super::progress::Progress;
 use crate::report;
-use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs};
+use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs, RunResult};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -219,8 +221,7 @@ pub async fn run_scenario(
             .with_context(|| format!("serving --metrics on {addr}"))?;
         tracing::info!("client metrics: http://{bound}/metrics");
     }
-    let _signals =
-        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     tracing::info!("seed {}", options.seed);
     if let Some(check) = &check {
         check.start();
@@ -301,7 +302,7 @@ pub(super) fn save_report(
 pub(super) fn exit_code(result: &RunResult) -> u8 {
     if let RunOutcome::Stopped { stage, .. } = result.outcome {
         let stopping = result.stages.iter().find(|s| s.index == stage);
-        let record = stopping.and_then(|s| CongestionRecord::of(s.annotation.as_ref()));
+        let record = stopping.and_then(CongestionRecord::of);
         if record.is_some_and(|r| r.policy_error.is_some()) {
             return 1;
         }

@@ -1,9 +1,11 @@
 //! The command line: one file per command, each with its clap `Args` and a
 //! `run` that returns the process exit code.
 
+mod client;
 mod demo;
 mod fleet;
 mod generate;
+mod interrupt;
 mod kube;
 mod policy;
 pub mod progress;
@@ -125,7 +127,7 @@ pub enum Command {
     /// Run a short congestion-stopped sweep against the built-in simulator.
     Demo(demo::Args),
     /// Serve a simulated vLLM engine (OpenAI API and /metrics).
-    Sim(sim::Args),
+    Sim(Box<sim::Args>),
     /// Compile a scenario file and print its IR as JSON.
     Scenario(scenario::Args),
     /// Build the HTML report of saved runs (several are overlaid).
@@ -149,7 +151,7 @@ impl Command {
         match self {
             Command::Generate(args) => generate::run(args, ui).await,
             Command::Demo(args) => demo::run(args, ui).await,
-            Command::Sim(args) => sim::run(args).await,
+            Command::Sim(args) => sim::run(*args).await,
             Command::Scenario(args) => scenario::run(args).await,
             Command::Report(args) => report::run(args, ui).await,
             Command::Policy(command) => policy::run(command).await,

@@ -1,17 +1,31 @@
 //! `nyann-bench scenario FILE`: compile a scenario (`.star`, or an IR `.json`
-//! to check it) and print its IR as pretty JSON on stdout. Errors go to
-//! stderr, one `file:line:col: message` per line, and the exit code is 1.
+//! to check it) and print its IR as pretty JSON on stdout. With `--policy`,
+//! also check every `until_congested(...)` call's parameters against that
+//! policy, without running anything. Errors go to stderr, one
+//! `file:line:col: message` per line, and the exit code is 1.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use nyann_model::Step;
+
+use crate::sweep::{SandboxArgs, check_stop_conditions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The scenario: a Starlark file (.star) or a scenario IR file (.json).
     pub file: PathBuf,
+
+    /// Also check the parameters of every `until_congested(...)` call
+    /// against this policy (`builtin`, or a component file), as `generate`
+    /// would before sending any request.
+    #[arg(long, value_name = "FILE|builtin")]
+    pub policy: Option<String>,
+
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -22,6 +36,33 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    if let Some(policy) = &args.policy {
+        let policy = args.sandbox.load(policy)?;
+        let calls = scenario
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Stage(stage) => stage.stop.as_ref(),
+                Step::Barrier { .. } => None,
+            })
+            .fold(Vec::new(), |mut distinct, stop| {
+                if !distinct.contains(&stop) {
+                    distinct.push(stop);
+                }
+                distinct
+            })
+            .len();
+        if let Err(errors) = check_stop_conditions(&scenario, &policy) {
+            for error in errors {
+                eprintln!("{error}");
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+        eprintln!(
+            "policy {}: the parameters of {calls} until_congested(...) call(s) are valid",
+            policy.name()
+        );
+    }
     let json =
         serde_json::to_string_pretty(&scenario).context("cannot encode the scenario IR as JSON")?;
     let mut out = std::io::stdout().lock();

@@ -1,19 +1,65 @@
 //! `nyann-bench sim`: serve the simulated vLLM engine until Ctrl-C/SIGTERM,
-//! printing every listening address on stdout first so scripts can read them.
+//! printing every listening address on stdout first so scripts can read them;
+//! `--print-profile` prints the server profile instead. `nyann-bench sim fit`
+//! fits a profile to recorded sweeps (`fit.rs`).
+
+mod fit;
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
+
+/// How the simulator spends time, for `sim --help`.
+const TIME_MODEL_HELP: &str = "\
+The time model: an engine step (vLLM's continuous batching: running sequences first, then \
+admissions within --max-num-batched-tokens) lasts
+    step_overhead + prefill_per_token x prompt tokens computed
+  + decode_per_seq x decoding sequences + decode_per_context_token x KV tokens they read
+times (1 + jitter x u), u uniform in [-1, 1], and the drift's slowly varying factor (mean 1). \
+A request reaches the queue request_overhead (half to 1.5 times it) after it arrives; TTFT \
+counts that. Preempted sequences recompute prompt and output as prefill.
+
+Profiles: --profile default|fast|vllm-cpu-ref, or --profile-file FILE (TOML, times in \
+microseconds; --print-profile writes the resolved one). `nyann-bench sim fit RUN_DIR...` fits \
+the time model to recorded sweeps of a real server and writes such a file.";
 
 /// Flags of `nyann-bench sim` (those of the simulator crate).
 #[derive(Debug, clap::Args)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_long_help = TIME_MODEL_HELP
+)]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     #[command(flatten)]
     pub sim: nyann_sim::SimArgs,
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Fit a server profile (the time model) to recorded sweeps of a real
+    /// server, and write it as a file for `sim --profile-file`.
+    Fit(fit::Args),
+}
+
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(Command::Fit(fit)) = args.command {
+        return fit::run(fit).await;
+    }
+    if args.sim.print_profile {
+        let Some(profile) = args.sim.server_profile().await? else {
+            bail!("the fast profile has no engine, so no profile to print: pick another --profile");
+        };
+        print!(
+            "{}",
+            profile.to_toml("a nyann-bench simulator profile (sim --profile-file FILE)")
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let sim = nyann_sim::start(args.sim)
         .await
         .context("starting the simulator")?;

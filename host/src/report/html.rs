@@ -10,7 +10,7 @@
 
 use std::fmt::Write;
 
-use nyann_load::{RunOutcome, StageResult, StageStatus};
+use nyann_load::{RunOutcome, StageStatus};
 use nyann_model::{ClientStats, RoleSignals, SeriesStatus, Value};
 
 use super::charts::{
@@ -19,7 +19,7 @@ use super::charts::{
 };
 use super::saved::SavedRun;
 use super::table::{StageTable, outcome_line};
-use crate::sweep::CongestionRecord;
+use crate::sweep::{CongestionRecord, StageResult};
 
 /// The page for `runs` (at least one).
 pub fn page(runs: &[SavedRun]) -> anyhow::Result<String> {
@@ -415,6 +415,7 @@ fn has_data(record: &CongestionRecord, role: &str, field: &str) -> bool {
 fn param_value(value: &Value) -> Option<f64> {
     match value {
         Value::Number(n) => Some(*n),
+        Value::Integer(n) => Some(*n as f64),
         Value::Text(text) => nyann_model::parse_seconds(text).ok(),
         Value::Flag(_) => None,
     }
@@ -791,6 +792,7 @@ fn scenario(out: &mut String, run: &SavedRun) {
 fn param_text(value: &Value) -> String {
     match value {
         Value::Number(n) => format!("{n}"),
+        Value::Integer(n) => format!("{n}"),
         Value::Text(t) => format!("{t:?}"),
         Value::Flag(f) => format!("{f}"),
     }
@@ -801,8 +803,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::sweep::{ANNOTATION_KEY, PolicyMode, PolicyRef};
-    use nyann_load::{RunResult, StageDetail};
+    use crate::sweep::{Judged, PolicyMode, PolicyRef, RunResult};
+    use nyann_load::StageDetail;
     use nyann_model::{Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload};
 
     fn stage(index: usize, c: u32, status: StageStatus, rps: f64) -> StageResult {
@@ -827,6 +829,7 @@ mod tests {
                 ..ClientStats::default()
             }),
             detail: ran.then(StageDetail::default),
+            sweep: None,
             annotation: None,
             skip_reason: (!ran).then(|| "stopped after stage #1 c=128: congested".into()),
             check_interrupted: false,
@@ -841,6 +844,8 @@ mod tests {
                 origin: "builtin".into(),
             },
             mode: PolicyMode::Enforce,
+            sweep: Default::default(),
+            params: Vec::new(),
             roles,
             signal_errors: vec![],
             verdict: Some(Verdict {
@@ -851,7 +856,7 @@ mod tests {
             check_seconds: 0.1,
             coverage: vec![],
         };
-        stage.annotation = Some(serde_json::json!({ ANNOTATION_KEY: record }));
+        stage.annotation = Some(Judged { congestion: record });
         stage
     }
 
@@ -893,6 +898,7 @@ mod tests {
                 },
             ],
             location: None,
+            param_locations: Vec::new(),
         };
         let scenario = Scenario {
             target: None,
@@ -973,7 +979,7 @@ mod tests {
     fn a_judged_stage_without_signals_is_marked_no_data() {
         let mut run = sweep();
         run.result.stages[0] = judged(stage(0, 64, StageStatus::Measured, 10.0), false, vec![]);
-        run.records[0] = CongestionRecord::of(run.result.stages[0].annotation.as_ref());
+        run.records[0] = CongestionRecord::of(&run.result.stages[0]).cloned();
         let axis = level_axis(std::slice::from_ref(&run));
         let figure = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
         assert!(
@@ -991,16 +997,16 @@ mod tests {
     #[test]
     fn a_signal_without_series_is_no_data_not_zero() {
         let mut run = sweep();
-        let mut annotation = run.result.stages[0].annotation.clone().unwrap();
-        annotation[ANNOTATION_KEY]["coverage"] = serde_json::json!([{
+        let judged = run.result.stages[0].annotation.as_mut().unwrap();
+        judged.congestion.coverage = serde_json::from_value(serde_json::json!([{
             "role": "aggregate",
             "signals": [
                 {"signal": "waiting_requests_p50", "status": "missing"},
                 {"signal": "kv_cache_usage_max", "status": "found", "metric": "vllm:kv_cache_usage_perc"}
             ]
-        }]);
-        run.result.stages[0].annotation = Some(annotation);
-        run.records[0] = CongestionRecord::of(run.result.stages[0].annotation.as_ref());
+        }]))
+        .unwrap();
+        run.records[0] = CongestionRecord::of(&run.result.stages[0]).cloned();
         let axis = level_axis(std::slice::from_ref(&run));
         let waiting = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
         let measured = waiting.lines.iter().find(|l| !l.dashed).unwrap();

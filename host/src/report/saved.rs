@@ -6,11 +6,10 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use nyann_load::RunResult;
 use nyann_model::{Scenario, Step};
 
 use super::timeline::{ErrorCount, ErrorTally, RecordLine, Timeline, TimelineBuilder};
-use crate::sweep::CongestionRecord;
+use crate::sweep::{CongestionRecord, RunResult};
 
 /// The compiled scenario, saved beside the results.
 pub const SCENARIO_FILE: &str = "scenario.json";
@@ -71,7 +70,7 @@ impl SavedRun {
         let records = result
             .stages
             .iter()
-            .map(|s| CongestionRecord::of(s.annotation.as_ref()))
+            .map(|s| CongestionRecord::of(s).cloned())
             .collect();
         let timeline = TimelineBuilder::new(result.start_unix, result.end_unix).finish();
         SavedRun {

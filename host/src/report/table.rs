@@ -3,10 +3,10 @@
 
 use std::fmt::Write;
 
-use nyann_load::{RunOutcome, RunResult, StageResult, StageStatus};
+use nyann_load::{RunOutcome, StageStatus};
 use nyann_model::{ClientStats, RoleSignals, SeriesStatus};
 
-use crate::sweep::CongestionRecord;
+use crate::sweep::{CongestionRecord, RunResult, StageResult};
 
 /// Milliseconds with a precision that suits the magnitude.
 fn ms(seconds: f64) -> String {
@@ -162,7 +162,7 @@ impl StageTable {
         let records: Vec<Option<CongestionRecord>> = result
             .stages
             .iter()
-            .map(|s| CongestionRecord::of(s.annotation.as_ref()))
+            .map(|s| CongestionRecord::of(s).cloned())
             .collect();
         let mut rows: Vec<Vec<String>> = vec![HEADER.iter().map(|s| s.to_string()).collect()];
         for (stage, record) in result.stages.iter().zip(&records) {
@@ -278,7 +278,7 @@ pub fn outcome_line(result: &RunResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::{ANNOTATION_KEY, CongestionRecord, PolicyMode, PolicyRef};
+    use crate::sweep::{CongestionRecord, Judged, PolicyMode, PolicyRef};
     use nyann_load::StageDetail;
     use nyann_model::{Mode, RoleCoverage, SignalCoverage, Verdict};
 
@@ -293,6 +293,7 @@ mod tests {
             rate: None,
             duration_s: 60.0,
             drain: None,
+            sweep: None,
             start_unix: Some(1.0),
             end_unix: Some(61.0),
             client: Some(client),
@@ -372,6 +373,8 @@ mod tests {
                 origin: "builtin".into(),
             },
             mode: PolicyMode::Enforce,
+            sweep: Default::default(),
+            params: Vec::new(),
             roles,
             coverage,
             signal_errors: vec![],
@@ -387,7 +390,7 @@ mod tests {
     /// The table of one stage judged with `record`: (first row, whole table).
     fn judged_table(record: CongestionRecord) -> (String, String) {
         let stage = StageResult {
-            annotation: Some(serde_json::json!({ ANNOTATION_KEY: record })),
+            annotation: Some(Judged { congestion: record }),
             ..measured("#0 c=64", ClientStats::default())
         };
         let table = stage_table(&run(RunOutcome::Completed, vec![stage]));

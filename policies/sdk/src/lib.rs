@@ -1,7 +1,7 @@
 //! SDK for nyann-bench congestion policies.
 //!
 //! A policy is a WebAssembly component implementing the WIT contract
-//! `nyann:policy@0.1.0` (shipped with this crate in `wit/policy.wit`, and
+//! `nyann:policy@0.2.0` (shipped with this crate in `wit/policy.wit`, and
 //! printed by `nyann-bench policy wit`). This crate hides the wit-bindgen
 //! plumbing: implement [`Policy`] for a unit struct, call
 //! [`export_policy!`], and build with
@@ -40,12 +40,11 @@ extern crate self as nyann_policy;
 #[doc(hidden)]
 pub use wit_bindgen;
 
-/// The WIT contract this SDK implements (identical to the repository's
-/// `wit/policy.wit`).
+/// The WIT contract this SDK implements (the repository's `wit/0.2`).
 pub const WIT: &str = include_str!("../wit/policy.wit");
 
 /// The interface version this SDK builds components for.
-pub const INTERFACE_VERSION: &str = "0.1.0";
+pub const INTERFACE_VERSION: &str = "0.2.0";
 
 #[doc(hidden)]
 pub mod __private {
@@ -94,8 +93,8 @@ pub mod __private {
 }
 
 pub use __private::bindings::nyann::policy::types::{
-    ClientStats, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Value,
-    Verdict,
+    ClientStats, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Sweep,
+    Value, Verdict,
 };
 
 /// A congestion policy. Implement it for a unit struct and export it with
@@ -127,8 +126,9 @@ pub trait Policy {
 }
 
 /// Export a [`Policy`] implementation as the component's `policy` interface.
-/// Use it once per crate, at the top level. Expands to nothing outside wasm,
-/// so the same crate also builds natively for unit tests.
+/// Use it once per crate, at the top level. Outside wasm it exports nothing
+/// (the same crate builds natively for unit tests) but still marks the
+/// policy as used, so a native build has no dead-code warnings.
 #[macro_export]
 macro_rules! export_policy {
     ($policy:ty) => {
@@ -138,6 +138,15 @@ macro_rules! export_policy {
             $crate::__private::bindings::__nyann_export_congestion_policy!(
                 __NyannPolicyExport with_types_in $crate::__private::bindings
             );
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            #[allow(dead_code)]
+            fn __nyann_policy_exported() {
+                let _ = <$policy as $crate::Policy>::describe;
+                let _ = <$policy as $crate::Policy>::validate;
+                let _ = <$policy as $crate::Policy>::judge;
+            }
         };
     };
 }
@@ -165,10 +174,23 @@ impl Params {
     }
 
     /// A `number`, `fraction` or `duration` parameter (durations in seconds).
+    /// An `integer` parameter reads as a number too.
     pub fn number(&self, name: &str) -> Result<f64, String> {
         match self.get(name) {
             Some(Value::Number(n)) => Ok(*n),
+            Some(Value::Integer(i)) => Ok(*i as f64),
             Some(other) => Err(format!("parameter {name} must be a number, got {other:?}")),
+            None => Err(format!("parameter {name} is missing")),
+        }
+    }
+
+    /// An `integer` parameter.
+    pub fn integer(&self, name: &str) -> Result<i64, String> {
+        match self.get(name) {
+            Some(Value::Integer(i)) => Ok(*i),
+            Some(other) => Err(format!(
+                "parameter {name} must be an integer, got {other:?}"
+            )),
             None => Err(format!("parameter {name} is missing")),
         }
     }
@@ -308,16 +330,31 @@ impl Default for ClientStats {
             itl_p99_seconds: 0.0,
             e2e_p50_seconds: 0.0,
             e2e_p99_seconds: 0.0,
+            dropped: 0,
+            requests_rejected: 0,
+            requests_late: 0,
+        }
+    }
+}
+
+impl Default for Sweep {
+    /// Sweep 0, unnamed: handy in tests.
+    fn default() -> Self {
+        Sweep {
+            index: 0,
+            name: String::new(),
         }
     }
 }
 
 impl Default for StageObservation {
-    /// Stage 0, unnamed, no roles, zero client statistics: handy in tests.
+    /// Stage 0 of sweep 0, unnamed, no roles, zero client statistics:
+    /// handy in tests.
     fn default() -> Self {
         StageObservation {
             index: 0,
             name: String::new(),
+            sweep: Sweep::default(),
             concurrency: None,
             rate: None,
             start_unix_seconds: 0.0,
@@ -380,6 +417,11 @@ pub mod spec {
         new(name, ParamKind::Number, doc)
     }
 
+    /// A whole number; arrives as `Value::Integer`.
+    pub fn integer(name: &str, doc: &str) -> Spec {
+        new(name, ParamKind::Integer, doc)
+    }
+
     /// A number in 0..=1.
     pub fn fraction(name: &str, doc: &str) -> Spec {
         new(name, ParamKind::Fraction, doc)
@@ -411,6 +453,13 @@ pub mod spec {
         /// Default for a number, fraction or duration (seconds) parameter.
         pub fn default_number(mut self, value: f64) -> Self {
             self.0.default = Some(Value::Number(value));
+            self.0.required = false;
+            self
+        }
+
+        /// Default for an integer parameter.
+        pub fn default_integer(mut self, value: i64) -> Self {
+            self.0.default = Some(Value::Integer(value));
             self.0.required = false;
             self
         }
@@ -473,15 +522,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shipped_wit_is_the_repository_wit() {
-        let repo =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit/policy.wit"))
-                .expect("wit/policy.wit at the repository root");
-        assert_eq!(
-            WIT, repo,
-            "policies/sdk/wit/policy.wit must be a copy of wit/policy.wit"
-        );
+    fn shipped_wit_is_the_interface_version() {
         assert!(WIT.contains(&format!("package nyann:policy@{INTERFACE_VERSION};")));
+        assert!(env!("CARGO_PKG_VERSION").starts_with("0.2."));
     }
 
     #[test]
@@ -507,6 +550,13 @@ mod tests {
         assert!(params.number("missing").unwrap_err().contains("missing"));
         assert_eq!(params.number_or("missing", 7.0), Ok(7.0));
         assert_eq!(params.require_positive("n"), Ok(2.5));
+        let params = Params::new(vec![Param {
+            name: "i".into(),
+            value: Value::Integer(3),
+        }]);
+        assert_eq!(params.integer("i"), Ok(3));
+        assert_eq!(params.number("i"), Ok(3.0));
+        assert_eq!(params.require_positive("i"), Ok(3.0));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The compiled-code cache: a second load reads the entry back, and a
-//! corrupt entry falls back to compiling instead of failing.
+//! The compiled-code cache: a second load reads the entry back, a corrupt
+//! entry falls back to compiling instead of failing, and the directory stays
+//! within its bound.
 
 use nyann_policy_host::{HostConfig, PolicyHost};
 
@@ -39,5 +40,54 @@ fn compiled_code_is_cached_and_corrupt_entries_are_recompiled() {
         "the entry is rewritten"
     );
 
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_cache_stays_within_its_bound() {
+    let dir = std::env::temp_dir().join(format!("nyann-policy-cache-bound-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let files = [
+        crate::common::guest_wasm("legacy-v01-policy"),
+        crate::common::guest_wasm("hostile-policy"),
+    ];
+    // Measure the entries, then allow two of the largest: three cannot fit.
+    let measure = PolicyHost::new(HostConfig {
+        cache_dir: Some(dir.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    measure.load_builtin().unwrap();
+    for file in &files {
+        measure.load_file(file).unwrap();
+    }
+    let sizes: Vec<u64> = cwasm_files(&dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .collect();
+    assert_eq!(sizes.len(), 3);
+    let bound = 2 * sizes.iter().max().unwrap() + 1;
+    assert!(sizes.iter().sum::<u64>() > bound);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let host = PolicyHost::new(HostConfig {
+        cache_dir: Some(dir.clone()),
+        cache_max_bytes: bound,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    host.load_builtin().unwrap();
+    for file in &files {
+        host.load_file(file).unwrap();
+    }
+    let kept = cwasm_files(&dir);
+    let total: u64 = kept
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        kept.len() < 3 && total <= bound,
+        "{kept:?}: {total} > {bound}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

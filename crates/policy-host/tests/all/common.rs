@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
+use nyann_guests::assembled::Assembled;
 use nyann_model::scenario::{Param, SourceLocation, StopCondition, Value};
-use nyann_policy_host::{HostConfig, Policy, PolicyHost};
+use nyann_policy_host::{HostConfig, Interface, Policy, PolicyHost};
 
 /// A host with default limits and no code cache (tests must not touch the
 /// user's cache directory).
@@ -29,15 +30,15 @@ pub fn builtin() -> Policy {
 }
 
 /// Build (once per test binary) and return the `.wasm` of a guest package:
-/// the example policies from the repository workspace, `hostile-policy` from
-/// `tests/guests`.
+/// the example policies from the repository workspace, `hostile-policy` and
+/// `legacy-v01-policy` from `tests/guests`.
 pub fn guest_wasm(package: &str) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, path)) = built.iter().find(|(p, _)| p == package) {
         return path.clone();
     }
-    let path = if package == "hostile-policy" {
+    let path = if package == "hostile-policy" || package == "legacy-v01-policy" {
         nyann_guests::test_guest(package)
     } else {
         nyann_guests::repository_guest(package)
@@ -77,5 +78,26 @@ pub fn stop(params: &[(&str, Value)]) -> StopCondition {
             line: 4,
             column: 13,
         }),
+        param_locations: Vec::new(),
     }
+}
+
+/// A host with these settings and no code cache.
+pub fn host_with(config: HostConfig) -> PolicyHost {
+    PolicyHost::new(HostConfig {
+        cache_dir: None,
+        ..config
+    })
+    .unwrap()
+}
+
+/// An assembled component (see `nyann_guests::assembled`) for the WIT of
+/// interface line `line` (`0.1`, `0.2`), possibly edited by `edit`.
+pub fn assembled(line: &str, spec: &Assembled, edit: impl Fn(&str) -> String) -> Vec<u8> {
+    let wit = match line {
+        "0.1" => Interface::V0_1.wit(),
+        _ => Interface::V0_2.wit(),
+    };
+    nyann_guests::assembled::component(&edit(wit), &format!("{line}.0"), spec)
+        .unwrap_or_else(|e| panic!("{e}"))
 }

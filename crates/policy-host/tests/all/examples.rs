@@ -84,9 +84,19 @@ async fn client_slo_uses_client_stats_and_history() {
         ("ttft_p99", Value::Text("1s".into())),
         ("consecutive", Value::Number(0.5)),
     ]));
+    // An integer parameter: the host refuses fractions before the policy.
+    assert!(
+        err.unwrap_err().to_string().ends_with(
+            "parameter `consecutive` must be a whole number, got 0.5 (policy client-slo)"
+        )
+    );
+    let err = policy.check_params(&stop(&[
+        ("ttft_p99", Value::Text("1s".into())),
+        ("consecutive", Value::Number(0.0)),
+    ]));
     assert!(
         err.unwrap_err()
             .to_string()
-            .contains("consecutive must be a whole number")
+            .contains("consecutive must be from 1 to 100 (got 0)")
     );
 }

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use nyann_guests::assembled::Assembled;
 use nyann_model::observation::{RoleSignals, StageObservation};
 use nyann_model::scenario::{Param, StopCondition, Value};
-use nyann_policy_host::{CallFailure, PolicyError};
+use nyann_policy_host::{CallFailure, HostConfig, PolicyError};
 
 use crate::common;
 
@@ -41,6 +42,7 @@ async fn assert_host_healthy() {
                 },
             ],
             location: None,
+            param_locations: Vec::new(),
         })
         .unwrap();
     let busy = StageObservation {
@@ -67,27 +69,372 @@ async fn judge_err(m: &str, index: u32) -> PolicyError {
 }
 
 #[tokio::test]
-async fn infinite_loop_is_stopped_at_the_deadline() {
-    let hostile = common::guest("hostile-policy");
+async fn infinite_loop_runs_out_of_fuel() {
+    let err = judge_err("loop", 7).await;
+    assert_eq!(err.failure(), Some(&CallFailure::Fuel(500_000_000)));
+    assert_eq!(
+        err.to_string(),
+        "policy hostile: used up its fuel budget of 500,000,000 instructions and was stopped at stage 7"
+    );
+    assert_host_healthy().await;
+}
+
+/// The wall-clock backstop still stops guest code when the fuel would last
+/// (here: practically forever), and says how long the call really ran.
+#[tokio::test]
+async fn wall_clock_backstop_stops_a_call_fuel_cannot() {
+    let host = common::host_with(HostConfig {
+        judge_fuel: u64::MAX / 4,
+        call_timeout: Duration::from_millis(200),
+        ..HostConfig::default()
+    });
+    let hostile = host
+        .load_file(&common::guest_wasm("hostile-policy"))
+        .unwrap();
     let start = Instant::now();
     let err = hostile
-        .judge(&mode("loop"), &stage(7), &[])
+        .judge(&mode("loop"), &stage(3), &[])
         .await
         .unwrap_err();
     let elapsed = start.elapsed();
+    let Some(CallFailure::Deadline {
+        limit,
+        elapsed: recorded,
+    }) = err.failure()
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(*limit, Duration::from_millis(200));
+    // Never before the limit (the deadline is armed one tick late); the
+    // upper bound only guards against "never stopped".
+    assert!(*recorded >= Duration::from_millis(200), "{recorded:?}");
+    assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "policy hostile: ran past its 200 ms wall-clock limit and was stopped after "
+        ),
+        "{text}"
+    );
+}
+
+/// A sleeping policy used to block inside the host, out of the deadline's
+/// reach: 10 s per check (reported as a 100 ms overrun). The clock is
+/// virtual now and waiting traps at once.
+#[tokio::test]
+async fn sleeping_is_refused_at_once() {
+    let start = Instant::now();
+    let err = judge_err("sleep", 1).await;
     assert_eq!(
         err.failure(),
-        Some(&CallFailure::Deadline(Duration::from_millis(100)))
+        Some(&CallFailure::Blocked(Duration::from_secs(10)))
     );
     assert_eq!(
         err.to_string(),
-        "policy hostile: ran past its 100 ms time limit and was stopped at stage 7"
+        "policy hostile: tried to wait 10 s (a sleep or a clock subscription) and was stopped: \
+         policies run on a virtual clock and may not block at stage 1"
     );
-    // Never before the limit (the deadline is armed one tick late); the
-    // upper bound only guards against "never stopped".
-    assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
-    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
     assert_host_healthy().await;
+}
+
+#[tokio::test]
+async fn clocks_read_the_stage_timeline() {
+    let hostile = common::guest("hostile-policy");
+    let observed = StageObservation {
+        start_unix_seconds: 1_700_000_000.0,
+        end_unix_seconds: 1_700_000_090.5,
+        ..stage(2)
+    };
+    let verdict = hostile.judge(&mode("clock"), &observed, &[]).await.unwrap();
+    // The wall clock is the stage's end; the monotonic clock does not move.
+    assert_eq!(verdict.reasons, ["wall 1700000090.5 monotonic-elapsed 0"]);
+}
+
+#[tokio::test]
+async fn randomness_is_seeded_by_the_stage() {
+    let hostile = common::guest("hostile-policy");
+    let random = |index| {
+        let hostile = hostile.clone();
+        async move {
+            hostile
+                .judge(&mode("random"), &stage(index), &[])
+                .await
+                .unwrap()
+                .reasons
+        }
+    };
+    assert_eq!(random(4).await, random(4).await);
+    assert_ne!(random(4).await, random(5).await);
+}
+
+#[tokio::test]
+async fn deep_recursion_reports_a_stack_overflow() {
+    let err = judge_err("recurse", 3).await;
+    assert_eq!(
+        err.to_string(),
+        "policy hostile: crashed (stack overflow: recursion too deep) at stage 3"
+    );
+    assert_host_healthy().await;
+}
+
+/// The cap covers every memory of the instance together: three memories of
+/// 40 MiB each used to pass a 64 MiB cap (one per memory), and 32 of them
+/// reached 2 GB.
+#[tokio::test]
+async fn the_memory_cap_covers_all_memories_together() {
+    let err = judge_assembled(
+        Assembled {
+            extra_memories: 2,
+            judge_grows_pages: 40 * 16,
+            ..Assembled::default()
+        },
+        6,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.failure(), Some(&CallFailure::MemoryCap(64 << 20)));
+    assert_eq!(
+        err.to_string(),
+        "policy assembled: hit its memory cap of 64 MiB and was stopped at stage 6"
+    );
+    // Growing within the cap is fine.
+    let small = Assembled {
+        extra_memories: 2,
+        judge_grows_pages: 16,
+        ..Assembled::default()
+    };
+    assert!(!judge_assembled(small, 6).await.unwrap().congested);
+}
+
+/// Load the assembled 0.2 component `spec` describes and judge stage `index`.
+async fn judge_assembled(
+    spec: Assembled,
+    index: u32,
+) -> Result<nyann_model::observation::Verdict, PolicyError> {
+    let component = common::assembled("0.2", &spec, str::to_string);
+    let policy = common::host()
+        .load_bytes("assembled.wasm", &component)
+        .unwrap();
+    policy.judge(&[], &stage(index), &[]).await
+}
+
+/// Table elements count against the same cap as memory: 40 MiB of memory
+/// and 32 MiB of table pass one by one, not together.
+#[tokio::test]
+async fn tables_and_memories_share_the_cap() {
+    let judge = |spec| judge_assembled(spec, 8);
+    let memory = Assembled {
+        extra_memories: 1,
+        judge_grows_pages: 40 * 16,
+        ..Assembled::default()
+    };
+    let table = Assembled {
+        judge_grows_table: 4 << 20,
+        ..Assembled::default()
+    };
+    assert!(!judge(memory.clone()).await.unwrap().congested);
+    assert!(!judge(table.clone()).await.unwrap().congested);
+    let both = Assembled {
+        judge_grows_table: table.judge_grows_table,
+        ..memory
+    };
+    let err = judge(both).await.unwrap_err();
+    assert_eq!(
+        err.failure(),
+        Some(&CallFailure::MemoryCap(64 << 20)),
+        "{err}"
+    );
+    // A table alone past the cap (128 MiB of elements).
+    let err = judge(Assembled {
+        judge_grows_table: 16 << 20,
+        ..Assembled::default()
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.failure(),
+        Some(&CallFailure::MemoryCap(64 << 20)),
+        "{err}"
+    );
+}
+
+#[test]
+fn many_memories_are_refused_at_load() {
+    let spec = Assembled {
+        extra_memories: 31,
+        judge_grows_pages: 1000,
+        ..Assembled::default()
+    };
+    let err = load_err(&common::assembled("0.2", &spec, str::to_string));
+    assert_eq!(
+        err,
+        "cannot load policy test.wasm: defines 32 linear memories; policies may define at most 4 \
+         (a policy built by a Rust, JavaScript or Python toolchain has one)"
+    );
+}
+
+/// Loading is bounded before anything is compiled: the size (a 116 MB
+/// component took 90 s and 1.3 GB to load), then the imports (a component
+/// importing sockets was compiled and cached before being refused).
+#[test]
+fn oversized_files_are_refused_before_they_are_read() {
+    let dir = tempfile_dir("oversized");
+    let path = dir.join("huge.wasm");
+    let file = std::fs::File::create(&path).unwrap();
+    // Sparse: 200 MB that are never written nor read.
+    file.set_len(200_000_000).unwrap();
+    let start = Instant::now();
+    let err = common::host().load_file(&path).unwrap_err();
+    assert!(matches!(err, PolicyError::TooLarge { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cannot load policy {}: it is 190.7 MiB, over the 64 MiB limit for policy components",
+            path.display()
+        )
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let small = common::host_with(HostConfig {
+        max_component_bytes: 1000,
+        ..HostConfig::default()
+    });
+    let err = small
+        .load_bytes("builtin", nyann_policy_host::BUILTIN_WASM)
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::TooLarge { .. }), "{err:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn forbidden_imports_are_refused_before_compiling_or_caching() {
+    let dir = tempfile_dir("imports-cache");
+    let host = nyann_policy_host::PolicyHost::new(HostConfig {
+        cache_dir: Some(dir.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let err = host
+        .load_bytes(
+            "net.wasm",
+            &wat_component(Some("wasi:sockets/tcp@0.2.3"), "nyann:policy/policy@0.2.0"),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("imports `wasi:sockets/tcp@0.2.3`"),
+        "{err}"
+    );
+    let cached: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(cached.is_empty(), "nothing compiled nor cached: {cached:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compiling_is_bounded_in_time() {
+    let host = common::host_with(HostConfig {
+        compile_timeout: Duration::from_millis(1),
+        ..HostConfig::default()
+    });
+    // 4 MiB of code: far more than a millisecond of compiling.
+    let spec = Assembled {
+        filler_bytes: 4 << 20,
+        ..Assembled::default()
+    };
+    let err = host
+        .load_bytes("big.wasm", &common::assembled("0.2", &spec, str::to_string))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cannot load policy big.wasm: compiling it took longer than 0.001 s; a policy this large \
+         is not supported"
+    );
+}
+
+/// The describe/validate calls at load get ten times the judge's budget, so
+/// a policy that needs more at load than per stage is not refused (a 100 ms
+/// wall-clock describe once failed under a cold cargo build).
+#[test]
+fn calls_at_load_get_a_larger_budget() {
+    let host = common::host_with(HostConfig {
+        judge_fuel: 10_000_000,
+        ..HostConfig::default()
+    });
+    let hostile = host
+        .load_file(&common::guest_wasm("hostile-policy"))
+        .unwrap();
+    let err = hostile
+        .check_params(&StopCondition {
+            params: mode("validate-loop"),
+            location: None,
+            param_locations: Vec::new(),
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("validate() used up its fuel budget of 100,000,000 instructions"),
+        "{err}"
+    );
+    let err = judge_with(&hostile, "loop");
+    assert_eq!(err.failure(), Some(&CallFailure::Fuel(10_000_000)));
+}
+
+fn judge_with(policy: &nyann_policy_host::Policy, m: &str) -> PolicyError {
+    policy.judge_blocking(&mode(m), &stage(0), &[]).unwrap_err()
+}
+
+/// A component of the right interface version whose types differ from the
+/// WIT is refused at load, naming the function, the type and the field.
+#[test]
+fn a_component_of_another_shape_is_refused_at_load() {
+    let spec = Assembled::default();
+    let extra_field = common::assembled("0.2", &spec, |wit| {
+        wit.replace(
+            "        params: list<param-spec>,\n    }",
+            "        params: list<param-spec>,\n        license: string,\n    }",
+        )
+    });
+    assert_eq!(
+        load_err(&extra_field),
+        "cannot load policy test.wasm: its `describe` does not match nyann:policy@0.2: result → \
+         record `policy-info`: expected 4 fields (name, version, summary, params), found 5 \
+         (name, version, summary, params, license)"
+    );
+    let missing_count = common::assembled("0.2", &spec, |wit| {
+        wit.replace("        requests-late: u64,\n", "")
+    });
+    let err = load_err(&missing_count);
+    assert!(
+        err.starts_with(
+            "cannot load policy test.wasm: its `judge` does not match nyann:policy@0.2: parameter \
+             `stage` → record `stage-observation` field `client` → record `client-stats`: expected \
+             13 fields ("
+        ),
+        "{err}"
+    );
+    let retyped = common::assembled("0.2", &spec, |wit| {
+        wit.replace("        congested: bool,", "        congested: u8,")
+    });
+    assert!(
+        load_err(&retyped).ends_with(
+            "its `judge` does not match nyann:policy@0.2: result → result ok → record `verdict` \
+             field `congested` → expected bool, found u8"
+        ),
+        "{}",
+        load_err(&retyped)
+    );
+}
+
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nyann-policy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 #[tokio::test]
@@ -177,6 +524,7 @@ fn validate_panic_and_loop_become_parameter_errors() {
     let stop = |m: &str| StopCondition {
         params: mode(m),
         location: None,
+        param_locations: Vec::new(),
     };
     let err = hostile.check_params(&stop("validate-panic")).unwrap_err();
     assert!(
@@ -189,7 +537,8 @@ fn validate_panic_and_loop_become_parameter_errors() {
     );
     let err = hostile.check_params(&stop("validate-loop")).unwrap_err();
     assert!(
-        err.to_string().contains("ran past its 100 ms time limit"),
+        err.to_string()
+            .contains("validate() used up its fuel budget of 5,000,000,000 instructions"),
         "{err}"
     );
     assert_eq!(hostile.check_params(&stop("ok")).unwrap(), mode("ok"));
@@ -211,7 +560,7 @@ async fn concurrent_calls_are_independent() {
         if i % 2 == 0 {
             assert_eq!(
                 r.unwrap_err().failure().map(CallFailure::kind),
-                Some("deadline")
+                Some("fuel")
             );
         } else {
             assert!(r.unwrap().congested);
@@ -261,7 +610,7 @@ async fn disallowed_import_is_refused_at_load() {
 
 #[tokio::test]
 async fn other_interface_versions_are_refused_naming_the_supported_ones() {
-    for version in ["0.2.0", "1.0.0"] {
+    for version in ["0.3.0", "1.0.0"] {
         let err = load_err(&wat_component(
             None,
             &format!("nyann:policy/policy@{version}"),
@@ -270,7 +619,8 @@ async fn other_interface_versions_are_refused_naming_the_supported_ones() {
             err,
             format!(
                 "cannot load policy test.wasm: is built for nyann:policy@{version}; this host supports \
-                 nyann:policy@0.1.x (rebuild the policy against the WIT printed by `nyann-bench policy wit`)"
+                 nyann:policy@0.1.x, nyann:policy@0.2.x (rebuild the policy against the WIT printed by \
+                 `nyann-bench policy wit`)"
             )
         );
     }
@@ -279,11 +629,12 @@ async fn other_interface_versions_are_refused_naming_the_supported_ones() {
         err.contains("does not export nyann:policy/policy (it exports acme:other/thing@0.1.0)"),
         "{err}"
     );
-    // The right name with the wrong function types fails the bindgen check.
+    // The right name with the wrong function types fails the shape check.
     let err = load_err(&wat_component(None, "nyann:policy/policy@0.1.0"));
-    assert!(
-        err.contains("does not implement nyann:policy@0.1.x as this host knows it"),
-        "{err}"
+    assert_eq!(
+        err,
+        "cannot load policy test.wasm: its `describe` does not match nyann:policy@0.1: expected 1 \
+         result(s), found 0"
     );
     assert_host_healthy().await;
 }

@@ -20,10 +20,11 @@ pub struct Slo {
 
 impl Slo {
     fn from_params(params: &Params) -> Result<Self, String> {
-        let consecutive = params.number("consecutive")?;
-        if consecutive < 1.0 || consecutive.fract() != 0.0 || consecutive > 100.0 {
+        // An integer parameter: the host has refused fractions already.
+        let consecutive = params.integer("consecutive")?;
+        if !(1..=100).contains(&consecutive) {
             return Err(format!(
-                "consecutive must be a whole number from 1 to 100 (got {consecutive})"
+                "consecutive must be from 1 to 100 (got {consecutive})"
             ));
         }
         Ok(Slo {
@@ -81,7 +82,7 @@ impl Policy for ClientSlo {
         )
         .param(spec::duration("ttft_p99", "client TTFT p99 limit").required())
         .param(spec::fraction("max_error_rate", "largest acceptable share of failed requests").default_number(0.01))
-        .param(spec::number("consecutive", "stages in a row that must break the SLO").default_number(1.0))
+        .param(spec::integer("consecutive", "stages in a row that must break the SLO").default_integer(1))
     }
 
     fn validate(params: &Params) -> Result<(), String> {

@@ -10,7 +10,8 @@ impl Policy for Hostile {
         PolicyInfo::new("hostile", "0.0.0", "Misbehaves as `mode` says.").param(
             spec::text(
                 "mode",
-                "ok, loop, grow, panic, huge-reason, many-reasons, log-flood, stderr-flood, err",
+                "ok, loop, grow, panic, huge-reason, many-reasons, log-flood, stderr-flood, err, \
+                 sleep, recurse, clock, random, validate-panic, validate-loop",
             )
             .default_text("ok"),
         )
@@ -58,9 +59,41 @@ impl Policy for Hostile {
                 Ok(Verdict::ok())
             }
             "err" => Err("no verdict today".into()),
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(10));
+                Ok(Verdict::ok())
+            }
+            "recurse" => Ok(Verdict::when(recurse(0, &mut [0; 64]) > 0, || {
+                "unreachable".into()
+            })),
+            "clock" => {
+                let wall = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(-1.0);
+                let start = std::time::Instant::now();
+                let monotonic = start.elapsed().as_nanos();
+                Ok(Verdict::from_reasons(vec![format!(
+                    "wall {wall} monotonic-elapsed {monotonic}"
+                )]))
+            }
+            "random" => {
+                use std::hash::BuildHasher;
+                let seeded = std::collections::hash_map::RandomState::new().hash_one(42u64);
+                Ok(Verdict::from_reasons(vec![format!("random {seeded}")]))
+            }
             _ => Ok(Verdict::when(true, || "hostile says congested".into())),
         }
     }
+}
+
+/// Recursion with no end, each frame holding a buffer on the stack.
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64, buffer: &mut [u64; 64]) -> u64 {
+    let mut local = *buffer;
+    local[(depth % 64) as usize] = depth;
+    std::hint::black_box(&mut local);
+    recurse(depth + 1, &mut local) + local[0]
 }
 
 fn spin() -> ! {

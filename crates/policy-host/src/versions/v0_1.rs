@@ -1,37 +1,40 @@
-//! Conversions between the shared model types (`nyann_model`) and the
-//! bindgen types of `wit/policy.wit`, which mirror each other field by field.
+//! `nyann:policy@0.1`: the first line, frozen (`wit/0.1`). The host adapts
+//! the model to it: the counts, the integer kind and the sweep added in 0.2
+//! are left out (a 0.1 policy never describes an integer parameter, so it
+//! never receives one).
 
 use nyann_model::observation::{
-    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Verdict,
+    ClientStats, ParamKind, PolicyInfo, RoleSignals, StageObservation, Verdict,
 };
 use nyann_model::scenario::{Param, Value};
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, Linker};
 
-use crate::sandbox::wit;
+use crate::sandbox::{HostState, LogLevel};
 
-pub(crate) fn value_to_wit(v: &Value) -> wit::Value {
+wasmtime::component::bindgen!({
+    path: "../../wit/0.1",
+    world: "congestion-policy",
+});
+
+version_glue!();
+
+fn value_to_wit(v: &Value) -> wit::Value {
     match v {
         Value::Number(n) => wit::Value::Number(*n),
+        // Unreachable in practice (see the module doc); the nearest value.
+        Value::Integer(i) => wit::Value::Number(*i as f64),
         Value::Text(t) => wit::Value::Text(t.clone()),
         Value::Flag(b) => wit::Value::Flag(*b),
     }
 }
 
-pub(crate) fn value_from_wit(v: wit::Value) -> Value {
+fn value_from_wit(v: wit::Value) -> Value {
     match v {
         wit::Value::Number(n) => Value::Number(n),
         wit::Value::Text(t) => Value::Text(t),
         wit::Value::Flag(b) => Value::Flag(b),
     }
-}
-
-pub(crate) fn params_to_wit(params: &[Param]) -> Vec<wit::Param> {
-    params
-        .iter()
-        .map(|p| wit::Param {
-            name: p.name.clone(),
-            value: value_to_wit(&p.value),
-        })
-        .collect()
 }
 
 fn kind_from_wit(k: wit::ParamKind) -> ParamKind {
@@ -41,36 +44,6 @@ fn kind_from_wit(k: wit::ParamKind) -> ParamKind {
         wit::ParamKind::Duration => ParamKind::Duration,
         wit::ParamKind::Text => ParamKind::Text,
         wit::ParamKind::Flag => ParamKind::Flag,
-    }
-}
-
-pub(crate) fn info_from_wit(info: wit::PolicyInfo) -> PolicyInfo {
-    PolicyInfo {
-        name: info.name,
-        version: info.version,
-        summary: info.summary,
-        params: info
-            .params
-            .into_iter()
-            .map(|s| ParamSpec {
-                name: s.name,
-                kind: kind_from_wit(s.kind),
-                required: s.required,
-                default: s.default.map(value_from_wit),
-                doc: s.doc,
-            })
-            .collect(),
-    }
-}
-
-fn role_to_wit(r: &RoleSignals) -> wit::RoleSignals {
-    wit::RoleSignals {
-        role: r.role.clone(),
-        waiting_requests_p50: r.waiting_requests_p50,
-        ttft_p99_seconds: r.ttft_p99_seconds,
-        kv_cache_usage_max: r.kv_cache_usage_max,
-        preemptions: r.preemptions,
-        extra: r.extra.clone(),
     }
 }
 
@@ -89,7 +62,7 @@ fn client_to_wit(c: &ClientStats) -> wit::ClientStats {
     }
 }
 
-pub(crate) fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
+fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
     wit::StageObservation {
         index: s.index,
         name: s.name.clone(),
@@ -100,12 +73,5 @@ pub(crate) fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
         roles: s.roles.iter().map(role_to_wit).collect(),
         client: client_to_wit(&s.client),
         signal_errors: s.signal_errors.clone(),
-    }
-}
-
-pub(crate) fn verdict_from_wit(v: wit::Verdict) -> Verdict {
-    Verdict {
-        congested: v.congested,
-        reasons: v.reasons,
     }
 }

@@ -1,14 +1,31 @@
-//! The client and run flags of `nyann-bench generate`, as a clap `Args`
-//! struct the host flattens into its commands.
+//! The client and run flags of `nyann-bench generate` (flattened into the
+//! commands that send load), turned into the load library's [`RunOptions`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nyann_model::parse_duration;
-use tokio_util::sync::CancellationToken;
+use anyhow::{anyhow, bail};
+use nyann_load::http::{Proxies, read_ca_certs};
+use nyann_load::{Api, CancellationToken, ClientConfig, RunOptions};
+use nyann_model::{parse_duration, parse_header};
 
-use crate::client::{Api, ClientConfig};
-use crate::runner::RunOptions;
+/// `--api`: which OpenAI API to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiFlag {
+    /// `/chat/completions` with a `messages` list.
+    Chat,
+    /// `/completions` with a text `prompt`.
+    Completions,
+}
+
+impl From<ApiFlag> for Api {
+    fn from(flag: ApiFlag) -> Api {
+        match flag {
+            ApiFlag::Chat => Api::Chat,
+            ApiFlag::Completions => Api::Completions,
+        }
+    }
+}
 
 /// How to reach the server and what to do on failures.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,8 +43,8 @@ pub struct ClientArgs {
     pub model: Option<String>,
 
     /// Which OpenAI API to call.
-    #[arg(long, value_enum, default_value_t = Api::Chat)]
-    pub api: Api,
+    #[arg(long, value_enum, default_value_t = ApiFlag::Chat)]
+    pub api: ApiFlag,
 
     /// Ask for token usage in the stream (`stream_options.include_usage`), so
     /// output tokens come from the server instead of counted chunks.
@@ -89,54 +106,40 @@ pub struct ClientArgs {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
-/// A client flag whose value cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ArgsError {
-    #[error("invalid --header {0:?}: write it as 'Name: value'")]
-    Header(String),
-    #[error("invalid --ca-cert: {0}")]
-    CaCert(String),
-    #[error(
-        "--request-timeout 0s would time out every request: give it a time \
-         that a whole response fits in (default 10m)"
-    )]
-    ZeroRequestTimeout,
-    #[error("invalid proxy setting in the environment: {0}")]
-    Proxy(String),
-}
-
 impl ClientArgs {
     /// The run options these flags describe (no output dir, a fresh
     /// interrupt token). Reads the `--ca-cert` files.
-    pub fn to_options(&self) -> Result<RunOptions, ArgsError> {
+    pub fn to_options(&self) -> anyhow::Result<RunOptions> {
         if self.request_timeout.is_zero() {
-            return Err(ArgsError::ZeroRequestTimeout);
+            bail!(
+                "--request-timeout 0s would time out every request: give it a time \
+                 that a whole response fits in (default 10m)"
+            );
         }
-        let mut headers = Vec::new();
-        for header in &self.headers {
-            let (name, value) = header
-                .split_once(':')
-                .ok_or_else(|| ArgsError::Header(header.clone()))?;
-            if name.trim().is_empty() {
-                return Err(ArgsError::Header(header.clone()));
-            }
-            headers.push((name.trim().to_owned(), value.trim().to_owned()));
-        }
+        let headers = self
+            .headers
+            .iter()
+            .map(|h| {
+                parse_header(h)
+                    .ok_or_else(|| anyhow!("invalid --header {h:?}: write it as 'Name: value'"))
+            })
+            .collect::<anyhow::Result<_>>()?;
         let mut ca_certs = Vec::new();
         for path in &self.ca_cert {
-            ca_certs.extend(crate::http::read_ca_certs(path).map_err(ArgsError::CaCert)?);
+            ca_certs.extend(read_ca_certs(path).map_err(|e| anyhow!("invalid --ca-cert: {e}"))?);
         }
         let seed = self.seed.unwrap_or_else(rand::random);
         Ok(RunOptions {
             client: ClientConfig {
-                api: self.api,
+                api: self.api.into(),
                 stream_usage: self.stream_usage,
                 length_extensions: !self.strict_openai,
                 api_key: self.api_key.clone(),
                 headers,
                 request_timeout: self.request_timeout,
                 ca_certs,
-                proxies: crate::http::Proxies::from_env().map_err(ArgsError::Proxy)?,
+                proxies: Proxies::from_env()
+                    .map_err(|e| anyhow!("invalid proxy setting in the environment: {e}"))?,
             },
             target: self.target.clone(),
             model: self.model.clone(),

@@ -4,8 +4,8 @@
 //! and every output is written all the same. A third exits at once, with
 //! whatever was written by then.
 
+use nyann_load::CancellationToken;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
 
 /// Cancels `interrupt` on the first Ctrl-C (SIGINT) or SIGTERM and
 /// `interrupt_now` on the second (the runner's `RunOptions` tokens of the

@@ -1,0 +1,199 @@
+//! Before any load: wait for each target, resolve the model of each stage,
+//! build the prompt generators and calibrate characters per token (once per
+//! workload, target and model).
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use nyann_model::{CacheSalt, Scenario, Step, Workload};
+
+use crate::client::{Client, ClientError};
+use crate::http::{RequestTemplate, Target};
+use crate::runner::{DEFAULT_TARGET, RunError, RunOptions};
+use crate::workload::PromptGen;
+
+/// Per-stage request settings, resolved once before the run.
+#[derive(Debug)]
+pub(super) struct StageSettings {
+    pub(super) target: Arc<Target>,
+    /// The head of every streaming request to `target`, rendered once.
+    pub(super) endpoint: RequestTemplate,
+    pub(super) model: String,
+    pub(super) prompts: Arc<PromptGen>,
+    pub(super) first_chars: usize,
+    pub(super) later_chars: usize,
+    pub(super) osl: u32,
+    pub(super) turns: u32,
+    pub(super) cache_salt: Option<CacheSalt>,
+}
+
+pub(super) struct Prepared {
+    pub(super) per_step: Vec<Option<Arc<StageSettings>>>,
+    pub(super) models: Vec<String>,
+    pub(super) targets: Vec<String>,
+}
+
+/// Waits for each target, resolves models, builds generators and calibrates
+/// characters per token (once per workload, target and model).
+pub(super) async fn prepare(
+    scenario: &Scenario,
+    options: &RunOptions,
+    client: &Client,
+) -> Result<Prepared, RunError> {
+    // Per base URL: the target (one connection pool each) and its model list.
+    let mut ready: HashMap<String, (Arc<Target>, Vec<String>)> = HashMap::new();
+    let mut generators: Vec<(Workload, Arc<PromptGen>)> = Vec::new();
+    let mut cpt: HashMap<(String, String, String), f64> = HashMap::new();
+    let mut per_step = Vec::with_capacity(scenario.steps.len());
+    let mut models = Vec::new();
+    let mut targets = Vec::new();
+    for (index, step) in scenario.steps.iter().enumerate() {
+        let Step::Stage(stage) = step else {
+            per_step.push(None);
+            continue;
+        };
+        let base = stage
+            .target
+            .clone()
+            .or_else(|| options.target.clone())
+            .or_else(|| scenario.target.clone())
+            .unwrap_or_else(|| DEFAULT_TARGET.to_string());
+        let base = base.trim_end_matches('/').to_string();
+        let (target, listed) = match ready.entry(base.clone()) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(new) => {
+                let target = client.target(&base)?;
+                tracing::info!(
+                    "waiting for {} (up to {:?})",
+                    target.url("models"),
+                    options.ready_timeout
+                );
+                let listed = client.wait_ready(&target, options.ready_timeout).await?;
+                targets.push(base.clone());
+                new.insert((target, listed))
+            }
+        };
+        let model = match stage
+            .model
+            .clone()
+            .or_else(|| options.model.clone())
+            .or_else(|| scenario.model.clone())
+        {
+            Some(model) => model,
+            None => {
+                let first = listed
+                    .first()
+                    .ok_or_else(|| ClientError::NoModel {
+                        url: target.url("models"),
+                    })?
+                    .clone();
+                if models.is_empty() {
+                    tracing::info!("model: {first} (auto-detected from {base}/models)");
+                }
+                first
+            }
+        };
+        if !models.contains(&model) {
+            models.push(model.clone());
+        }
+        let workload = stage
+            .workload
+            .clone()
+            .unwrap_or_else(|| scenario.workload.clone());
+        let prompts = match generators.iter().find(|(w, _)| same_text(w, &workload)) {
+            Some((_, prompts)) => prompts.clone(),
+            None => {
+                let prompts = Arc::new(PromptGen::new(&workload, options.seed)?);
+                generators.push((workload.clone(), prompts.clone()));
+                prompts
+            }
+        };
+        let key = (text_key(&workload), base.clone(), model.clone());
+        let chars_per_token = match cpt.get(&key) {
+            Some(v) => *v,
+            None => {
+                let v = calibrate(
+                    client,
+                    target,
+                    &model,
+                    &prompts,
+                    &workload,
+                    &stage.label(index),
+                )
+                .await;
+                cpt.insert(key, v);
+                v
+            }
+        };
+        let chars = |tokens: u32| (tokens as f64 * chars_per_token).round() as usize;
+        per_step.push(Some(Arc::new(StageSettings {
+            endpoint: client.endpoint(target),
+            target: target.clone(),
+            model,
+            prompts,
+            first_chars: chars(workload.isl),
+            later_chars: chars(workload.subsequent_isl.unwrap_or(workload.isl)),
+            osl: workload.osl,
+            turns: workload.turns.max(1),
+            cache_salt: workload.cache_salt.clone(),
+        })));
+    }
+    Ok(Prepared {
+        per_step,
+        models,
+        targets,
+    })
+}
+
+/// Workloads that produce the same text share a generator and a calibration.
+fn same_text(a: &Workload, b: &Workload) -> bool {
+    a.kind == b.kind && a.corpus_path == b.corpus_path
+}
+
+fn text_key(w: &Workload) -> String {
+    format!(
+        "{:?}:{}:{}",
+        w.kind,
+        w.corpus_path.as_deref().unwrap_or(""),
+        w.chars_per_token
+    )
+}
+
+/// Characters per token: measured with the server's `/tokenize` when it has
+/// one, else the workload's `chars_per_token`, else 4.0.
+async fn calibrate(
+    client: &Client,
+    target: &Target,
+    model: &str,
+    prompts: &PromptGen,
+    workload: &Workload,
+    label: &str,
+) -> f64 {
+    let sample = prompts.text(u64::MAX, 1, 8000);
+    if let Some(count) = client.count_tokens(target, model, &sample).await
+        && count > 0
+    {
+        {
+            let v = sample.len() as f64 / count as f64;
+            tracing::info!(
+                "ISL calibration ({label}, {:?}): {v:.3} characters per token, measured with /tokenize",
+                workload.kind
+            );
+            return v;
+        }
+    }
+    if workload.chars_per_token > 0.0 {
+        tracing::info!(
+            "ISL calibration ({label}): the server has no /tokenize; using the workload's chars_per_token = {}",
+            workload.chars_per_token
+        );
+        workload.chars_per_token
+    } else {
+        tracing::info!(
+            "ISL calibration ({label}): the server has no /tokenize and the workload sets no chars_per_token; \
+             assuming 4.0 characters per token (prompt lengths are approximate)"
+        );
+        4.0
+    }
+}

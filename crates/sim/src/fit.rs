@@ -1,0 +1,621 @@
+//! Fit a time model to recorded sweeps: find the [`TimeModel`] whose
+//! simulated sweep ([`crate::sweep`]), with the same stages, workload and
+//! limits, measures what the real server measured.
+//!
+//! The fit minimises the squared log-ratios between the simulated and the
+//! recorded figures of every stage (output tokens/s, client TTFT p50 and
+//! p99, ITL p50, E2E p50, and the server's waiting p50, TTFT p99 and
+//! preemptions when they were read), with the Nelder-Mead simplex over the
+//! logarithms of the costs, so every cost stays positive. Each candidate is
+//! a whole virtual sweep with the same seed, so the search is deterministic.
+//!
+//! What a recording cannot tell apart is held, and said: with a single
+//! prompt and output length, the decode cost per context token moves with
+//! the decode cost per sequence, so it stays at 0; the noise (`jitter`,
+//! `drift`) is given, not fitted.
+
+use nyann_model::{ClientStats, RoleSignals};
+
+use crate::engine::TimeModel;
+use crate::profile::{EngineSpec, Limits};
+use crate::sweep::{self, StageFigures, SweepStage};
+
+/// A recorded stage, as the fit needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedStage {
+    /// How the recording names it (`#3 c=16`).
+    pub label: String,
+    pub concurrency: u32,
+    pub duration_s: f64,
+    /// Mean prompt tokens per request as the server counted them (`usage`).
+    pub prompt_tokens: f64,
+    /// Mean output tokens per request.
+    pub output_tokens: f64,
+    pub client: ClientStats,
+    /// The server's signals of the stage (`None` when it was not judged, or
+    /// a signal could not be read).
+    pub server: Option<RoleSignals>,
+}
+
+/// One recorded sweep (one results directory).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedRun {
+    pub name: String,
+    pub stages: Vec<RecordedStage>,
+}
+
+/// What the fit holds fixed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitSettings {
+    pub limits: Limits,
+    /// The noise of the fitted model (`jitter`, `drift`, `drift_time`; not
+    /// fitted). Its costs are ignored.
+    pub noise: TimeModel,
+    /// Seed of every simulated sweep.
+    pub seed: u64,
+    /// Most evaluations of the cost (each one simulated sweep per run).
+    pub max_evaluations: usize,
+}
+
+/// A figure compared: its name, recorded and simulated values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compared {
+    pub figure: &'static str,
+    pub recorded: f64,
+    pub simulated: f64,
+}
+
+impl Compared {
+    /// `simulated / recorded - 1` (NaN when nothing was recorded).
+    pub fn relative_error(&self) -> f64 {
+        if self.recorded > 0.0 {
+            self.simulated / self.recorded - 1.0
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+/// The residuals of one stage under the fitted model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageResidual {
+    pub run: String,
+    pub label: String,
+    pub figures: Vec<Compared>,
+}
+
+impl std::fmt::Display for StageResidual {
+    /// `output tok/s 2180 (+1%), TTFT p50 0.61 (-7%), waiting p50 0 (recorded 0), ...`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, c) in self.figures.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            match c.relative_error() {
+                e if e.is_finite() => write!(
+                    f,
+                    "{sep}{} {:.4} ({:+.0}%)",
+                    c.figure,
+                    c.simulated,
+                    100.0 * e
+                )?,
+                _ => write!(f, "{sep}{} {:.4} (recorded 0)", c.figure, c.simulated)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The result of a fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fit {
+    pub time: TimeModel,
+    /// Root mean square of the weighted log-ratios (0 = perfect).
+    pub rms: f64,
+    pub residuals: Vec<StageResidual>,
+    /// Parameters held, and why.
+    pub notes: Vec<String>,
+    pub evaluations: usize,
+}
+
+/// Why a fit could not run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FitError {
+    #[error(
+        "no usable stage: the fit needs measured closed-loop stages (concurrency, requests completed, \
+         output tokens/s)"
+    )]
+    NoStages,
+    #[error(
+        "stage {label} of {run}: requests of {prompt} + {output} tokens do not fit the KV cache \
+         ({capacity} tokens): give the server's --kv-blocks / --block-size, or its /metrics text"
+    )]
+    DoesNotFit {
+        run: String,
+        label: String,
+        prompt: u32,
+        output: u32,
+        capacity: u64,
+    },
+}
+
+/// How much each figure counts, and the floor added to both sides of its
+/// log-ratio (so that near-zero values compare by difference).
+struct Weighting {
+    figure: &'static str,
+    weight: f64,
+    floor: f64,
+}
+
+const WEIGHTS: [Weighting; 8] = [
+    Weighting {
+        figure: "output tok/s",
+        weight: 2.0,
+        floor: 1.0,
+    },
+    Weighting {
+        figure: "TTFT p50",
+        weight: 1.0,
+        floor: 0.002,
+    },
+    Weighting {
+        figure: "TTFT p99",
+        weight: 0.1,
+        floor: 0.002,
+    },
+    Weighting {
+        figure: "ITL p50",
+        weight: 1.0,
+        floor: 0.0002,
+    },
+    Weighting {
+        figure: "E2E p50",
+        weight: 0.5,
+        floor: 0.002,
+    },
+    Weighting {
+        figure: "waiting p50",
+        weight: 1.0,
+        floor: 1.0,
+    },
+    Weighting {
+        figure: "server TTFT p99",
+        weight: 0.1,
+        floor: 0.002,
+    },
+    Weighting {
+        figure: "preemptions",
+        weight: 0.25,
+        floor: 5.0,
+    },
+];
+
+/// The figures of a stage in [`WEIGHTS`] order; `None` when not measured.
+fn figures(client: &ClientStats, server: Option<&RoleSignals>) -> [Option<f64>; 8] {
+    let measured = |v: f64| (v.is_finite() && v > 0.0).then_some(v);
+    let counted = |v: f64| v.is_finite().then_some(v.max(0.0));
+    [
+        measured(client.output_tokens_per_second),
+        measured(client.ttft_p50_seconds),
+        measured(client.ttft_p99_seconds),
+        measured(client.itl_p50_seconds),
+        measured(client.e2e_p50_seconds),
+        server.and_then(|s| counted(s.waiting_requests_p50)),
+        server.and_then(|s| measured(s.ttft_p99_seconds)),
+        server.and_then(|s| counted(s.preemptions)),
+    ]
+}
+
+/// The sweep that reproduces a recorded run.
+fn sweep_stages(run: &RecordedRun) -> Vec<SweepStage> {
+    run.stages
+        .iter()
+        .map(|s| SweepStage {
+            concurrency: s.concurrency,
+            duration_s: s.duration_s,
+            prompt_tokens: s.prompt_tokens.round().max(1.0) as u32,
+            output_tokens: s.output_tokens.round().max(1.0) as u32,
+        })
+        .collect()
+}
+
+/// The parameters searched, as logarithms of seconds.
+#[derive(Debug, Clone, Copy)]
+struct Searched {
+    /// Whether `decode_per_context_token` is searched (else held at 0).
+    context: bool,
+}
+
+/// Costs below this (seconds) are 0 in the result.
+const NEGLIGIBLE: f64 = 1e-9;
+
+impl Searched {
+    /// The model at point `x`, with the held parameters of `held`.
+    fn model(&self, x: &[f64], held: TimeModel) -> TimeModel {
+        let cost = |v: f64| {
+            let s = v.exp();
+            if s < NEGLIGIBLE { 0.0 } else { s }
+        };
+        TimeModel {
+            step_overhead: cost(x[0]),
+            prefill_per_token: cost(x[1]),
+            decode_per_seq: cost(x[2]),
+            request_overhead: cost(x[3]),
+            decode_per_context_token: if self.context { cost(x[4]) } else { 0.0 },
+            ..held
+        }
+    }
+
+    fn point(&self, t: &TimeModel) -> Vec<f64> {
+        let log = |v: f64| v.max(NEGLIGIBLE).ln();
+        let mut x = vec![
+            log(t.step_overhead),
+            log(t.prefill_per_token),
+            log(t.decode_per_seq),
+            log(t.request_overhead),
+        ];
+        if self.context {
+            x.push(log(t.decode_per_context_token));
+        }
+        x
+    }
+}
+
+/// Simulate every run under `time` and compare with the recordings.
+fn compare(runs: &[RecordedRun], settings: &FitSettings, time: TimeModel) -> Vec<StageResidual> {
+    let cfg = EngineSpec {
+        limits: settings.limits,
+        time,
+    }
+    .config(settings.seed);
+    let mut out = Vec::new();
+    for run in runs {
+        let simulated = sweep::run(&cfg, &sweep_stages(run));
+        for (rec, sim) in run.stages.iter().zip(&simulated) {
+            out.push(StageResidual {
+                run: run.name.clone(),
+                label: rec.label.clone(),
+                figures: compared(rec, sim),
+            });
+        }
+    }
+    out
+}
+
+fn compared(rec: &RecordedStage, sim: &StageFigures) -> Vec<Compared> {
+    let recorded = figures(&rec.client, rec.server.as_ref());
+    let simulated = figures(&sim.client, Some(&sim.server));
+    WEIGHTS
+        .iter()
+        .zip(recorded.iter().zip(simulated))
+        .filter_map(|(w, (r, s))| {
+            Some(Compared {
+                figure: w.figure,
+                recorded: (*r)?,
+                simulated: s.unwrap_or(0.0),
+            })
+        })
+        .collect()
+}
+
+/// The weighted sum of squared log-ratios of every compared figure, and the
+/// total weight.
+fn cost(residuals: &[StageResidual]) -> (f64, f64) {
+    let (mut sum, mut weights) = (0.0, 0.0);
+    for stage in residuals {
+        for c in &stage.figures {
+            let Some(w) = WEIGHTS.iter().find(|w| w.figure == c.figure) else {
+                continue;
+            };
+            let r = ((c.simulated + w.floor) / (c.recorded + w.floor)).ln();
+            sum += w.weight * r * r;
+            weights += w.weight;
+        }
+    }
+    (sum, weights)
+}
+
+/// A first guess from the stages without a queue: their step time (ITL,
+/// or without it the time per token of a stream) fitted by least squares to
+/// `overhead + per_seq * c + per_context * c * context` (the context term
+/// only when the stages' contexts differ), and what TTFT adds at the
+/// lightest load.
+fn first_guess(runs: &[RecordedRun], noise: TimeModel, context: bool) -> TimeModel {
+    let mut light: Vec<(f64, f64, f64, &RecordedStage)> = runs
+        .iter()
+        .flat_map(|r| &r.stages)
+        .filter(|s| {
+            s.server
+                .as_ref()
+                .is_none_or(|v| v.waiting_requests_p50 < 0.5)
+        })
+        .map(|s| {
+            let c = f64::from(s.concurrency);
+            let step = if s.client.itl_p50_seconds > 0.0 {
+                s.client.itl_p50_seconds
+            } else {
+                c / s.client.output_tokens_per_second.max(1e-9)
+            };
+            (c, s.prompt_tokens + s.output_tokens / 2.0, step, s)
+        })
+        .collect();
+    light.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let rows: Vec<([f64; 3], f64)> = light
+        .iter()
+        .map(|&(c, ctx, step, _)| ([1.0, c, if context { c * ctx } else { 0.0 }], step))
+        .collect();
+    let [overhead, per_seq, per_context] = least_squares(&rows).unwrap_or_else(|| {
+        let step = light.first().map_or(0.003, |l| l.2);
+        [0.8 * step, 0.2 * step, 0.0]
+    });
+    let overhead = overhead.max(1e-5);
+    let per_seq = per_seq.max(overhead / 100.0);
+    let per_context = per_context.max(per_seq / 1000.0);
+    let request = light
+        .first()
+        .map(|&(_, _, step, s)| (s.client.ttft_p50_seconds - 2.0 * step).max(1e-5))
+        .unwrap_or(1e-4);
+    TimeModel {
+        step_overhead: overhead,
+        prefill_per_token: overhead / 640.0,
+        decode_per_seq: per_seq,
+        decode_per_context_token: per_context,
+        request_overhead: request,
+        ..noise
+    }
+}
+
+/// Least squares `x` of `a . x = y` over the rows; columns that are all
+/// zero get 0. `None` with fewer rows than unknowns or a singular system.
+fn least_squares(rows: &[([f64; 3], f64)]) -> Option<[f64; 3]> {
+    let used: Vec<usize> = (0..3)
+        .filter(|&j| rows.iter().any(|(a, _)| a[j] != 0.0))
+        .collect();
+    let n = used.len();
+    if rows.len() < n || n == 0 {
+        return None;
+    }
+    // Normal equations, solved by Gaussian elimination with pivoting.
+    let mut m = vec![vec![0.0; n + 1]; n];
+    for (a, y) in rows {
+        for (i, &ji) in used.iter().enumerate() {
+            for (k, &jk) in used.iter().enumerate() {
+                m[i][k] += a[ji] * a[jk];
+            }
+            m[i][n] += a[ji] * y;
+        }
+    }
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&r, &s| m[r][col].abs().total_cmp(&m[s][col].abs()))?;
+        if m[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(col, pivot);
+        let row = m[col].clone();
+        for (r, other) in m.iter_mut().enumerate() {
+            if r != col {
+                let f = other[col] / row[col];
+                for (v, p) in other.iter_mut().zip(&row).skip(col) {
+                    *v -= f * p;
+                }
+            }
+        }
+    }
+    let mut x = [0.0; 3];
+    for (i, &j) in used.iter().enumerate() {
+        x[j] = m[i][n] / m[i][i];
+    }
+    Some(x)
+}
+
+/// Fit the time model of `runs` under `settings`.
+pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError> {
+    let runs: Vec<RecordedRun> = runs
+        .iter()
+        .map(|r| RecordedRun {
+            name: r.name.clone(),
+            stages: r
+                .stages
+                .iter()
+                .filter(|s| {
+                    s.concurrency > 0
+                        && s.duration_s > 0.0
+                        && s.client.requests_ok > 0
+                        && s.client.output_tokens_per_second > 0.0
+                })
+                .cloned()
+                .collect(),
+        })
+        .filter(|r| !r.stages.is_empty())
+        .collect();
+    if runs.is_empty() {
+        return Err(FitError::NoStages);
+    }
+    let capacity = u64::from(settings.limits.kv_blocks) * u64::from(settings.limits.block_size);
+    for run in &runs {
+        for (rec, s) in run.stages.iter().zip(sweep_stages(run)) {
+            let needed = u64::from(s.prompt_tokens) + u64::from(s.output_tokens);
+            let limit = settings
+                .limits
+                .max_model_len
+                .map_or(capacity, |m| capacity.min(u64::from(m)));
+            if needed > limit {
+                return Err(FitError::DoesNotFit {
+                    run: run.name.clone(),
+                    label: rec.label.clone(),
+                    prompt: s.prompt_tokens,
+                    output: s.output_tokens,
+                    capacity: limit,
+                });
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    let shapes: Vec<(u32, u32)> = runs
+        .iter()
+        .flat_map(sweep_stages)
+        .map(|s| (s.prompt_tokens, s.output_tokens))
+        .collect();
+    let varied = shapes.iter().any(|s| {
+        let (p, o) = shapes[0];
+        // Context read per step differs by a tenth or more.
+        (f64::from(s.0) + f64::from(s.1) / 2.0) > 1.1 * (f64::from(p) + f64::from(o) / 2.0)
+            || (f64::from(p) + f64::from(o) / 2.0) > 1.1 * (f64::from(s.0) + f64::from(s.1) / 2.0)
+    });
+    let searched = Searched { context: varied };
+    if !varied {
+        notes.push(
+            "decode_per_context_token held at 0: every stage had the same prompt and output \
+             lengths, so its cost cannot be told from decode_per_seq (fit two runs with \
+             different lengths to get it)"
+                .into(),
+        );
+    }
+    let n = settings.noise;
+    notes.push(format!(
+        "noise held (not fitted): jitter {}, drift {} over {} ms",
+        n.jitter,
+        n.drift,
+        n.drift_time * 1e3
+    ));
+
+    let mut evaluations = 0;
+    let mut objective = |x: &[f64]| {
+        evaluations += 1;
+        let (sum, weights) = cost(&compare(&runs, settings, searched.model(x, settings.noise)));
+        if weights > 0.0 { sum / weights } else { 0.0 }
+    };
+    // Two starts, light and heavy prefill (TTFT at low load can be the
+    // request overhead or the prefill, and the search does not cross from
+    // one valley to the other), each searched three times from its best
+    // point with a fresh, smaller simplex (which gets Nelder-Mead out of the
+    // collapsed simplices it ends in); the better one wins.
+    let budget = settings.max_evaluations.max(12) / 6;
+    let guess = first_guess(&runs, settings.noise, searched.context);
+    let heavy = TimeModel {
+        prefill_per_token: guess.prefill_per_token * 10.0,
+        request_overhead: guess.request_overhead / 2.0,
+        ..guess
+    };
+    let mut best = (Vec::new(), f64::INFINITY);
+    for start in [guess, heavy] {
+        let mut x = searched.point(&start);
+        for step in [0.7, 0.3, 0.1] {
+            x = nelder_mead(&mut objective, &x, step, budget);
+        }
+        let value = objective(&x);
+        if value < best.1 {
+            best = (x, value);
+        }
+    }
+    let best = best.0;
+    let time = searched.model(&best, settings.noise);
+    let residuals = compare(&runs, settings, time);
+    let (sum, weights) = cost(&residuals);
+    Ok(Fit {
+        time,
+        rms: if weights > 0.0 {
+            (sum / weights).sqrt()
+        } else {
+            0.0
+        },
+        residuals,
+        notes,
+        evaluations,
+    })
+}
+
+/// Minimise `f` from `start` with the Nelder-Mead simplex (initial steps of
+/// `step` on each axis), within `max_evaluations` calls.
+fn nelder_mead(
+    f: &mut impl FnMut(&[f64]) -> f64,
+    start: &[f64],
+    step: f64,
+    max_evaluations: usize,
+) -> Vec<f64> {
+    let n = start.len();
+    let mut simplex: Vec<(Vec<f64>, f64)> = Vec::with_capacity(n + 1);
+    simplex.push((start.to_vec(), f(start)));
+    for i in 0..n {
+        let mut x = start.to_vec();
+        x[i] += step;
+        let v = f(&x);
+        simplex.push((x, v));
+    }
+    let mut used = n + 1;
+    let point = |a: &[f64], b: &[f64], t: f64| -> Vec<f64> {
+        a.iter().zip(b).map(|(a, b)| a + t * (b - a)).collect()
+    };
+    while used < max_evaluations {
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let spread = simplex[n].1 - simplex[0].1;
+        if spread.abs() < 1e-7 {
+            break;
+        }
+        let centroid: Vec<f64> = (0..n)
+            .map(|i| simplex[..n].iter().map(|(x, _)| x[i]).sum::<f64>() / n as f64)
+            .collect();
+        let worst = simplex[n].clone();
+        let reflected = point(&centroid, &worst.0, -1.0);
+        let fr = f(&reflected);
+        used += 1;
+        if fr < simplex[0].1 {
+            let expanded = point(&centroid, &worst.0, -2.0);
+            let fe = f(&expanded);
+            used += 1;
+            simplex[n] = if fe < fr {
+                (expanded, fe)
+            } else {
+                (reflected, fr)
+            };
+        } else if fr < simplex[n - 1].1 {
+            simplex[n] = (reflected, fr);
+        } else {
+            let (toward, ft) = if fr < worst.1 {
+                (reflected, fr)
+            } else {
+                (worst.0.clone(), worst.1)
+            };
+            let contracted = point(&centroid, &toward, 0.5);
+            let fc = f(&contracted);
+            used += 1;
+            if fc < ft {
+                simplex[n] = (contracted, fc);
+            } else {
+                // Shrink toward the best point.
+                let best = simplex[0].0.clone();
+                for entry in simplex.iter_mut().skip(1) {
+                    let x = point(&best, &entry.0, 0.5);
+                    let v = f(&x);
+                    *entry = (x, v);
+                }
+                used += n;
+            }
+        }
+    }
+    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+    simplex.swap_remove(0).0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_squares_solves_a_line_and_skips_empty_columns() {
+        let rows: Vec<([f64; 3], f64)> = (1..=4)
+            .map(|c| ([1.0, f64::from(c), 0.0], 2.0 + 0.5 * f64::from(c)))
+            .collect();
+        let x = least_squares(&rows).unwrap();
+        assert!((x[0] - 2.0).abs() < 1e-9 && (x[1] - 0.5).abs() < 1e-9 && x[2] == 0.0);
+        assert_eq!(least_squares(&rows[..1]), None);
+    }
+
+    #[test]
+    fn nelder_mead_finds_the_minimum_of_a_bowl() {
+        let mut f = |x: &[f64]| (x[0] - 1.0).powi(2) + 3.0 * (x[1] + 2.0).powi(2);
+        let x = nelder_mead(&mut f, &[0.0, 0.0], 0.5, 500);
+        assert!(
+            (x[0] - 1.0).abs() < 1e-3 && (x[1] + 2.0).abs() < 1e-3,
+            "{x:?}"
+        );
+    }
+}

@@ -1,0 +1,376 @@
+//! A concurrency sweep against one engine on a virtual clock: what a
+//! closed-loop `nyann-bench generate` sweep would measure, computed in
+//! milliseconds and the same on every run.
+//!
+//! It follows the stage runner's rules: a stage of concurrency `c` keeps `c`
+//! streams busy (each sends its next request when the previous one ends); a
+//! request belongs to the stage in which it was sent; after a stage's time
+//! the load holds its level until the stage's requests are done, then the
+//! next stage starts. The figures of a stage are computed the way the client
+//! statistics and the server signals are: client TTFT, ITL and E2E quantiles
+//! over the stage's requests, output tokens per second of stage time, and,
+//! over the steady window (the stage without its first 20% and last 5%, the
+//! whole stage under 5 s), the waiting p50 of the sampled gauge, the TTFT
+//! p99 of vLLM's histogram as Prometheus' `histogram_quantile` reads it, the
+//! KV usage max, and the preemptions of the whole stage.
+//!
+//! The fit ([`crate::fit`]) runs it for every candidate time model; the
+//! tests run it to compare a profile with a recorded server.
+
+use std::collections::HashMap;
+
+use nyann_model::{ClientStats, RoleSignals};
+
+use crate::engine::{Engine, EngineConfig, NewSeq, SeqId};
+use crate::metrics::{EngineMetrics, FinishedReason, Histogram, TTFT_BUCKETS};
+
+/// Gauges are read this often (a scrape; finer than Prometheus' usual 1 s
+/// so that a 10 s stage has enough samples for a stable median).
+pub const SAMPLE_INTERVAL: f64 = 0.25;
+
+/// Below this length (seconds) the steady window is the whole stage.
+const MIN_STEADY_SECONDS: f64 = 5.0;
+
+/// One stage of a sweep: closed loop at `concurrency` for `duration_s`, each
+/// request with `prompt_tokens` in and `output_tokens` out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SweepStage {
+    pub concurrency: u32,
+    pub duration_s: f64,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// What one stage measured: the client's statistics and the server's
+/// signals, in the types the sweep records (`stages.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageFigures {
+    pub stage: SweepStage,
+    pub client: ClientStats,
+    /// Role `aggregate`; extras `ttft_p50_seconds` and `running_requests_p50`.
+    pub server: RoleSignals,
+}
+
+/// A request in flight or done.
+struct Request {
+    /// The stage it was sent in; `None` for requests sent while holding.
+    stage: Option<usize>,
+    arrival: f64,
+    first_token: Option<f64>,
+    last_token: f64,
+    end: Option<f64>,
+    tokens: u32,
+}
+
+impl Request {
+    fn new(stage: Option<usize>, arrival: f64) -> Request {
+        Request {
+            stage,
+            arrival,
+            first_token: None,
+            last_token: arrival,
+            end: None,
+            tokens: 0,
+        }
+    }
+}
+
+/// The server side of one stage: gauge samples and TTFT observations over
+/// the steady window, the preemption counter over the stage.
+#[derive(Default)]
+struct Observed {
+    waiting: Vec<f64>,
+    running: Vec<f64>,
+    kv: Vec<f64>,
+    ttft: Vec<f64>,
+    preemptions_at_start: u64,
+    preemptions_at_end: Option<u64>,
+}
+
+/// The engine and the requests sent to it.
+struct Load {
+    engine: Engine,
+    requests: HashMap<SeqId, Request>,
+    next_id: SeqId,
+    /// Requests of the current stage not finished yet.
+    pending: usize,
+}
+
+impl Load {
+    /// Send one request of `stage`'s shape at `at`, counted in stage `tag`.
+    fn send(&mut self, stage: &SweepStage, at: f64, tag: Option<usize>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let new = NewSeq {
+            id,
+            prompt_tokens: stage.prompt_tokens,
+            max_tokens: stage.output_tokens,
+            pre_generated: 0,
+            kv_transferred: false,
+            finish: FinishedReason::Length,
+        };
+        if self.engine.submit(new, at).is_ok() {
+            self.requests.insert(id, Request::new(tag, at));
+            self.pending += usize::from(tag.is_some());
+        }
+    }
+
+    /// Take the finished requests out.
+    fn take_done(&mut self) -> Vec<Request> {
+        let done: Vec<SeqId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.end.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        done.iter()
+            .filter_map(|id| self.requests.remove(id))
+            .collect()
+    }
+}
+
+/// Run `stages` back to back against a fresh engine built from `cfg`.
+pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
+    let mut load = Load {
+        engine: Engine::new(
+            cfg.clone(),
+            EngineMetrics::new("sweep", "0", cfg.max_model_len()),
+        ),
+        requests: HashMap::new(),
+        next_id: 0,
+        pending: 0,
+    };
+    let mut streams = 0u32;
+    let mut now = 0.0;
+    let mut figures = Vec::with_capacity(stages.len());
+    for (index, stage) in stages.iter().enumerate() {
+        let end = now + stage.duration_s;
+        let steady = steady_window(now, end);
+        let mut observed = Observed {
+            preemptions_at_start: load.engine.metrics().preemptions(),
+            ..Observed::default()
+        };
+        // New streams start at once; surplus ones end after their request.
+        while streams < stage.concurrency {
+            load.send(stage, now, Some(index));
+            streams += 1;
+        }
+        let mut gaps = Vec::new();
+        let mut next_sample = steady.0;
+        while now < end || load.pending > 0 {
+            let Some(step) = load.engine.begin_step(now) else {
+                match load.engine.next_arrival() {
+                    Some(at) => now = at,
+                    // Nothing to do (no stream): let the stage's time pass.
+                    None => {
+                        now = now.max(end);
+                        break;
+                    }
+                }
+                continue;
+            };
+            // The gauges hold the planned step's values until it ends.
+            while next_sample < now + step && next_sample <= steady.1 {
+                if next_sample >= steady.0 {
+                    observed.waiting.push(load.engine.num_waiting() as f64);
+                    observed.running.push(load.engine.num_running() as f64);
+                    observed.kv.push(load.engine.kv_usage());
+                }
+                next_sample += SAMPLE_INTERVAL;
+            }
+            now += step;
+            let in_steady = (steady.0..=steady.1).contains(&now);
+            let mut finished = 0;
+            for event in load.engine.end_step(now) {
+                let Some(r) = load.requests.get_mut(&event.id) else {
+                    continue;
+                };
+                match r.first_token {
+                    None if in_steady => observed.ttft.push(now - r.arrival),
+                    Some(_) if r.stage == Some(index) => gaps.push(now - r.last_token),
+                    _ => {}
+                }
+                r.first_token.get_or_insert(now);
+                r.last_token = now;
+                r.tokens = event.generated;
+                if event.finished {
+                    r.end = Some(now);
+                    finished += 1;
+                    load.pending -= usize::from(r.stage == Some(index));
+                }
+            }
+            for _ in 0..finished {
+                if streams > stage.concurrency {
+                    streams -= 1;
+                } else {
+                    // Sent after the stage's time: held load, in no stage.
+                    load.send(stage, now, (now < end).then_some(index));
+                }
+            }
+            if now >= end && observed.preemptions_at_end.is_none() {
+                observed.preemptions_at_end = Some(load.engine.metrics().preemptions());
+            }
+        }
+        let preemptions = observed
+            .preemptions_at_end
+            .unwrap_or_else(|| load.engine.metrics().preemptions())
+            - observed.preemptions_at_start;
+        let done = load.take_done();
+        figures.push(StageFigures {
+            stage: *stage,
+            client: client_stats(
+                done.iter().filter(|r| r.stage == Some(index)),
+                &mut gaps,
+                stage.duration_s,
+            ),
+            server: server_signals(&mut observed, preemptions),
+        });
+    }
+    figures
+}
+
+/// `[start + 20%, start + 95%]`, or the whole stage when that is under 5 s.
+fn steady_window(start: f64, end: f64) -> (f64, f64) {
+    let len = end - start;
+    if 0.75 * len < MIN_STEADY_SECONDS {
+        (start, end)
+    } else {
+        (start + 0.2 * len, start + 0.95 * len)
+    }
+}
+
+/// The client statistics of a stage's requests; `itl` holds every gap
+/// between two tokens of those requests.
+fn client_stats<'a>(
+    done: impl Iterator<Item = &'a Request>,
+    itl: &mut [f64],
+    duration_s: f64,
+) -> ClientStats {
+    let (mut ttft, mut e2e) = (Vec::new(), Vec::new());
+    let (mut ok, mut tokens) = (0u64, 0u64);
+    for r in done {
+        let (Some(first), Some(end)) = (r.first_token, r.end) else {
+            continue;
+        };
+        ok += 1;
+        tokens += u64::from(r.tokens);
+        ttft.push(first - r.arrival);
+        e2e.push(end - r.arrival);
+    }
+    let per_second = |n: u64| {
+        if duration_s > 0.0 {
+            n as f64 / duration_s
+        } else {
+            0.0
+        }
+    };
+    ClientStats {
+        requests_ok: ok,
+        requests_failed: 0,
+        requests_per_second: per_second(ok),
+        output_tokens_per_second: per_second(tokens),
+        ttft_p50_seconds: quantile(&mut ttft, 0.5),
+        ttft_p99_seconds: quantile(&mut ttft, 0.99),
+        itl_p50_seconds: quantile(itl, 0.5),
+        itl_p99_seconds: quantile(itl, 0.99),
+        e2e_p50_seconds: quantile(&mut e2e, 0.5),
+        e2e_p99_seconds: quantile(&mut e2e, 0.99),
+        // The virtual sweep's server never sheds or outlasts a stage.
+        ..ClientStats::default()
+    }
+}
+
+fn server_signals(o: &mut Observed, preemptions: u64) -> RoleSignals {
+    let mut ttft = Histogram::new(TTFT_BUCKETS);
+    for t in &o.ttft {
+        ttft.observe(*t);
+    }
+    let kv_max = o.kv.iter().copied().fold(0.0, f64::max);
+    RoleSignals {
+        role: "aggregate".into(),
+        waiting_requests_p50: quantile(&mut o.waiting, 0.5),
+        ttft_p99_seconds: ttft.quantile(0.99),
+        kv_cache_usage_max: kv_max,
+        preemptions: preemptions as f64,
+        extra: vec![
+            ("ttft_p50_seconds".into(), ttft.quantile(0.5)),
+            ("running_requests_p50".into(), quantile(&mut o.running, 0.5)),
+        ],
+    }
+}
+
+/// Quantile with linear interpolation between ranks (numpy's default); 0 when empty.
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = q.clamp(0.0, 1.0) * (values.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    values[lo] + (values[hi] - values[lo]) * (rank - lo as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::TimeModel;
+
+    /// One sequence at a time, every step 1 ms, no noise.
+    fn one_at_a_time() -> EngineConfig {
+        EngineConfig {
+            max_num_seqs: 1,
+            max_num_batched_tokens: 2048,
+            kv_blocks: 1000,
+            block_size: 16,
+            max_model_len: u32::MAX,
+            time: TimeModel {
+                step_overhead: 0.001,
+                prefill_per_token: 0.0,
+                decode_per_seq: 0.0,
+                decode_per_context_token: 0.0,
+                request_overhead: 0.0,
+                jitter: 0.0,
+                drift: 0.0,
+                drift_time: 0.0,
+            },
+            seed: 1,
+        }
+    }
+
+    fn stage(concurrency: u32) -> SweepStage {
+        SweepStage {
+            concurrency,
+            duration_s: 1.0,
+            prompt_tokens: 10,
+            output_tokens: 10,
+        }
+    }
+
+    fn near(got: f64, want: f64, tolerance: f64) -> bool {
+        (got - want).abs() <= tolerance
+    }
+
+    #[test]
+    fn a_stream_measures_the_steps_and_a_second_one_waits_for_it() {
+        let f = run(&one_at_a_time(), &[stage(1), stage(2)]);
+        // A request is 10 steps of 1 ms: the prefill gives the first token.
+        let (alone, c) = (&f[0], &f[0].client);
+        assert!(near(c.output_tokens_per_second, 1000.0, 10.0), "{c:?}");
+        assert!(near(c.ttft_p50_seconds, 0.001, 1e-9) && near(c.itl_p50_seconds, 0.001, 1e-9));
+        assert!(near(c.e2e_p50_seconds, 0.010, 1e-9));
+        assert_eq!(alone.server.waiting_requests_p50, 0.0);
+        assert_eq!(alone.server.extra("running_requests_p50"), Some(1.0));
+        // Two streams, one running: the other always waits one request.
+        let (queued, c) = (&f[1], &f[1].client);
+        assert!(near(c.output_tokens_per_second, 1000.0, 20.0), "{c:?}");
+        assert!(near(c.ttft_p50_seconds, 0.011, 1e-9), "{c:?}");
+        assert_eq!(queued.server.waiting_requests_p50, 1.0);
+        assert_eq!(queued.server.preemptions, 0.0);
+        // histogram_quantile in the (0.01, 0.02] bucket.
+        assert!(
+            near(queued.server.ttft_p99_seconds, 0.0199, 1e-4),
+            "{:?}",
+            queued.server
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! The fit's round trip on the virtual clock: sweep an engine with a known
+//! time model (two workloads, so that every cost shows), hand the figures
+//! to the fit as a recording, and get the costs back: within 5% (10% for
+//! the request overhead, which only TTFT shows). The recording's seed
+//! differs from the fit's, as a real recording's noise would. The round
+//! trip through real processes and files is in tests/e2e/twin.rs.
+
+use nyann_model::ClientStats;
+use nyann_sim::engine::TimeModel;
+use nyann_sim::fit::{FitError, FitSettings, RecordedRun, RecordedStage, fit};
+use nyann_sim::profile::{EngineSpec, Limits};
+use nyann_sim::sweep::{SweepStage, run};
+
+const LIMITS: Limits = Limits {
+    max_num_seqs: 32,
+    max_num_batched_tokens: 2048,
+    kv_blocks: 1024,
+    block_size: 16,
+    max_model_len: None,
+};
+
+const KNOWN: TimeModel = TimeModel {
+    step_overhead: 2000e-6,
+    prefill_per_token: 30e-6,
+    decode_per_seq: 200e-6,
+    decode_per_context_token: 0.5e-6,
+    request_overhead: 3000e-6,
+    jitter: 0.1,
+    drift: 0.0,
+    drift_time: 0.0,
+};
+
+/// A recording of `levels` with `prompt` and `output` tokens per request.
+fn record(name: &str, levels: &[u32], prompt: u32, output: u32) -> RecordedRun {
+    let stages: Vec<SweepStage> = levels
+        .iter()
+        .map(|&concurrency| SweepStage {
+            concurrency,
+            duration_s: 10.0,
+            prompt_tokens: prompt,
+            output_tokens: output,
+        })
+        .collect();
+    let cfg = EngineSpec {
+        limits: LIMITS,
+        time: KNOWN,
+    }
+    .config(99);
+    RecordedRun {
+        name: name.into(),
+        stages: run(&cfg, &stages)
+            .into_iter()
+            .map(|f| RecordedStage {
+                label: format!("c={}", f.stage.concurrency),
+                concurrency: f.stage.concurrency,
+                duration_s: f.stage.duration_s,
+                prompt_tokens: f64::from(prompt),
+                output_tokens: f64::from(output),
+                client: f.client,
+                server: Some(f.server),
+            })
+            .collect(),
+    }
+}
+
+fn settings() -> FitSettings {
+    FitSettings {
+        limits: LIMITS,
+        noise: KNOWN,
+        seed: 1,
+        max_evaluations: 400,
+    }
+}
+
+#[test]
+fn the_fit_recovers_a_known_time_model() {
+    let runs = [
+        record("short prompts", &[1, 4, 16, 32], 64, 128),
+        record("long prompts", &[1, 4, 16], 512, 64),
+    ];
+    let fitted = fit(&runs, &settings()).unwrap();
+    let t = fitted.time;
+    let close = |name: &str, got: f64, want: f64, tolerance: f64| {
+        assert!(
+            (got / want - 1.0).abs() <= tolerance,
+            "{name}: fitted {got:.3e}, known {want:.3e} (tolerance {tolerance}); {fitted:#?}"
+        );
+    };
+    close("step_overhead", t.step_overhead, KNOWN.step_overhead, 0.05);
+    close(
+        "decode_per_seq",
+        t.decode_per_seq,
+        KNOWN.decode_per_seq,
+        0.05,
+    );
+    close(
+        "prefill_per_token",
+        t.prefill_per_token,
+        KNOWN.prefill_per_token,
+        0.05,
+    );
+    close(
+        "decode_per_context_token",
+        t.decode_per_context_token,
+        KNOWN.decode_per_context_token,
+        0.05,
+    );
+    close(
+        "request_overhead",
+        t.request_overhead,
+        KNOWN.request_overhead,
+        0.1,
+    );
+    assert!(fitted.rms < 0.03, "rms {}", fitted.rms);
+    assert!(
+        fitted.notes.iter().all(|n| !n.contains("held at 0")),
+        "two workloads: the context cost is fitted: {:?}",
+        fitted.notes
+    );
+}
+
+#[test]
+fn one_workload_holds_the_context_cost_and_says_so() {
+    let runs = [record("short prompts", &[1, 8, 32], 64, 128)];
+    let fitted = fit(
+        &runs,
+        &FitSettings {
+            max_evaluations: 120,
+            ..settings()
+        },
+    )
+    .unwrap();
+    assert_eq!(fitted.time.decode_per_context_token, 0.0);
+    assert!(
+        fitted.notes.iter().any(|n| n.contains(
+            "decode_per_context_token held at 0: every stage had the same prompt and output lengths"
+        )),
+        "{:?}",
+        fitted.notes
+    );
+}
+
+#[test]
+fn a_recording_that_cannot_run_is_refused() {
+    let empty = RecordedRun {
+        name: "x".into(),
+        stages: vec![RecordedStage {
+            label: "c=4".into(),
+            concurrency: 4,
+            duration_s: 10.0,
+            prompt_tokens: 64.0,
+            output_tokens: 64.0,
+            client: ClientStats::default(),
+            server: None,
+        }],
+    };
+    assert_eq!(fit(&[empty], &settings()), Err(FitError::NoStages));
+    let mut too_long = record("long", &[1], 64, 64);
+    too_long.stages[0].prompt_tokens = 20_000.0;
+    let err = fit(&[too_long], &settings()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("do not fit the KV cache (16384 tokens)"),
+        "{err}"
+    );
+}

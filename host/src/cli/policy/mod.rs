@@ -1,0 +1,605 @@
+//! `nyann-bench policy ...`: tools for policy authors. Print a policy's
+//! description or the WIT contract, scaffold a new policy crate
+//! (`scaffold`), check a built component end to end (load, describe,
+//! validate, judge canned stages, or the stages of a recorded run), and
+//! replay a recorded run with any policy and parameters.
+
+mod scaffold;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use nyann_model::observation::{ClientStats, ParamKind, PolicyInfo, RoleSignals, StageObservation};
+use nyann_model::scenario::{Param, StopCondition, Value};
+use nyann_policy_host::{BUILTIN, Interface, Policy};
+use serde::Deserialize;
+
+use crate::replay::{Outcome, RecordedRun, ReplayedStage, show_params};
+use crate::sweep::SandboxArgs;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Print a policy's name, version, summary and parameters.
+    Describe {
+        /// A policy component (.wasm), or `builtin`.
+        #[arg(default_value = BUILTIN)]
+        policy: String,
+        /// Print the description as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Print the WIT contract (nyann:policy) policies are built against.
+    Wit {
+        /// The interface line: 0.2 (current) or 0.1 (frozen; still loaded).
+        #[arg(long, value_name = "LINE", default_value = "0.2", value_parser = ["0.1", "0.2"])]
+        version: String,
+    },
+    /// Create a new policy crate in ./NAME: self-contained (the SDK and the
+    /// WIT are copied into it), it builds anywhere with cargo and the
+    /// wasm32-wasip2 target.
+    New {
+        /// Crate and policy name (lowercase letters, digits, `-`).
+        name: String,
+    },
+    /// Load a policy, run describe and validate, and judge canned stages,
+    /// or with --fixture the stages of a recorded run (exit 1 when a
+    /// verdict differs from the expected one).
+    Check {
+        /// A policy component (.wasm), or `builtin`.
+        policy: String,
+        /// Parameters for validate/judge, as NAME=VALUE (repeatable).
+        /// Without --fixture, others get their default, or a sample value
+        /// of their kind; with it, they replace or add to the recorded ones.
+        #[arg(long = "param", value_name = "NAME=VALUE")]
+        params: Vec<String>,
+        /// A results directory (`generate --output-dir`): judge its stages
+        /// and compare with DIR/expected.json (`[{"stage": 3, "congested":
+        /// true}, ...]`), else with the verdicts recorded in the run.
+        #[arg(long, value_name = "DIR")]
+        fixture: Option<PathBuf>,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Judge the stages of a recorded run again with POLICY, offline, and
+    /// print each verdict next to the one recorded during the run, and where
+    /// the sweep would have stopped.
+    Replay {
+        /// A policy component (.wasm), or `builtin`.
+        policy: String,
+        /// A results directory written by `generate --output-dir`.
+        #[arg(long, value_name = "DIR")]
+        run: PathBuf,
+        /// Replace or add an until_congested parameter, as NAME=VALUE
+        /// (repeatable), e.g. --param ttft_p99=1.5s.
+        #[arg(long = "param", value_name = "NAME=VALUE")]
+        params: Vec<String>,
+        /// Print the stages as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+}
+
+pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Describe {
+            policy,
+            json,
+            sandbox,
+        } => describe(&sandbox.load(&policy)?, json),
+        Command::Wit { version } => {
+            let line = Interface::ALL
+                .into_iter()
+                .find(|i| i.line() == version)
+                .unwrap_or(Interface::NEWEST);
+            print!("{}", line.wit());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::New { name } => scaffold::new(&name),
+        Command::Check {
+            policy,
+            params,
+            fixture,
+            sandbox,
+        } => {
+            let policy = sandbox.load(&policy)?;
+            let params = parse_params(&params)?;
+            match fixture {
+                Some(dir) => check_fixture(&policy, &params, &dir).await,
+                None => check(&policy, params).await,
+            }
+        }
+        Command::Replay {
+            policy,
+            run,
+            params,
+            json,
+            sandbox,
+        } => {
+            let policy = sandbox.load(&policy)?;
+            replay(&policy, &run, &parse_params(&params)?, json).await
+        }
+    }
+}
+
+fn describe(policy: &Policy, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        let text =
+            serde_json::to_string_pretty(policy.info()).context("cannot encode the description")?;
+        println!("{text}");
+    } else {
+        print!("{}", render_info(policy));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The description as a small report with a parameter table.
+fn render_info(policy: &Policy) -> String {
+    let info: &PolicyInfo = policy.info();
+    let mut out = String::new();
+    let _ = writeln!(out, "{} {} ({})", info.name, info.version, policy.origin());
+    let _ = writeln!(out, "  {}", info.summary);
+    let _ = writeln!(
+        out,
+        "  interface: {} (this host runs {})",
+        policy.interface(),
+        nyann_policy_host::supported_versions()
+    );
+    if info.params.is_empty() {
+        let _ = writeln!(out, "\nno parameters");
+        return out;
+    }
+    let rows: Vec<[String; 4]> = info
+        .params
+        .iter()
+        .map(|p| {
+            let default = match (&p.default, p.required) {
+                (_, true) => "required".to_string(),
+                (Some(v), false) => show_value(v, p.kind),
+                (None, false) => "-".to_string(),
+            };
+            [
+                p.name.clone(),
+                kind_name(p.kind).to_string(),
+                default,
+                p.doc.clone(),
+            ]
+        })
+        .collect();
+    let header = ["PARAMETER", "KIND", "DEFAULT", "DESCRIPTION"];
+    let widths: Vec<usize> = (0..3)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let _ = writeln!(out);
+    for row in std::iter::once(header.map(String::from)).chain(rows) {
+        let _ = writeln!(
+            out,
+            "  {:w0$}  {:w1$}  {:w2$}  {}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        );
+    }
+    out
+}
+
+fn kind_name(kind: ParamKind) -> &'static str {
+    match kind {
+        ParamKind::Number => "number",
+        ParamKind::Integer => "integer",
+        ParamKind::Fraction => "fraction",
+        ParamKind::Duration => "duration",
+        ParamKind::Text => "text",
+        ParamKind::Flag => "flag",
+    }
+}
+
+fn show_value(v: &Value, kind: ParamKind) -> String {
+    match (v, kind) {
+        (Value::Number(n), ParamKind::Duration) => format!("{n}s"),
+        (Value::Number(n), _) => format!("{n}"),
+        (Value::Integer(i), _) => format!("{i}"),
+        (Value::Text(t), _) => format!("{t:?}"),
+        (Value::Flag(b), _) => if *b { "True" } else { "False" }.to_string(),
+    }
+}
+
+/// A sample value of a kind, for `check` when a required parameter is not given.
+fn sample(kind: ParamKind) -> Value {
+    match kind {
+        ParamKind::Number | ParamKind::Integer => Value::Number(1.0),
+        ParamKind::Fraction => Value::Number(0.5),
+        ParamKind::Duration => Value::Text("1s".into()),
+        ParamKind::Text => Value::Text("sample".into()),
+        ParamKind::Flag => Value::Flag(false),
+    }
+}
+
+/// `NAME=VALUE` as the scenario would write it: a number, True/False, or text.
+fn parse_param(arg: &str) -> anyhow::Result<Param> {
+    let Some((name, value)) = arg.split_once('=') else {
+        bail!("--param {arg:?}: write NAME=VALUE, e.g. --param ttft_p99=2s");
+    };
+    let value = match value {
+        "True" | "true" => Value::Flag(true),
+        "False" | "false" => Value::Flag(false),
+        v => v
+            .parse::<f64>()
+            .map(Value::Number)
+            .unwrap_or_else(|_| Value::Text(v.to_string())),
+    };
+    Ok(Param {
+        name: name.trim().to_string(),
+        value,
+    })
+}
+
+/// Two canned stages: a calm one and a loaded disaggregated one (queueing
+/// on prefill, KV pressure and preemptions on decode).
+fn canned_stages() -> [StageObservation; 2] {
+    let role = |role: &str, waiting, ttft, kv, preemptions| RoleSignals {
+        role: role.to_string(),
+        waiting_requests_p50: waiting,
+        ttft_p99_seconds: ttft,
+        kv_cache_usage_max: kv,
+        preemptions,
+        extra: vec![],
+    };
+    let client = |tps, ttft, ok, failed| ClientStats {
+        requests_ok: ok,
+        requests_failed: failed,
+        requests_per_second: ok as f64 / 60.0,
+        output_tokens_per_second: tps,
+        ttft_p50_seconds: ttft / 3.0,
+        ttft_p99_seconds: ttft,
+        itl_p50_seconds: 0.02,
+        itl_p99_seconds: 0.05,
+        e2e_p50_seconds: 4.0,
+        e2e_p99_seconds: 9.0,
+        ..ClientStats::default()
+    };
+    [
+        StageObservation {
+            index: 0,
+            name: "#0 c=64".into(),
+            sweep: Default::default(),
+            concurrency: Some(64),
+            rate: None,
+            start_unix_seconds: 1_700_000_000.0,
+            end_unix_seconds: 1_700_000_060.0,
+            roles: vec![
+                role("prefill", 0.0, 0.2, 0.3, 0.0),
+                role("decode", 0.0, 0.3, 0.4, 0.0),
+            ],
+            client: client(4000.0, 0.4, 600, 0),
+            signal_errors: vec![],
+        },
+        StageObservation {
+            index: 1,
+            name: "#1 c=128".into(),
+            sweep: Default::default(),
+            concurrency: Some(128),
+            rate: None,
+            start_unix_seconds: 1_700_000_060.0,
+            end_unix_seconds: 1_700_000_120.0,
+            roles: vec![
+                role("prefill", 40.0, 0.8, 0.6, 0.0),
+                role("decode", 3.0, 2.5, 0.98, 3.0),
+            ],
+            client: client(4100.0, 3.1, 640, 12),
+            signal_errors: vec![],
+        },
+    ]
+}
+
+/// Every `--param NAME=VALUE`.
+fn parse_params(args: &[String]) -> anyhow::Result<Vec<Param>> {
+    args.iter().map(|a| parse_param(a)).collect()
+}
+
+async fn check(policy: &Policy, mut given: Vec<Param>) -> anyhow::Result<ExitCode> {
+    println!("load and describe: ok\n");
+    print!("{}", render_info(policy));
+
+    for spec in &policy.info().params {
+        if spec.required && !given.iter().any(|p| p.name == spec.name) {
+            given.push(Param {
+                name: spec.name.clone(),
+                value: sample(spec.kind),
+            });
+        }
+    }
+    let shown: Vec<String> = given
+        .iter()
+        .map(|p| format!("{}={}", p.name, show_value(&p.value, ParamKind::Number)))
+        .collect();
+    println!("\nvalidate({}):", shown.join(", "));
+    let params = match policy.check_params(&StopCondition {
+        params: given,
+        location: None,
+        param_locations: Vec::new(),
+    }) {
+        Ok(params) => {
+            println!("  ok");
+            params
+        }
+        Err(e) => {
+            println!("  FAILED: {e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+
+    let stages = canned_stages();
+    let mut failed = false;
+    for (i, stage) in stages.iter().enumerate() {
+        println!("\njudge(stage {:?}, history of {}):", stage.name, i);
+        match policy.judge(&params, stage, &stages[..i]).await {
+            Ok(v) => {
+                println!(
+                    "  {}",
+                    if v.congested {
+                        "congested"
+                    } else {
+                        "not congested"
+                    }
+                );
+                for r in &v.reasons {
+                    println!("    - {r}");
+                }
+            }
+            Err(e) => {
+                println!("  FAILED: {e}");
+                failed = true;
+            }
+        }
+    }
+    println!(
+        "\n{}",
+        if failed {
+            "check failed"
+        } else {
+            "check passed"
+        }
+    );
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One line of `expected.json`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Expected {
+    stage: u32,
+    congested: bool,
+}
+
+/// `policy check --fixture DIR`: replay DIR and compare each verdict with
+/// DIR/expected.json, else with the verdict recorded in the run.
+async fn check_fixture(policy: &Policy, params: &[Param], dir: &Path) -> anyhow::Result<ExitCode> {
+    let run = RecordedRun::read(dir)?;
+    let expected_file = dir.join("expected.json");
+    let expected: Option<Vec<Expected>> = if expected_file.is_file() {
+        let text = std::fs::read_to_string(&expected_file)
+            .with_context(|| format!("cannot read {}", expected_file.display()))?;
+        Some(serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} must be a list like [{{\"stage\": 3, \"congested\": true}}]",
+                expected_file.display()
+            )
+        })?)
+    } else {
+        None
+    };
+    let replayed = replay_off_runtime(&run, policy, params).await?;
+    let against = if expected.is_some() {
+        expected_file.display().to_string()
+    } else {
+        "the verdicts recorded in the run".to_string()
+    };
+    println!(
+        "policy {} {} on {} ({} judged stages), against {against}:",
+        policy.name(),
+        policy.info().version,
+        dir.display(),
+        replayed.len()
+    );
+    let mut mismatches = 0;
+    for stage in &replayed {
+        let want = match &expected {
+            Some(list) => list
+                .iter()
+                .find(|e| e.stage == stage.stage)
+                .map(|e| e.congested),
+            None => match &stage.recorded {
+                Outcome::Verdict(v) => Some(v.congested),
+                Outcome::Error(_) => None,
+            },
+        };
+        let got = &stage.replayed;
+        let ok = match (want, got) {
+            (Some(want), Outcome::Verdict(v)) => want == v.congested,
+            (None, _) => true,
+            (Some(_), Outcome::Error(_)) => false,
+        };
+        let want_word = match want {
+            Some(true) => "congested",
+            Some(false) => "ok",
+            None => "(no expectation)",
+        };
+        println!(
+            "  {} {:<16} expected {want_word:<16} got {}{}",
+            if ok { "ok  " } else { "FAIL" },
+            stage.name,
+            got.word(),
+            detail(got)
+        );
+        if !ok {
+            mismatches += 1;
+        }
+    }
+    if let Some(list) = &expected
+        && let Some(missing) = list
+            .iter()
+            .find(|e| !replayed.iter().any(|s| s.stage == e.stage))
+    {
+        println!(
+            "  FAIL stage {} is expected but the run has no judged stage with that index",
+            missing.stage
+        );
+        mismatches += 1;
+    }
+    if mismatches == 0 {
+        println!("fixture passed");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("fixture failed: {mismatches} stage(s) differ");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `: reason; reason` or `: error message`.
+fn detail(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Verdict(v) if v.reasons.is_empty() => String::new(),
+        Outcome::Verdict(v) => format!(": {}", v.reasons.join("; ")),
+        Outcome::Error(e) => format!(": {e}"),
+    }
+}
+
+/// Replay on a blocking thread (the policy calls block until they finish).
+async fn replay_off_runtime(
+    run: &RecordedRun,
+    policy: &Policy,
+    params: &[Param],
+) -> anyhow::Result<Vec<ReplayedStage>> {
+    let (run, policy, params) = (run.clone(), policy.clone(), params.to_vec());
+    tokio::task::spawn_blocking(move || crate::replay::replay(&run, &policy, &params))
+        .await
+        .context("the replay task failed")?
+}
+
+/// `policy replay`: the table (or JSON) and where each run stops.
+async fn replay(
+    policy: &Policy,
+    dir: &Path,
+    params: &[Param],
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let run = RecordedRun::read(dir)?;
+    let replayed = replay_off_runtime(&run, policy, params).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&replayed).context("encoding the replay")?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let first = &run.stages[0];
+    let (recorded_name, recorded_version) = &first.policy;
+    println!(
+        "replaying {} ({} judged stages, recorded with policy {recorded_name} \
+         {recorded_version}) with policy {} {}",
+        dir.display(),
+        run.stages.len(),
+        policy.name(),
+        policy.info().version
+    );
+    let recorded = if recorded_name != policy.name() {
+        "not used (they are another policy's)".to_string()
+    } else if first.params.is_empty() {
+        "none".to_string()
+    } else {
+        show_params(&first.params)
+    };
+    let given = if params.is_empty() {
+        String::new()
+    } else {
+        format!("; given: {}", show_params(params))
+    };
+    println!("parameters: recorded {recorded}{given}");
+    let width = replayed
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!(
+        "\n{:<width$}  {:<9}  {:<9}  REASONS (replayed)",
+        "STAGE", "RECORDED", "REPLAYED"
+    );
+    for stage in &replayed {
+        let differs = stage.recorded.word() != stage.replayed.word();
+        println!(
+            "{:<width$}  {:<9}  {:<9}  {}{}",
+            stage.name,
+            stage.recorded.word(),
+            stage.replayed.word(),
+            detail(&stage.replayed).trim_start_matches(": "),
+            if differs { "  <- differs" } else { "" }
+        );
+    }
+    println!("\n{}", stop_summary(&run, &replayed));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where the run stopped and where the replay would have.
+fn stop_summary(run: &RecordedRun, replayed: &[ReplayedStage]) -> String {
+    let recorded = run.stopped_after().map(|s| s.observation.name.clone());
+    let would = replayed
+        .iter()
+        .find(|s| s.replayed.congested())
+        .map(|s| s.name.clone());
+    let last = replayed.last().map(|s| s.name.as_str()).unwrap_or("?");
+    match (recorded, would) {
+        (Some(r), Some(w)) if r == w => {
+            format!("the run stopped after {r}; the replay stops there too")
+        }
+        (Some(r), Some(w)) => {
+            format!("the run stopped after {r}; the replay would have stopped after {w}")
+        }
+        (Some(r), None) => format!(
+            "the run stopped after {r}; the replay would not have stopped there (the stages after it were not run, so whether it stops later is unknown)"
+        ),
+        (None, Some(w)) => {
+            format!("the run did not stop on congestion; the replay would have stopped after {w}")
+        }
+        (None, None) => format!("neither the run nor the replay stopped (up to {last})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_parse_like_the_scenario_writes_them() {
+        assert_eq!(
+            parse_param("ttft_p99=2s").unwrap().value,
+            Value::Text("2s".into())
+        );
+        assert_eq!(
+            parse_param("waiting_requests_p50=32").unwrap().value,
+            Value::Number(32.0)
+        );
+        assert_eq!(parse_param("strict=True").unwrap().value, Value::Flag(true));
+        assert!(parse_param("oops").is_err());
+    }
+}

@@ -1,0 +1,353 @@
+//! `nyann-bench sim fit RUN_DIR...`: fit the simulator's time model to the
+//! results directories of real sweeps, print the parameters with the
+//! residual of every stage, and write the profile file that `sim
+//! --profile-file` loads: a twin of the recorded deployment.
+//!
+//! The server's limits are not fitted: the KV cache comes from a saved
+//! `/metrics` text (`vllm:cache_config_info`) or the flags, `max_model_len`
+//! from a saved `/v1/models` answer or the flag, the rest from the flags
+//! (vLLM's defaults otherwise).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use nyann_sim::ServerProfile;
+use nyann_sim::engine::TimeModel;
+use nyann_sim::fit::{self, Fit, FitSettings};
+use nyann_sim::profile::{EngineSpec, Limits};
+
+use crate::recorded;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Results directories of sweeps of the server (`generate --output-dir`):
+    /// their stages.json and requests.jsonl. Sweeps with different prompt or
+    /// output lengths let the fit tell every cost apart.
+    #[arg(value_name = "RUN_DIR", required = true)]
+    pub runs: Vec<PathBuf>,
+
+    /// Where to write the profile (refused if it exists, unless --force).
+    #[arg(
+        short,
+        long,
+        value_name = "FILE",
+        default_value = "fitted-profile.toml"
+    )]
+    pub output: PathBuf,
+
+    /// Overwrite --output if it exists.
+    #[arg(long)]
+    pub force: bool,
+
+    /// Name of the profile.
+    #[arg(long, default_value = "fitted")]
+    pub name: String,
+
+    /// A saved /metrics text of the server (`curl http://HOST:8000/metrics`):
+    /// its KV cache size and block size (vllm:cache_config_info).
+    #[arg(long, value_name = "FILE", help_heading = "The server")]
+    pub metrics_file: Option<PathBuf>,
+
+    /// A saved /v1/models answer of the server (`curl
+    /// http://HOST:8000/v1/models`): its max_model_len.
+    #[arg(long, value_name = "FILE", help_heading = "The server")]
+    pub models_file: Option<PathBuf>,
+
+    /// The server's usable KV blocks (vLLM's num_gpu_blocks minus its null
+    /// block) [default: from --metrics-file].
+    #[arg(long, help_heading = "The server")]
+    pub kv_blocks: Option<u32>,
+
+    /// The server's KV block size [default: from --metrics-file].
+    #[arg(long, help_heading = "The server")]
+    pub block_size: Option<u32>,
+
+    /// The server's --max-num-seqs.
+    #[arg(long, default_value_t = 256, help_heading = "The server")]
+    pub max_num_seqs: u32,
+
+    /// The server's --max-num-batched-tokens.
+    #[arg(long, default_value_t = 2048, help_heading = "The server")]
+    pub max_num_batched_tokens: u32,
+
+    /// The server's --max-model-len [default: from --models-file, else the KV capacity].
+    #[arg(long, help_heading = "The server")]
+    pub max_model_len: Option<u32>,
+
+    /// Tokens the server's chat template adds to a prompt [default: from
+    /// the records when the sweeps used two prompt lengths, else 0].
+    #[arg(long, help_heading = "The server")]
+    pub chat_template_tokens: Option<u32>,
+
+    /// Characters per token of the server's tokenizer (the `ISL calibration`
+    /// line of the sweep's log), to count prompt tokens of a sweep recorded
+    /// without --stream-usage [default: such a sweep is refused].
+    #[arg(long, help_heading = "The server")]
+    pub chars_per_token: Option<f64>,
+
+    /// Step jitter of the fitted model (not fitted).
+    #[arg(long, default_value_t = 0.1, help_heading = "Noise (held, not fitted)")]
+    pub jitter: f64,
+
+    /// Slow drift of the step speed (see `sim --help`); set it for a machine
+    /// shared with other work, where TTFT spreads in queueing stages.
+    #[arg(long, default_value_t = 0.0, help_heading = "Noise (held, not fitted)")]
+    pub drift: f64,
+
+    /// How long the drift takes to change, in milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 500.0,
+        help_heading = "Noise (held, not fitted)"
+    )]
+    pub drift_time_ms: f64,
+
+    /// Most simulated sweeps the search may run (each takes milliseconds
+    /// to a tenth of a second).
+    #[arg(long, default_value_t = 400)]
+    pub max_evaluations: usize,
+
+    /// Seed of the simulated sweeps.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.output.exists() && !args.force {
+        bail!(
+            "{} exists: give another --output, or --force to overwrite it",
+            args.output.display()
+        );
+    }
+    if !(0.0..1.0).contains(&args.jitter) {
+        bail!("--jitter must be in [0, 1), got {}", args.jitter);
+    }
+    if !(0.0..=2.0).contains(&args.drift) {
+        bail!("--drift must be in [0, 2], got {}", args.drift);
+    }
+    if args.drift_time_ms.is_nan() || args.drift_time_ms <= 0.0 {
+        bail!(
+            "--drift-time-ms must be a positive number of milliseconds, got {}",
+            args.drift_time_ms
+        );
+    }
+    if args
+        .chars_per_token
+        .is_some_and(|k| !(k.is_finite() && k > 0.0))
+    {
+        bail!("--chars-per-token must be a positive number");
+    }
+    let limits = server_limits(&args).await?;
+    let count = recorded::PromptCount {
+        chars_per_token: args.chars_per_token,
+        chat_template_tokens: args.chat_template_tokens.unwrap_or(0),
+    };
+    let mut runs = Vec::new();
+    let mut sizes = Vec::new();
+    for dir in &args.runs {
+        let dir = dir.clone();
+        let recording = tokio::task::spawn_blocking(move || recorded::read(&dir, count)).await??;
+        for skipped in &recording.skipped {
+            tracing::warn!("left out: {skipped}");
+        }
+        sizes.extend(recording.prompt_sizes);
+        runs.push(recording.run);
+    }
+    let (template, template_note) = match args.chat_template_tokens {
+        Some(t) => (t, None),
+        None => match recorded::chat_template_tokens(&sizes) {
+            Some(t) => (t.round() as u32, None),
+            None => (
+                0,
+                Some(
+                    "chat_template_tokens set to 0: every prompt had the same length, so the \
+                     template's tokens cannot be told from the prompt's; give \
+                     --chat-template-tokens (the server's prompt tokens minus the scenario's isl)"
+                        .to_string(),
+                ),
+            ),
+        },
+    };
+    let settings = FitSettings {
+        limits,
+        noise: TimeModel {
+            step_overhead: 0.0,
+            prefill_per_token: 0.0,
+            decode_per_seq: 0.0,
+            decode_per_context_token: 0.0,
+            request_overhead: 0.0,
+            jitter: args.jitter,
+            drift: args.drift,
+            drift_time: args.drift_time_ms / 1e3,
+        },
+        seed: args.seed,
+        max_evaluations: args.max_evaluations,
+    };
+    let stages: usize = runs.iter().map(|r| r.stages.len()).sum();
+    tracing::info!(
+        "fitting the time model to {stages} stages of {} run(s) (at most {} simulated sweeps)",
+        runs.len(),
+        args.max_evaluations
+    );
+    let fitted = tokio::task::spawn_blocking(move || fit::fit(&runs, &settings)).await??;
+
+    let profile = ServerProfile {
+        name: args.name.clone(),
+        description: format!(
+            "fitted by nyann-bench sim fit from {}",
+            args.runs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        chat_template_tokens: template,
+        default_max_tokens: 256,
+        engine: EngineSpec {
+            limits,
+            time: fitted.time,
+        },
+        prefill: None,
+        decode: None,
+    };
+    let mut notes = fitted.notes.clone();
+    notes.extend(template_note);
+    print!("{}", report(&fitted, &profile, &notes));
+    let comment = format!(
+        "nyann-bench simulator profile (sim --profile-file FILE)\nrms log-ratio of the fit: {:.3}\n{}",
+        fitted.rms,
+        notes.join("\n")
+    );
+    std::fs::write(&args.output, profile.to_toml(&comment))
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    println!(
+        "\nwrote {}: nyann-bench sim --profile-file {}",
+        args.output.display(),
+        args.output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The limits: flags first, then the saved server answers.
+async fn server_limits(args: &Args) -> anyhow::Result<Limits> {
+    let cache = match &args.metrics_file {
+        Some(path) => Some(cache_config(path).await?),
+        None => None,
+    };
+    let (kv_blocks, block_size) = match (args.kv_blocks, args.block_size, cache) {
+        (Some(k), Some(b), _) => (k, b),
+        (k, b, Some((ck, cb))) => (k.unwrap_or(ck), b.unwrap_or(cb)),
+        _ => bail!(
+            "the fit needs the server's KV cache: give --metrics-file FILE (a saved \
+             `curl http://HOST:8000/metrics`), or --kv-blocks N and --block-size N"
+        ),
+    };
+    if kv_blocks == 0 || block_size == 0 {
+        bail!("--kv-blocks and --block-size must be at least 1");
+    }
+    let max_model_len = match (args.max_model_len, &args.models_file) {
+        (Some(len), _) => Some(len),
+        (None, Some(path)) => Some(model_len(path).await?),
+        (None, None) => None,
+    };
+    Ok(Limits {
+        max_num_seqs: args.max_num_seqs.max(1),
+        max_num_batched_tokens: args.max_num_batched_tokens.max(1),
+        kv_blocks,
+        block_size,
+        max_model_len,
+    })
+}
+
+/// (usable KV blocks, block size) from `vllm:cache_config_info` in a saved
+/// `/metrics` text. vLLM counts one null block in `num_gpu_blocks`.
+async fn cache_config(path: &Path) -> anyhow::Result<(u32, u32)> {
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .with_context(|| format!("cannot read --metrics-file {}", path.display()))?;
+    let parsed = nyann_signals::exposition::parse(&text);
+    let info = parsed
+        .samples
+        .iter()
+        .find(|s| s.name == "vllm:cache_config_info" || s.name == "vllm_cache_config_info")
+        .with_context(|| {
+            format!(
+                "{} has no vllm:cache_config_info: is it a vLLM /metrics text? \
+                 Give --kv-blocks and --block-size instead",
+                path.display()
+            )
+        })?;
+    let number = |label: &str| -> anyhow::Result<u32> {
+        info.label(label)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| {
+                format!(
+                    "{}: vllm:cache_config_info has no numeric `{label}` label; give \
+                     --kv-blocks and --block-size instead",
+                    path.display()
+                )
+            })
+    };
+    let blocks = number("num_gpu_blocks")?;
+    Ok((blocks.saturating_sub(1).max(1), number("block_size")?))
+}
+
+/// `max_model_len` of the first model in a saved `/v1/models` answer.
+async fn model_len(path: &Path) -> anyhow::Result<u32> {
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .with_context(|| format!("cannot read --models-file {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON (a saved /v1/models answer)", path.display()))?;
+    json["data"][0]["max_model_len"]
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .with_context(|| {
+            format!(
+                "{} has no data[0].max_model_len: give --max-model-len instead",
+                path.display()
+            )
+        })
+}
+
+/// The parameters, the residual of every stage and the notes.
+fn report(fitted: &Fit, profile: &ServerProfile, notes: &[String]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let t = &profile.engine.time;
+    let _ = writeln!(
+        out,
+        "time model fitted over {} simulated sweeps (rms log-ratio {:.3}):",
+        fitted.evaluations, fitted.rms
+    );
+    for (name, value) in [
+        ("step_overhead_us", t.step_overhead * 1e6),
+        ("prefill_per_token_us", t.prefill_per_token * 1e6),
+        ("decode_per_seq_us", t.decode_per_seq * 1e6),
+        (
+            "decode_per_context_token_us",
+            t.decode_per_context_token * 1e6,
+        ),
+        ("request_overhead_us", t.request_overhead * 1e6),
+    ] {
+        let _ = writeln!(out, "  {name:<28} {value:>10.3}");
+    }
+    let _ = writeln!(
+        out,
+        "  chat_template_tokens         {:>10}",
+        profile.chat_template_tokens
+    );
+    let _ = writeln!(
+        out,
+        "\nresidual per stage (simulated, and its error against the recording):"
+    );
+    for stage in &fitted.residuals {
+        let _ = writeln!(out, "  {} {}: {stage}", stage.run, stage.label);
+    }
+    for note in notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    out
+}

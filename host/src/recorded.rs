@@ -1,0 +1,318 @@
+//! Reads a results directory (`--output-dir` of a sweep) back into what the
+//! simulator's fit needs: per measured closed-loop stage its level, length,
+//! client statistics and server signals (`stages.json`), and the mean prompt
+//! and output tokens of its requests (`requests.jsonl`).
+//!
+//! Only the fields the fit uses are read, so files written by older or newer
+//! versions load as long as those fields are there; a missing or unreadable
+//! file is an error naming the file and what to do.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use nyann_model::{ClientStats, RoleSignals};
+use nyann_sim::fit::{RecordedRun, RecordedStage};
+use serde::Deserialize;
+
+use crate::sweep::Judged;
+
+/// One entry of `stages.json`, as far as the fit is concerned.
+#[derive(Deserialize)]
+struct StageEntry {
+    index: usize,
+    label: String,
+    status: String,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    concurrency: Option<u32>,
+    duration_s: f64,
+    #[serde(default)]
+    client: Option<ClientStats>,
+    #[serde(default)]
+    annotation: Option<Judged>,
+}
+
+/// One line of `requests.jsonl`, as far as the fit is concerned.
+#[derive(Deserialize)]
+struct RequestLine {
+    stage: usize,
+    phase: String,
+    status: String,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_chars: usize,
+}
+
+/// A results directory read back.
+pub struct Recording {
+    pub run: RecordedRun,
+    /// (prompt characters, prompt tokens the server counted) of every
+    /// measured request: how the fit estimates the chat template's tokens.
+    pub prompt_sizes: Vec<(f64, f64)>,
+    /// Stages left out, and why.
+    pub skipped: Vec<String>,
+}
+
+/// Token sums of one stage's measured, successful requests.
+#[derive(Default)]
+struct Tokens {
+    requests: u64,
+    output: u64,
+    /// Requests whose prompt tokens the server reported (`usage`), and their sum.
+    with_usage: u64,
+    prompt: u64,
+    prompt_chars: u64,
+}
+
+/// How to count prompt tokens when the server did not report them (a sweep
+/// without `--stream-usage`): characters per token of the server's
+/// tokenizer, plus the chat template's tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptCount {
+    pub chars_per_token: Option<f64>,
+    pub chat_template_tokens: u32,
+}
+
+impl Tokens {
+    /// Mean prompt tokens per request, from usage or from characters.
+    fn prompt_mean(&self, count: PromptCount) -> Option<f64> {
+        if self.with_usage == self.requests {
+            return Some(self.prompt as f64 / self.requests as f64);
+        }
+        let chars = self.prompt_chars as f64 / self.requests as f64;
+        count
+            .chars_per_token
+            .map(|k| chars / k + f64::from(count.chat_template_tokens))
+    }
+}
+
+/// Read `dir` (its `stages.json` and `requests.jsonl`).
+pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
+    let stages_path = dir.join("stages.json");
+    let text = std::fs::read_to_string(&stages_path).with_context(|| {
+        format!(
+            "cannot read {}: give the directory a sweep wrote with --output-dir",
+            stages_path.display()
+        )
+    })?;
+    let entries: Vec<StageEntry> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a stages.json of nyann-bench",
+            stages_path.display()
+        )
+    })?;
+    let Requests {
+        tokens,
+        prompt_sizes,
+    } = read_requests(&dir.join("requests.jsonl"))?;
+
+    let mut stages = Vec::new();
+    let mut skipped = Vec::new();
+    for e in entries {
+        let skip = |why: &str| format!("{} {}: {why}", dir.display(), e.label);
+        if e.status != "measured" {
+            continue;
+        }
+        let (Some(concurrency), Some(client)) = (e.concurrency, e.client.clone()) else {
+            skipped.push(skip(
+                "not a closed-loop stage (the fit replays concurrency levels)",
+            ));
+            continue;
+        };
+        if e.mode.as_deref().is_some_and(|m| m != "concurrent") {
+            skipped.push(skip(
+                "not a closed-loop stage (the fit replays concurrency levels)",
+            ));
+            continue;
+        }
+        let Some(t) = tokens.get(&e.index).filter(|t| t.requests > 0) else {
+            skipped.push(skip(
+                "no successful request with token counts in requests.jsonl",
+            ));
+            continue;
+        };
+        let Some(prompt_tokens) = t.prompt_mean(count) else {
+            bail!(
+                "{}: stage {} has requests without prompt token counts (the server reports \
+                 them when the sweep runs with --stream-usage): record with --stream-usage, or \
+                 give --chars-per-token (the `ISL calibration` line of the sweep's log) and \
+                 --chat-template-tokens",
+                dir.join("requests.jsonl").display(),
+                e.label
+            );
+        };
+        stages.push(RecordedStage {
+            label: e.label.clone(),
+            concurrency,
+            duration_s: e.duration_s,
+            prompt_tokens,
+            output_tokens: t.output as f64 / t.requests as f64,
+            client,
+            server: server_signals(e.annotation.as_ref()),
+        });
+    }
+    if stages.is_empty() {
+        bail!(
+            "{} has no measured closed-loop stage with token counts to fit{}",
+            dir.display(),
+            if skipped.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", skipped.join("; "))
+            }
+        );
+    }
+    Ok(Recording {
+        run: RecordedRun {
+            name: dir.display().to_string(),
+            stages,
+        },
+        prompt_sizes,
+        skipped,
+    })
+}
+
+/// What `requests.jsonl` tells the fit.
+struct Requests {
+    /// Per stage index, the token sums of its measured successful requests.
+    tokens: BTreeMap<usize, Tokens>,
+    /// (prompt characters, prompt tokens) of those with usage.
+    prompt_sizes: Vec<(f64, f64)>,
+}
+
+fn read_requests(path: &Path) -> anyhow::Result<Requests> {
+    let file = std::fs::File::open(path).with_context(|| {
+        format!(
+            "cannot read {}: the fit needs each request's prompt and output tokens \
+             (a sweep run with --output-dir writes it)",
+            path.display()
+        )
+    })?;
+    let mut tokens: BTreeMap<usize, Tokens> = BTreeMap::new();
+    let mut sizes = Vec::new();
+    for (number, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: RequestLine = serde_json::from_str(&line).with_context(|| {
+            format!(
+                "{}:{}: not a request record of nyann-bench",
+                path.display(),
+                number + 1
+            )
+        })?;
+        let Some(output) = r.output_tokens else {
+            continue;
+        };
+        if r.phase != "measured" || r.status != "ok" {
+            continue;
+        }
+        let t = tokens.entry(r.stage).or_default();
+        t.requests += 1;
+        t.output += output;
+        t.prompt_chars += r.prompt_chars as u64;
+        if let Some(prompt) = r.prompt_tokens {
+            t.with_usage += 1;
+            t.prompt += prompt;
+            sizes.push((r.prompt_chars as f64, prompt as f64));
+        }
+    }
+    Ok(Requests {
+        tokens,
+        prompt_sizes: sizes,
+    })
+}
+
+/// The server signals of a judged stage: its `aggregate` role, or its only
+/// role (a disaggregated recording has no single engine to fit). None when
+/// a query failed: the failed signals read 0 (fail-open), which is no
+/// measurement.
+fn server_signals(judged: Option<&Judged>) -> Option<RoleSignals> {
+    let congestion = &judged?.congestion;
+    if !congestion.signal_errors.is_empty() {
+        return None;
+    }
+    let roles = &congestion.roles;
+    match roles.as_slice() {
+        [only] => Some(only.clone()),
+        many => many.iter().find(|r| r.role == "aggregate").cloned(),
+    }
+}
+
+/// Tokens the chat template adds, from how the server's prompt token count
+/// grows with the prompt's characters (`tokens = template + chars / k`):
+/// `None` unless the prompts had at least two lengths far enough apart.
+pub fn chat_template_tokens(sizes: &[(f64, f64)]) -> Option<f64> {
+    let n = sizes.len() as f64;
+    if n < 2.0 {
+        return None;
+    }
+    let (mx, my) = (
+        sizes.iter().map(|s| s.0).sum::<f64>() / n,
+        sizes.iter().map(|s| s.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = sizes.iter().map(|s| (s.0 - mx).powi(2)).sum();
+    let sxy: f64 = sizes.iter().map(|s| (s.0 - mx) * (s.1 - my)).sum();
+    // The characters must vary by more than a few tokens' worth.
+    if sxx / n < 100.0 {
+        return None;
+    }
+    let slope = sxy / sxx;
+    Some((my - slope * mx).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_tokens_are_the_intercept_of_tokens_over_characters() {
+        // 4 characters per token, 16 template tokens, two prompt lengths.
+        let sizes: Vec<(f64, f64)> = [240.0, 2000.0]
+            .iter()
+            .flat_map(|&c| std::iter::repeat_n((c, 16.0 + c / 4.0), 10))
+            .collect();
+        let t = chat_template_tokens(&sizes).unwrap();
+        assert!((t - 16.0).abs() < 1e-6, "{t}");
+        // One length: not identifiable.
+        assert_eq!(chat_template_tokens(&sizes[..10]), None);
+    }
+
+    #[test]
+    fn a_stage_whose_signal_query_failed_has_no_server_figures() {
+        let role = |name: &str| RoleSignals {
+            role: name.into(),
+            waiting_requests_p50: 3.0,
+            ..RoleSignals::default()
+        };
+        let annotation = |errors: &[&str]| -> Judged {
+            serde_json::from_value(serde_json::json!({"congestion": {
+                "policy": {"name": "builtin", "version": "0.1.0", "origin": "builtin"},
+                "mode": "enforce",
+                "roles": [role("prefill"), role("aggregate")],
+                "signal_errors": errors,
+                "verdict": null,
+                "policy_error": null,
+                "check_seconds": 0.0,
+            }}))
+            .unwrap()
+        };
+        assert_eq!(
+            server_signals(Some(&annotation(&[]))),
+            Some(role("aggregate"))
+        );
+        // The failed signal read 0: fitting to it would fit a server with no queue.
+        assert_eq!(
+            server_signals(Some(&annotation(&["aggregate: waiting: timeout"]))),
+            None
+        );
+        assert_eq!(server_signals(None), None);
+    }
+}
