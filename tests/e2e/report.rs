@@ -78,12 +78,25 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
         );
     }
     let text = page_text(&mut browser);
+    // Where the demo stops is the simulator's business: the page must say
+    // what the run's summary says.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    let stop = summary["outcome"]["stage"].as_u64().unwrap() as usize;
+    assert!(stop >= 1, "the demo stopped at its first stage: {summary}");
+    let label = |i: usize| summary["stages"][i]["label"].as_str().unwrap().to_string();
     assert!(
-        text.contains("sweep stopped after stage #3 c=16: congested"),
+        text.contains(&format!(
+            "sweep stopped after stage {}: congested",
+            label(stop)
+        )),
         "stop reason missing:\n{text}"
     );
     assert!(
-        text.contains("knee (the last stage before congestion): #2 c=8"),
+        text.contains(&format!(
+            "knee (the last stage before congestion): {}",
+            label(stop - 1)
+        )),
         "{text}"
     );
     assert!(text.contains("policy builtin"), "{text}");
