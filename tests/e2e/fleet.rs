@@ -1,4 +1,4 @@
-//! Scale-out (issue 17): a leader and workers, each a real `nyann-bench
+//! Scale-out: a leader and workers, each a real `nyann-bench
 //! generate --workers N` process on 127.0.0.1 standing in for a pod, against
 //! the simulator. The sweep stops at the same stage everywhere, fleet counts
 //! are the sum of the records, and every fault (a worker or the leader
@@ -10,10 +10,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nyann_sim::{RunningSim, SimArgs};
+use nyann_testkit::{PrometheusServer, ScrapeJob};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::support::{nyann_bench, scrape_flags, serial, simulator, sweep};
+use crate::support::{nyann_bench, policy_wasm, scrape_flags, serial, simulator, sweep};
 
 /// A fleet's processes: index 0 leads.
 struct Fleet {
@@ -275,6 +276,83 @@ async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), records.len());
+}
+
+/// The policy is shown the whole fleet's statistics, read here from a real
+/// Prometheus: a test policy that fails unless a stage finished exactly
+/// `requests` requests passes with the fleet's 30 per stage (3 workers x
+/// 10) and fails, naming both figures, when told to expect one worker's 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_is_shown_the_whole_fleets_requests() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let prom = PrometheusServer::start(&[
+        ScrapeJob::new("vllm-aggregate").target(sim.endpoint(), &[("pod", "sim-0")])
+    ])
+    .await
+    .expect("Prometheus starts (apt-get install prometheus)");
+    let policy = policy_wasm("request-count-policy");
+    let lead: Vec<String> = [
+        "--prometheus-url",
+        &prom.url(),
+        "--deploy-name",
+        "sim",
+        "--policy",
+        &policy.display().to_string(),
+        "--on-policy-error",
+        "stop",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let scenario = |requests: u32| {
+        format!(
+            "scenario(\n    workload = workload(\"synthetic\", isl=32, osl=16),\n    stages = until_congested(\n        \
+             [stage(\"60s\", concurrency=3, max_requests=30) for _ in range(2)],\n        requests={requests},\n    ),\n)\n"
+        )
+    };
+
+    let mut fleet = Fleet::start(&sim.base_url(), &scenario(30), 3, &lead, &[]).await;
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    assert_eq!(codes, [Some(0); 3], "{}", fleet.all_stderr());
+    let summary = fleet.json("w0/summary.json");
+    assert_eq!(
+        summary["outcome"]["kind"],
+        "completed",
+        "{}",
+        fleet.all_stderr()
+    );
+    for (index, stage) in summary["stages"].as_array().unwrap().iter().enumerate() {
+        let congestion = &stage["annotation"]["congestion"];
+        assert_eq!(
+            congestion["policy"]["name"], "request-count",
+            "step {index}"
+        );
+        assert_eq!(
+            congestion["policy_error"],
+            Value::Null,
+            "step {index}: {congestion}"
+        );
+        assert_eq!(congestion["verdict"]["congested"], false, "step {index}");
+        assert_eq!(stage["client"]["requests_ok"], 30, "step {index}");
+    }
+
+    let mut fleet = Fleet::start(&sim.base_url(), &scenario(10), 3, &lead, &[]).await;
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    assert_eq!(
+        codes[0],
+        Some(1),
+        "a failed policy call stops the sweep: {}",
+        fleet.all_stderr()
+    );
+    let summary = fleet.json("w0/summary.json");
+    assert_eq!(summary["outcome"]["stage"], 0, "{}", fleet.all_stderr());
+    let error = summary["stages"][0]["annotation"]["congestion"]["policy_error"].to_string();
+    assert!(error.contains("shown 30 requests, expected 10"), "{error}");
+    for worker in 1..3 {
+        let theirs = fleet.json(&format!("w{worker}/worker-{worker}/summary.json"));
+        assert_eq!(theirs["stages"][1]["status"], "skipped", "worker {worker}");
+    }
 }
 
 /// `kill -9` of worker 2 in step 1: the leader records the loss with that

@@ -193,11 +193,15 @@ pub fn scrape_flags(sim: &RunningSim) -> Vec<String> {
         .collect()
 }
 
-/// Build a guest policy package (an example policy of this workspace, or the
-/// policy host's `hostile-policy` test guest) for wasm32-wasip2 and return
-/// its `.wasm`.
+/// Build a guest policy package (an example policy of this workspace, or one
+/// of the policy host's test guests) for wasm32-wasip2 and return its `.wasm`.
 pub fn policy_wasm(package: &str) -> PathBuf {
-    let built = if package == "hostile-policy" || package == "legacy-v01-policy" {
+    const TEST_GUESTS: [&str; 3] = [
+        "hostile-policy",
+        "legacy-v01-policy",
+        "request-count-policy",
+    ];
+    let built = if TEST_GUESTS.contains(&package) {
         nyann_guests::test_guest(package)
     } else {
         nyann_guests::repository_guest(package)

@@ -25,7 +25,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::merge::{FleetRun, LostWorker, WorkerRun};
+use crate::merge::{FleetRun, Judgement, LostWorker, WorkerRun};
 use crate::protocol::{ToLeader, ToWorker, receive, scenario_digest, send};
 use crate::share::{first_id, scenario_share, worker_seed};
 use crate::{FleetError, lock};
@@ -237,6 +237,7 @@ impl Leader {
             events,
             live: joined,
             runs: Vec::new(),
+            judgements: BTreeMap::new(),
             seed,
             workers: n,
             watch,
@@ -450,6 +451,8 @@ pub struct LeaderGate<H> {
     live: BTreeSet<usize>,
     /// Uploads received so far.
     runs: Vec<WorkerRun>,
+    /// What each judged stage's decision saw, by step.
+    judgements: BTreeMap<usize, Judgement>,
     seed: u64,
     workers: usize,
     watch: CancellationToken,
@@ -496,12 +499,12 @@ impl<H> LeaderGate<H> {
 
     /// After the leader's own run: waits (at most `timeout`) for the other
     /// workers' uploads and returns everything the merge needs.
-    pub async fn finish(
+    pub async fn finish<A>(
         mut self,
-        own: nyann_load::RunResult,
+        own: nyann_load::RunResult<A>,
         own_records: Option<PathBuf>,
         timeout: Duration,
-    ) -> FleetRun {
+    ) -> FleetRun<A> {
         if tokio::time::timeout(timeout, self.collect(|_| false))
             .await
             .is_err()
@@ -513,17 +516,14 @@ impl<H> LeaderGate<H> {
         self.watch.cancel();
         let missing = self.live.iter().copied().collect();
         let mut runs = std::mem::take(&mut self.runs);
-        runs.push(WorkerRun {
-            worker: 0,
-            result: own,
-            records: own_records,
-            decision_waits: Vec::new(),
-        });
         runs.sort_by_key(|r| r.worker);
         FleetRun {
             workers: self.workers,
             seed: self.seed,
+            leader: own,
+            leader_records: own_records,
             runs,
+            judgements: std::mem::take(&mut self.judgements),
             lost: lock(&self.fleet.lost).clone(),
             missing,
             aborted: self.aborted(),
@@ -532,6 +532,10 @@ impl<H> LeaderGate<H> {
 }
 
 impl<H: StageHook> StageHook for LeaderGate<H> {
+    /// The check's own record: what the fleet adds (who was judged, lost
+    /// workers, the per-worker figures) goes into the merged files.
+    type Annotation = H::Annotation;
+
     async fn before_stage(&mut self, index: usize) {
         self.fleet.step.store(index, Ordering::SeqCst);
         self.collect(|e| matches!(e, Event::Ready { stage, .. } if *stage == index))
@@ -539,7 +543,10 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
         self.fleet.broadcast(&ToWorker::Start { stage: index });
     }
 
-    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+    async fn after_stage(
+        &mut self,
+        done: &FinishedStage<'_, H::Annotation>,
+    ) -> HookOutcome<H::Annotation> {
         let index = done.index;
         let answers = self
             .collect(|e| matches!(e, Event::Stats { stage, .. } if *stage == index))
@@ -565,24 +572,20 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
             stats: &merged,
             history: done.history,
         };
-        let mut outcome = self.inner.after_stage(&fleet_stage).await;
+        let outcome = self.inner.after_stage(&fleet_stage).await;
         let stop = match &outcome.decision {
             HookDecision::Stop { reason } => Some(reason.clone()),
             HookDecision::Continue => None,
         };
         self.fleet
             .broadcast(&ToWorker::Decision { stage: index, stop });
-        let mut annotation = outcome
-            .annotation
-            .take()
-            .unwrap_or_else(|| serde_json::json!({}));
-        if let Some(fields) = annotation.as_object_mut() {
-            fields.insert(
-                "fleet".into(),
-                serde_json::json!({ "judged_workers": judged, "requests_judged": client.requests_ok + client.requests_failed }),
-            );
-        }
-        outcome.annotation = Some(annotation);
+        self.judgements.insert(
+            index,
+            Judgement {
+                judged_workers: judged,
+                requests_judged: client.requests_ok + client.requests_failed,
+            },
+        );
         outcome
     }
 }

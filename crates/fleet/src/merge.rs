@@ -2,20 +2,22 @@
 //! (or was lost): one `requests.jsonl` with a `worker` field on each
 //! record, `stages.json`/`summary.json` whose statistics are recomputed
 //! from all the records (so fleet counts are the sum of the records by
-//! construction) with each stage's per-worker figures under
-//! `annotation.fleet.workers`, and `fleet.json` (lost workers, missing
-//! uploads, how long each worker waited for each decision).
+//! construction) with the fleet's part of each stage under
+//! `annotation.fleet` (the workers judged, the per-worker figures, workers
+//! lost in that stage), and `fleet.json` (lost workers, missing uploads,
+//! how long each worker waited for each decision).
 
 use std::io::{BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use nyann_load::stats::StageAccumulator;
-use nyann_load::{Phase, RequestRecord, RunOutcome, RunResult, StageStatus};
+use nyann_load::{Phase, RequestRecord, RunOutcome, RunResult, StageResult, StageStatus};
 use nyann_model::{Scenario, Step};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// One worker's finished run, as the leader has it.
+/// One of workers 1..N's finished run, as the leader has it (workers
+/// judge nothing: their results carry no annotation).
 #[derive(Debug, Clone)]
 pub struct WorkerRun {
     pub worker: usize,
@@ -36,14 +38,66 @@ pub struct LostWorker {
     pub at_unix: f64,
 }
 
-/// Everything the leader gathered.
+/// How much of the fleet a stage's decision saw.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Judgement {
+    /// The workers whose statistics were merged (0 is the leader).
+    pub judged_workers: Vec<usize>,
+    pub requests_judged: u64,
+}
+
+/// One worker's part of a stage, in the fleet's `stages.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStage {
+    pub worker: usize,
+    pub status: StageStatus,
+    pub client: Option<nyann_model::ClientStats>,
+    pub detail: Option<nyann_load::StageDetail>,
+}
+
+impl WorkerStage {
+    fn of<A>(worker: usize, stage: &StageResult<A>) -> Self {
+        WorkerStage {
+            worker,
+            status: stage.status,
+            client: stage.client.clone(),
+            detail: stage.detail.clone(),
+        }
+    }
+}
+
+/// The fleet's part of a stage (`annotation.fleet` in `stages.json`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageFleet {
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub judgement: Option<Judgement>,
+    pub workers: Vec<WorkerStage>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<LostWorker>,
+}
+
+/// A stage's annotation in the fleet's files: the check's own record,
+/// shaped as a single process writes it, with `fleet` beside it.
+#[derive(Debug, Serialize)]
+struct FleetAnnotation<A> {
+    #[serde(flatten)]
+    check: Option<A>,
+    fleet: StageFleet,
+}
+
+/// Everything the leader gathered (`A`: what the check recorded).
 #[derive(Debug, Clone)]
-pub struct FleetRun {
+pub struct FleetRun<A> {
     pub workers: usize,
     /// The leader's seed (each worker's is derived from it).
     pub seed: u64,
-    /// Worker 0 (the leader) and every worker that uploaded, by index.
+    /// The leader's own run (worker 0) and its records.
+    pub leader: RunResult<A>,
+    pub leader_records: Option<PathBuf>,
+    /// Every other worker that uploaded, by index.
     pub runs: Vec<WorkerRun>,
+    /// What each judged step's decision saw.
+    pub judgements: std::collections::BTreeMap<usize, Judgement>,
     pub lost: Vec<LostWorker>,
     /// Workers still connected but without an upload when the wait ended.
     pub missing: Vec<usize>,
@@ -65,17 +119,21 @@ pub struct FleetFile {
     pub decision_waits: Vec<(usize, Vec<(usize, f64)>)>,
 }
 
-/// Merges `fleet` into `dir` and returns the fleet's result.
-pub fn write(fleet: &FleetRun, scenario: &Scenario, dir: &Path) -> std::io::Result<RunResult> {
-    let Some(leader) = fleet.runs.iter().find(|r| r.worker == 0) else {
-        return Err(std::io::Error::other("the leader's own run is missing"));
-    };
-    let mut result = leader.result.clone();
+/// Merges `fleet` into `dir` and returns the fleet's result (with the
+/// check's records as the leader made them; the files add `fleet`).
+pub fn write<A: Serialize + Clone>(
+    fleet: &FleetRun<A>,
+    scenario: &Scenario,
+    dir: &Path,
+) -> std::io::Result<RunResult<A>> {
+    let mut result = fleet.leader.clone();
     let mut accs: Vec<Option<StageAccumulator>> = vec![None; result.stages.len()];
     let mut out = BufWriter::new(std::fs::File::create(dir.join("requests.jsonl"))?);
     let mut lines = 0u64;
-    for run in &fleet.runs {
-        let Some(path) = &run.records else { continue };
+    let record_files = std::iter::once((0, &fleet.leader_records))
+        .chain(fleet.runs.iter().map(|run| (run.worker, &run.records)));
+    for (worker, records) in record_files {
+        let Some(path) = records else { continue };
         let file = std::io::BufReader::new(std::fs::File::open(path)?);
         for line in file.lines() {
             let line = line?;
@@ -83,7 +141,7 @@ pub fn write(fleet: &FleetRun, scenario: &Scenario, dir: &Path) -> std::io::Resu
                 tracing::warn!("{}: skipping an unreadable record", path.display());
                 continue;
             };
-            fields.insert("worker".into(), json!(run.worker));
+            fields.insert("worker".into(), json!(worker));
             let record = Value::Object(fields);
             if let Ok(r) = serde_json::from_value::<RequestRecord>(record.clone())
                 && r.phase != Phase::Hold
@@ -100,6 +158,7 @@ pub fn write(fleet: &FleetRun, scenario: &Scenario, dir: &Path) -> std::io::Resu
 
     let mut totals = StageAccumulator::new();
     let mut measured_seconds = 0.0;
+    let mut fleet_stages = vec![StageFleet::default(); result.stages.len()];
     for stage in &mut result.stages {
         // The fleet's level, not worker 0's share.
         if let Some(Step::Stage(s)) = scenario.steps.get(stage.index) {
@@ -126,35 +185,25 @@ pub fn write(fleet: &FleetRun, scenario: &Scenario, dir: &Path) -> std::io::Resu
         }
         stage.client = Some(client);
         stage.detail = Some(detail);
-        let per_worker: Vec<Value> = fleet
-            .runs
-            .iter()
-            .filter_map(|run| {
-                let theirs = run.result.stages.get(stage.index)?;
-                Some(json!({
-                    "worker": run.worker,
-                    "status": theirs.status,
-                    "client": theirs.client,
-                    "detail": theirs.detail,
-                }))
-            })
-            .collect();
-        let lost: Vec<&LostWorker> = fleet
-            .lost
-            .iter()
-            .filter(|l| l.step == stage.index)
-            .collect();
-        let mut annotation = stage.annotation.take().unwrap_or_else(|| json!({}));
-        if let Some(fields) = annotation.as_object_mut() {
-            let entry = fields.entry("fleet").or_insert_with(|| json!({}));
-            if let Some(entry) = entry.as_object_mut() {
-                entry.insert("workers".into(), json!(per_worker));
-                if !lost.is_empty() {
-                    entry.insert("lost".into(), json!(lost));
-                }
-            }
-        }
-        stage.annotation = Some(annotation);
+        let leader = fleet.leader.stages.get(stage.index);
+        let others = fleet.runs.iter().filter_map(|run| {
+            let theirs = run.result.stages.get(stage.index)?;
+            Some(WorkerStage::of(run.worker, theirs))
+        });
+        fleet_stages[stage.index] = StageFleet {
+            judgement: fleet.judgements.get(&stage.index).cloned(),
+            workers: leader
+                .map(|own| WorkerStage::of(0, own))
+                .into_iter()
+                .chain(others)
+                .collect(),
+            lost: fleet
+                .lost
+                .iter()
+                .filter(|l| l.step == stage.index)
+                .cloned()
+                .collect(),
+        };
     }
     let (totals, totals_detail) = totals.finish(measured_seconds);
     result.totals = totals;
@@ -178,26 +227,39 @@ pub fn write(fleet: &FleetRun, scenario: &Scenario, dir: &Path) -> std::io::Resu
             reason: reason.clone(),
         };
     }
-    result.write_files(dir)?;
+    result
+        .clone()
+        .map_annotations(|index, check| {
+            let fleet = fleet_stages.get_mut(index).map(std::mem::take);
+            Some(FleetAnnotation {
+                check,
+                fleet: fleet.unwrap_or_default(),
+            })
+        })
+        .write_files(dir)?;
 
+    let uploaded = std::iter::once(0).chain(fleet.runs.iter().map(|r| r.worker));
     let file = FleetFile {
         workers: fleet.workers,
         seed: fleet.seed,
-        uploaded: fleet.runs.iter().map(|r| r.worker).collect(),
+        uploaded: uploaded.collect(),
         lost: fleet.lost.clone(),
         missing_records: (0..fleet.workers)
-            .filter(|w| {
-                !fleet
-                    .runs
-                    .iter()
-                    .any(|r| r.worker == *w && r.records.is_some())
+            .filter(|&w| {
+                let records = match w {
+                    0 => fleet.leader_records.is_some(),
+                    _ => fleet
+                        .runs
+                        .iter()
+                        .any(|r| r.worker == w && r.records.is_some()),
+                };
+                !records
             })
             .collect(),
         aborted: fleet.aborted.clone(),
         decision_waits: fleet
             .runs
             .iter()
-            .filter(|r| r.worker != 0)
             .map(|r| (r.worker, r.decision_waits.clone()))
             .collect(),
     };

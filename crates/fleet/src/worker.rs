@@ -329,6 +329,9 @@ impl WorkerGate {
 }
 
 impl StageHook for WorkerGate {
+    /// A worker judges nothing: its stages carry no annotation.
+    type Annotation = serde_json::Value;
+
     async fn before_stage(&mut self, index: usize) {
         self.send(ToLeader::Ready { stage: index }).await;
         self.next(|m| matches!(m, ToWorker::Start { stage } if stage == index).then_some(()))

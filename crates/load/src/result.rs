@@ -58,6 +58,32 @@ pub struct StageResult<A = serde_json::Value> {
     pub check_interrupted: bool,
 }
 
+impl<A> StageResult<A> {
+    /// The same result with `f` applied to its annotation (e.g. to add to
+    /// or drop what the hook recorded).
+    pub fn map_annotation<B>(self, f: impl FnOnce(Option<A>) -> Option<B>) -> StageResult<B> {
+        StageResult {
+            index: self.index,
+            label: self.label,
+            name: self.name,
+            status: self.status,
+            mode: self.mode,
+            concurrency: self.concurrency,
+            rate: self.rate,
+            duration_s: self.duration_s,
+            drain: self.drain,
+            sweep: self.sweep,
+            start_unix: self.start_unix,
+            end_unix: self.end_unix,
+            client: self.client,
+            detail: self.detail,
+            annotation: f(self.annotation),
+            skip_reason: self.skip_reason,
+            check_interrupted: self.check_interrupted,
+        }
+    }
+}
+
 /// Why the run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -89,6 +115,34 @@ pub struct RunResult<A = serde_json::Value> {
     pub totals_detail: StageDetail,
     pub requests_recorded: u64,
     pub stages: Vec<StageResult<A>>,
+}
+
+impl<A> RunResult<A> {
+    /// The same run with `f` applied to each stage's annotation.
+    pub fn map_annotations<B>(
+        self,
+        mut f: impl FnMut(usize, Option<A>) -> Option<B>,
+    ) -> RunResult<B> {
+        RunResult {
+            outcome: self.outcome,
+            start_unix: self.start_unix,
+            end_unix: self.end_unix,
+            seed: self.seed,
+            models: self.models,
+            targets: self.targets,
+            totals: self.totals,
+            totals_detail: self.totals_detail,
+            requests_recorded: self.requests_recorded,
+            stages: self
+                .stages
+                .into_iter()
+                .map(|stage| {
+                    let index = stage.index;
+                    stage.map_annotation(|a| f(index, a))
+                })
+                .collect(),
+        }
+    }
 }
 
 impl<A: Serialize> RunResult<A> {

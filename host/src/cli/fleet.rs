@@ -13,14 +13,14 @@ use anyhow::{Context, bail};
 use nyann_fleet::protocol::{build_id, scenario_digest};
 use nyann_fleet::share::{first_id, scenario_share, worker_seed};
 use nyann_fleet::{Leader, LeaderConfig, OnWorkerLoss, WorkerConfig};
-use nyann_load::RunResult;
 use nyann_model::parse_duration;
 use nyann_signals::SignalArgs;
 
 use super::Ui;
 use super::generate::{Args, exit_code, load_scenario, save_report};
+use super::interrupt::cancel_on_signals;
 use crate::report;
-use crate::sweep::CongestionCheck;
+use crate::sweep::{CongestionCheck, RunResult};
 
 /// Flags of a run by several workers.
 #[derive(Debug, Clone, clap::Args)]
@@ -144,8 +144,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         // A fixed line (not a log line): scripts and tests read the port from it.
         eprintln!("coordinator listening on {addr}");
     }
-    let _signals =
-        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     if let Some(check) = &check {
         check.start();
     }
@@ -243,8 +242,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     options.output_dir = Some(own_dir.clone());
     options.seed = joined.assignment.seed;
     options.first_id = joined.assignment.first_id;
-    let _signals =
-        nyann_load::cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     let scenario = joined.assignment.scenario.clone();
     let mut gate = joined.start(options.interrupt.clone(), options.interrupt_now.clone());
     let result = nyann_load::run(&scenario, options, &mut gate).await;
@@ -258,7 +256,9 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         }
         Err(err) => return Err(err.into()),
     };
-    report_result(&result, Some(&own_dir), ui)?;
+    // A worker judged nothing: its table has no verdicts.
+    let judged: RunResult = result.clone().map_annotations(|_, _| None);
+    report_result(&judged, Some(&own_dir), ui)?;
     let records = own_dir.join("requests.jsonl");
     if let Err(err) = gate
         .upload(&result, Some(&records), Duration::from_secs(120))
@@ -279,7 +279,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     if aborted.is_some() {
         return Ok(ExitCode::from(1));
     }
-    Ok(ExitCode::from(exit_code(&result)))
+    Ok(ExitCode::from(exit_code(&judged)))
 }
 
 /// The stage table and outcome on stderr, the summary on stdout.
