@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use nyann_load::{FinishedStage, HookOutcome, StageHook};
+use nyann_load::{FinishedStage, HookDecision, HookOutcome, StageHook};
 use nyann_model::{
     Param, RoleCoverage, RoleSignals, Scenario, SeriesStatus, StageObservation, Step,
     StopCondition, SweepRef, Verdict,
@@ -179,6 +179,10 @@ pub struct CongestionRecord {
     pub verdict: Option<Verdict>,
     /// Why the policy call failed, if it did.
     pub policy_error: Option<String>,
+    /// Whether this stage's decision stopped its sweep (a congested
+    /// verdict in enforce mode, or a failed call with `--on-policy-error stop`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
     /// Time taken by the whole check: signals (including the settle wait) and judge.
     pub check_seconds: f64,
 }
@@ -361,6 +365,7 @@ impl CongestionCheck {
             signal_errors: observation.signal_errors.clone(),
             verdict: None,
             policy_error: None,
+            stopped: false,
             check_seconds: 0.0,
         };
         history.push(observation);
@@ -395,6 +400,7 @@ impl CongestionCheck {
                 }
             }
         };
+        record.stopped = matches!(outcome.decision, HookDecision::Stop { .. });
         record.check_seconds = started.elapsed().as_secs_f64();
         outcome.with_annotation(Judged { congestion: record })
     }

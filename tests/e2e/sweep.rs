@@ -305,6 +305,24 @@ async fn trapping_policy_is_recorded_and_fails_open_unless_told_to_stop() {
     );
     assert_eq!(run.stopped_at(), Some(0));
     assert_eq!(run.status(1), "skipped");
+    assert_eq!(run.congestion(0)["stopped"], true);
+
+    // Two sweeps: the first stopped by the failed call, the second (later)
+    // by a congested verdict. The run's outcome names the later stop; the
+    // exit code still reports the failed call.
+    let two_sweeps = "scenario(\n    workload = workload(\"faker\", isl=128, osl=256),\n    stages = \
+        until_congested([stage(\"2s\", concurrency=2) for _ in range(2)], mode=\"panic\")\n        \
+        + until_congested([stage(\"2s\", concurrency=2) for _ in range(2)], mode=\"congested\"),\n)\n";
+    let run = generate(&sim, two_sweeps, &args).await;
+    assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
+    assert_eq!(run.status(1), "skipped");
+    assert_eq!(run.status(3), "skipped");
+    assert_eq!(
+        run.code(),
+        Some(1),
+        "a policy error that stopped an earlier sweep is an error: {}",
+        run.stderr()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

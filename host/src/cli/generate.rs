@@ -297,15 +297,17 @@ pub(super) fn save_report(
 }
 
 /// 0 when the run completed or stopped on congestion (the feature working);
-/// 1 when it was aborted or stopped by a failed policy call
-/// (`--on-policy-error stop`); 130 when interrupted.
+/// 1 when it was aborted or a failed policy call stopped a sweep
+/// (`--on-policy-error stop`; with several sweeps, any of them); 130 when
+/// interrupted.
 pub(super) fn exit_code(result: &RunResult) -> u8 {
-    if let RunOutcome::Stopped { stage, .. } = result.outcome {
-        let stopping = result.stages.iter().find(|s| s.index == stage);
-        let record = stopping.and_then(CongestionRecord::of);
-        if record.is_some_and(|r| r.policy_error.is_some()) {
-            return 1;
-        }
+    let stopped_by_error = result
+        .stages
+        .iter()
+        .filter_map(CongestionRecord::of)
+        .any(|r| r.stopped && r.policy_error.is_some());
+    match result.exit_code() {
+        0 if stopped_by_error => 1,
+        code => code,
     }
-    result.exit_code()
 }

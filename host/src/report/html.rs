@@ -853,6 +853,7 @@ mod tests {
                 reasons: vec![],
             }),
             policy_error: None,
+            stopped: false,
             check_seconds: 0.1,
             coverage: vec![],
         };

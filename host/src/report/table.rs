@@ -383,6 +383,7 @@ mod tests {
                 reasons: vec!["queueing".into()],
             }),
             policy_error: None,
+            stopped: false,
             check_seconds: 0.01,
         }
     }

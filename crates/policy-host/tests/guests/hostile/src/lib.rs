@@ -10,7 +10,7 @@ impl Policy for Hostile {
         PolicyInfo::new("hostile", "0.0.0", "Misbehaves as `mode` says.").param(
             spec::text(
                 "mode",
-                "ok, loop, grow, panic, huge-reason, many-reasons, log-flood, stderr-flood, err, \
+                "ok, congested, loop, grow, panic, huge-reason, many-reasons, log-flood, stderr-flood, err, \
                  sleep, recurse, clock, random, validate-panic, validate-loop",
             )
             .default_text("ok"),
@@ -40,6 +40,7 @@ impl Policy for Hostile {
                 }
             }
             "panic" => panic!("judge exploded on purpose"),
+            "congested" => Ok(Verdict::from_reasons(vec!["congested on request".into()])),
             "huge-reason" => Ok(Verdict::from_reasons(vec!["x".repeat(10 << 20)])),
             "many-reasons" => Ok(Verdict::from_reasons(
                 (0..10_000).map(|i| format!("reason {i}")).collect(),
