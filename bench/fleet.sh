@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale-out benchmark (issue 17), against `nyann-bench sim --profile fast`:
+# Scale-out benchmark, against `nyann-bench sim --profile fast`:
 #
 # 1. Coordination cost per stage boundary with 8 local workers: a sweep of
 #    STAGES short stages without a stop condition (no signal read, no
