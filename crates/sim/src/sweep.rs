@@ -323,6 +323,7 @@ mod tests {
             kv_blocks: 1000,
             block_size: 16,
             max_model_len: u32::MAX,
+            prefix_caching: true,
             time: TimeModel {
                 step_overhead: 0.001,
                 prefill_per_token: 0.0,
