@@ -366,6 +366,15 @@ impl Engine {
         self.pool.idle_cached()
     }
 
+    /// Prompt tokens a request of `prompt_tokens` keyed `prefix` would find
+    /// cached if it were admitted now.
+    pub fn cached_prefix_tokens(&self, prefix: &PrefixKey, prompt_tokens: u32) -> u32 {
+        let size = self.cfg.block_size;
+        self.pool
+            .matching(prefix.lookup_blocks(prompt_tokens, size)) as u32
+            * size
+    }
+
     /// Whether a step would do anything.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()

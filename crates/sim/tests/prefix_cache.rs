@@ -1,0 +1,213 @@
+//! The engine's prefix cache on the virtual clock: a repeated prefix hits
+//! and skips its prefill (by the time model's amount), the counters count
+//! tokens, idle cached blocks are evicted least recently used first, and
+//! with caching off nothing hits.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use nyann_sim::engine::{Engine, EngineConfig, NewSeq, TimeModel};
+use nyann_sim::metrics::{EngineMetrics, FinishedReason};
+use nyann_sim::prefix::PrefixKey;
+
+const BLOCK: u32 = 16;
+const PREFILL_PER_TOKEN: f64 = 1e-5;
+const STEP: f64 = 1e-3;
+
+/// No jitter, a fixed step cost and a prefill cost per token: a step's
+/// length tells how many prompt tokens it computed.
+fn config(kv_blocks: u32, prefix_caching: bool) -> EngineConfig {
+    EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 2048,
+        kv_blocks,
+        block_size: BLOCK,
+        max_model_len: u32::MAX,
+        prefix_caching,
+        time: TimeModel {
+            step_overhead: STEP,
+            prefill_per_token: PREFILL_PER_TOKEN,
+            decode_per_seq: 0.0,
+            decode_per_context_token: 0.0,
+            jitter: 0.0,
+            request_overhead: 0.0,
+            drift: 0.0,
+            drift_time: 0.0,
+        },
+        seed: 1,
+    }
+}
+
+fn engine(kv_blocks: u32, prefix_caching: bool) -> Engine {
+    Engine::new(
+        config(kv_blocks, prefix_caching),
+        EngineMetrics::new("m", "0", 4096),
+    )
+}
+
+/// A prompt of `tokens` ids, different for each `topic`.
+fn prompt(topic: u32, tokens: u32) -> Vec<u32> {
+    (0..tokens).map(|i| topic * 100_000 + i).collect()
+}
+
+/// Runs one request of `prompt` (2 output tokens) alone to its end from
+/// `now`; returns the length of its first step (its prefill) and the end.
+fn serve(e: &mut Engine, id: u64, prompt: &[u32], now: f64) -> (f64, f64) {
+    let new = NewSeq {
+        id,
+        prompt_tokens: prompt.len() as u32,
+        max_tokens: 2,
+        pre_generated: 0,
+        kv_transferred: false,
+        finish: FinishedReason::Length,
+    };
+    let output: Vec<u32> = (0..2).map(|i| 7_000_000 + i).collect();
+    let key = PrefixKey::of_ids(prompt, &output, BLOCK, None);
+    e.submit_with_prefix(new, key, now).unwrap();
+    let first = e.begin_step(now).unwrap();
+    let mut t = now + first;
+    e.end_step(t);
+    while let Some(d) = e.begin_step(t) {
+        t += d;
+        e.end_step(t);
+    }
+    (first, t)
+}
+
+/// Prompt tokens the cache supplied to one more request of `prompt`.
+fn hits_of(e: &mut Engine, id: u64, prompt: &[u32], now: f64) -> (u64, f64) {
+    let before = e.metrics().prefix_cache_hits();
+    let (_, end) = serve(e, id, prompt, now);
+    (e.metrics().prefix_cache_hits() - before, end)
+}
+
+#[test]
+fn a_repeated_prefix_hits_and_skips_its_prefill_by_the_time_models_amount() {
+    let mut e = engine(100, true);
+    let p = prompt(1, 100);
+    let (cold, now) = serve(&mut e, 1, &p, 0.0);
+    assert!((cold - (STEP + 100.0 * PREFILL_PER_TOKEN)).abs() < 1e-12);
+    assert_eq!(e.metrics().prefix_cache_queries(), 100);
+    assert_eq!(e.metrics().prefix_cache_hits(), 0);
+    assert_eq!(e.kv_usage(), 0.0, "idle cached blocks count as free");
+    assert_eq!(e.idle_cached_blocks(), 6, "101 computed tokens: 6 full blocks");
+
+    let (warm, _) = serve(&mut e, 2, &p, now);
+    // 6 blocks (96 tokens) cached; the prompt's last 4 are computed.
+    assert!(
+        (warm - (STEP + 4.0 * PREFILL_PER_TOKEN)).abs() < 1e-12,
+        "warm prefill {warm}"
+    );
+    assert_eq!(e.metrics().prefix_cache_queries(), 200, "counted in tokens");
+    assert_eq!(e.metrics().prefix_cache_hits(), 96);
+    assert_eq!(
+        e.metrics().prompt_tokens(),
+        200,
+        "cached tokens are prompt tokens"
+    );
+    let mut text = String::new();
+    e.metrics().render(&mut text);
+    for line in [
+        "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 200.0",
+        "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 96.0",
+        "vllm:prompt_tokens_cached_total{engine=\"0\",model_name=\"m\"} 96.0",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+}
+
+#[test]
+fn a_prompt_that_is_all_cached_still_computes_its_last_token() {
+    let mut e = engine(100, true);
+    let p = prompt(1, 96);
+    let (_, now) = serve(&mut e, 1, &p, 0.0);
+    let (warm, _) = serve(&mut e, 2, &p, now);
+    assert_eq!(e.metrics().prefix_cache_hits(), 80, "5 of 6 blocks");
+    assert!((warm - (STEP + 16.0 * PREFILL_PER_TOKEN)).abs() < 1e-12);
+}
+
+#[test]
+fn a_running_sequence_holds_the_cached_blocks_it_shares() {
+    let mut e = engine(100, true);
+    let p = prompt(1, 100);
+    let (_, now) = serve(&mut e, 1, &p, 0.0);
+    e.submit_with_prefix(
+        NewSeq {
+            id: 2,
+            prompt_tokens: 100,
+            max_tokens: 50,
+            pre_generated: 0,
+            kv_transferred: false,
+            finish: FinishedReason::Length,
+        },
+        PrefixKey::of_ids(&p, &[], BLOCK, None),
+        now,
+    )
+    .unwrap();
+    e.begin_step(now).unwrap();
+    assert_eq!(e.idle_cached_blocks(), 0, "the 6 cached blocks are in use");
+    assert!(
+        (e.kv_usage() - 0.07).abs() < 1e-12,
+        "6 shared + 1 own block of 100: {}",
+        e.kv_usage()
+    );
+}
+
+#[test]
+fn under_kv_pressure_the_least_recently_used_blocks_are_evicted() {
+    // 12 blocks. A and B each leave 3 full blocks cached (49 computed
+    // tokens); A is used again, so B is the least recently used.
+    let mut e = engine(12, true);
+    let (a, b) = (prompt(1, 48), prompt(2, 48));
+    let cached = |e: &Engine, p: &[u32]| {
+        e.cached_prefix_tokens(&PrefixKey::of_ids(p, &[], BLOCK, None), 48)
+    };
+    let (_, now) = serve(&mut e, 1, &a, 0.0);
+    let (_, now) = serve(&mut e, 2, &b, now);
+    let (hit, now) = hits_of(&mut e, 3, &a, now);
+    assert_eq!(hit, 32, "A's first two blocks (its last token is computed)");
+    assert_eq!(e.idle_cached_blocks(), 6);
+    // C needs 9 blocks (130 tokens): the 6 free ones and 3 evicted: A's
+    // third block (not used again), then B's tail.
+    serve(&mut e, 4, &prompt(3, 130), now);
+    assert_eq!(cached(&e, &a), 32, "A, used recently, stayed cached");
+    assert_eq!(
+        cached(&e, &b),
+        16,
+        "B, the least recently used, lost its blocks tail first"
+    );
+}
+
+#[test]
+fn with_caching_off_nothing_hits_and_nothing_is_counted() {
+    let mut e = engine(100, false);
+    let p = prompt(1, 100);
+    let (cold, now) = serve(&mut e, 1, &p, 0.0);
+    let (again, _) = serve(&mut e, 2, &p, now);
+    assert_eq!(cold, again, "the second prefill computes everything");
+    assert_eq!(e.metrics().prefix_cache_hits(), 0);
+    assert_eq!(e.metrics().prefix_cache_queries(), 0, "vLLM counts no queries");
+    assert_eq!(e.idle_cached_blocks(), 0);
+}
+
+#[test]
+fn different_cache_salts_share_nothing() {
+    let mut e = engine(100, true);
+    let p = prompt(1, 100);
+    let new = |id| NewSeq {
+        id,
+        prompt_tokens: 100,
+        max_tokens: 2,
+        pre_generated: 0,
+        kv_transferred: false,
+        finish: FinishedReason::Length,
+    };
+    let mut now = 0.0;
+    for (id, salt) in [(1, "a"), (2, "b")] {
+        let key = PrefixKey::of_ids(&p, &[], BLOCK, Some(salt));
+        e.submit_with_prefix(new(id), key, now).unwrap();
+        while let Some(d) = e.begin_step(now) {
+            now += d;
+            e.end_step(now);
+        }
+    }
+    assert_eq!(e.metrics().prefix_cache_hits(), 0);
+}
