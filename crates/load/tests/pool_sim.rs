@@ -169,7 +169,10 @@ async fn the_reply_is_carried_into_the_next_turn() {
     // 16-token reply; turn 2 starts with exactly those characters.
     let from_prompt_alone = (first.prompt_chars / 64 * 16) as f64;
     let with_reply = ((first.prompt_chars + 1 + 16 * 4) / 64 * 16) as f64;
-    assert!(with_reply > from_prompt_alone, "the reply must fill a block");
+    assert!(
+        with_reply > from_prompt_alone,
+        "the reply must fill a block"
+    );
     assert_eq!(counter(sim.endpoint(), HITS).await, with_reply);
     let server = sim.requests();
     assert!(

@@ -31,6 +31,15 @@
 //!    that finished produced one token (the first, or the next one after a
 //!    recompute).
 //!
+//! Prefix cache (vLLM's automatic prefix caching, [`crate::prefix`]): a
+//! sequence leaving the engine (finished, aborted or preempted) leaves its
+//! full computed blocks cached; a waiting sequence admitted with a prompt
+//! whose leading blocks are cached shares them (they count as used) and
+//! starts its prefill after them, so the time model charges only the
+//! uncached tokens. A readmission after a preemption looks the cache up
+//! again. Idle cached blocks count as free and are evicted least recently
+//! used first when a sequence needs blocks.
+//!
 //! A request's output is exactly `max_tokens` tokens. Roles: `Aggregate`
 //! does everything; `Prefill` is given `max_tokens = 1`; `Decode` receives
 //! sequences whose prompt KV was transferred (`kv_transferred`) and whose
@@ -531,8 +540,9 @@ impl Engine {
                     continue;
                 };
                 let plan = self.admission(seq, budget);
-                let hit = &seq.prefix.lookup_blocks(seq.new.prompt_tokens, self.cfg.block_size)
-                    [..plan.shared];
+                let hit = &seq
+                    .prefix
+                    .lookup_blocks(seq.new.prompt_tokens, self.cfg.block_size)[..plan.shared];
                 // Taking idle cached blocks makes them unavailable for the rest.
                 if plan.need > self.pool.available() - self.pool.idle_among(hit) {
                     break;
@@ -587,7 +597,8 @@ impl Engine {
         } else {
             seq.prefill_target().saturating_sub(computed).min(budget)
         };
-        let need = blocks_for(computed + tokens, size).saturating_sub(seq.held_blocks() + shared as u32);
+        let need =
+            blocks_for(computed + tokens, size).saturating_sub(seq.held_blocks() + shared as u32);
         Admission {
             shared,
             tokens,

@@ -217,8 +217,11 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
         let cfg = profile
             .engine(role)
             .config(args.seed.wrapping_mul(0x9e37_79b9).wrapping_add(role_seed));
-        let m = EngineMetrics::new(&args.model, "0", cfg.max_model_len())
-            .with_cache_config(cfg.kv_blocks, cfg.block_size, cfg.prefix_caching);
+        let m = EngineMetrics::new(&args.model, "0", cfg.max_model_len()).with_cache_config(
+            cfg.kv_blocks,
+            cfg.block_size,
+            cfg.prefix_caching,
+        );
         Engine::new(cfg, m)
     };
     // The engine that computes prompts is the one whose cache they hit.

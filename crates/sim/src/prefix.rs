@@ -52,7 +52,12 @@ impl PrefixKey {
     }
 
     /// The key of a prompt given as token ids followed by `output` ids.
-    pub fn of_ids(prompt: &[u32], output: &[u32], block_size: u32, salt: Option<&str>) -> PrefixKey {
+    pub fn of_ids(
+        prompt: &[u32],
+        output: &[u32],
+        block_size: u32,
+        salt: Option<&str>,
+    ) -> PrefixKey {
         let pieces = prompt.iter().chain(output).map(|id| u64::from(*id));
         PrefixKey::chain(pieces, prompt.len(), block_size, salt)
     }
@@ -273,7 +278,14 @@ mod tests {
 
     #[test]
     fn idle_blocks_are_evicted_least_recently_used_first() {
-        let key = |n: u32| PrefixKey::of_ids(&(0..4).map(|i| i + 10 * n).collect::<Vec<_>>(), &[], 2, None);
+        let key = |n: u32| {
+            PrefixKey::of_ids(
+                &(0..4).map(|i| i + 10 * n).collect::<Vec<_>>(),
+                &[],
+                2,
+                None,
+            )
+        };
         let mut pool = BlockPool::new(4, true);
         let (a, b) = (key(1), key(2));
         assert!(pool.take(4));

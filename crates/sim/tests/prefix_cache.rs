@@ -88,7 +88,11 @@ fn a_repeated_prefix_hits_and_skips_its_prefill_by_the_time_models_amount() {
     assert_eq!(e.metrics().prefix_cache_queries(), 100);
     assert_eq!(e.metrics().prefix_cache_hits(), 0);
     assert_eq!(e.kv_usage(), 0.0, "idle cached blocks count as free");
-    assert_eq!(e.idle_cached_blocks(), 6, "101 computed tokens: 6 full blocks");
+    assert_eq!(
+        e.idle_cached_blocks(),
+        6,
+        "101 computed tokens: 6 full blocks"
+    );
 
     let (warm, _) = serve(&mut e, 2, &p, now);
     // 6 blocks (96 tokens) cached; the prompt's last 4 are computed.
@@ -157,9 +161,8 @@ fn under_kv_pressure_the_least_recently_used_blocks_are_evicted() {
     // tokens); A is used again, so B is the least recently used.
     let mut e = engine(12, true);
     let (a, b) = (prompt(1, 48), prompt(2, 48));
-    let cached = |e: &Engine, p: &[u32]| {
-        e.cached_prefix_tokens(&PrefixKey::of_ids(p, &[], BLOCK, None), 48)
-    };
+    let cached =
+        |e: &Engine, p: &[u32]| e.cached_prefix_tokens(&PrefixKey::of_ids(p, &[], BLOCK, None), 48);
     let (_, now) = serve(&mut e, 1, &a, 0.0);
     let (_, now) = serve(&mut e, 2, &b, now);
     let (hit, now) = hits_of(&mut e, 3, &a, now);
@@ -184,7 +187,11 @@ fn with_caching_off_nothing_hits_and_nothing_is_counted() {
     let (again, _) = serve(&mut e, 2, &p, now);
     assert_eq!(cold, again, "the second prefill computes everything");
     assert_eq!(e.metrics().prefix_cache_hits(), 0);
-    assert_eq!(e.metrics().prefix_cache_queries(), 0, "vLLM counts no queries");
+    assert_eq!(
+        e.metrics().prefix_cache_queries(),
+        0,
+        "vLLM counts no queries"
+    );
     assert_eq!(e.idle_cached_blocks(), 0);
 }
 
