@@ -32,13 +32,17 @@
 //!    recompute).
 //!
 //! Prefix cache (vLLM's automatic prefix caching, [`crate::prefix`]): a
-//! sequence leaving the engine (finished, aborted or preempted) leaves its
-//! full computed blocks cached; a waiting sequence admitted with a prompt
-//! whose leading blocks are cached shares them (they count as used) and
-//! starts its prefill after them, so the time model charges only the
-//! uncached tokens. A readmission after a preemption looks the cache up
-//! again. Idle cached blocks count as free and are evicted least recently
-//! used first when a sequence needs blocks.
+//! sequence leaving the engine (finished or aborted) leaves its full
+//! computed blocks cached; a waiting sequence admitted with a prompt whose
+//! leading blocks are cached shares them (they count as used) and starts
+//! its prefill after them, so the time model charges only the uncached
+//! tokens. Idle cached blocks count as free and are evicted least recently
+//! used first when a sequence needs blocks. A preempted sequence recomputes
+//! everything, as without the cache: its own blocks are freed, not cached,
+//! and its readmission does not look the cache up. (vLLM does both, which
+//! makes its recomputes cheaper; the reference profile's time model was
+//! fitted to a preempting server without that effect, and with it the
+//! twin serves up to 30% more than the real server once it preempts.)
 //!
 //! A request's output is exactly `max_tokens` tokens. Roles: `Aggregate`
 //! does everything; `Prefill` is given `max_tokens = 1`; `Decode` receives
@@ -213,8 +217,8 @@ struct Seq {
     blocks: u32,
     /// Leading blocks of `prefix` found cached and shared, not computed.
     shared: usize,
-    /// Whether it was admitted before (a readmission after a preemption
-    /// looks the cache up again but is not counted as a query, as in vLLM).
+    /// Whether it was admitted before: a readmission after a preemption
+    /// recomputes everything (see the module's doc).
     admitted: bool,
     arrival: f64,
     first_scheduled: Option<f64>,
@@ -558,6 +562,7 @@ impl Engine {
                         s.first_scheduled = Some(now);
                     }
                     if !s.admitted && self.pool.caching() {
+                        // vLLM counts a query per request, in prompt tokens.
                         self.metrics.add_prefix_cache_query(
                             u64::from(s.new.prompt_tokens),
                             u64::from(s.computed),
@@ -585,7 +590,7 @@ impl Engine {
     /// first chunk after the cached ones) and the blocks those need.
     fn admission(&self, seq: &Seq, budget: u32) -> Admission {
         let size = self.cfg.block_size;
-        let shared = if seq.computed == 0 {
+        let shared = if seq.computed == 0 && !seq.admitted {
             self.pool
                 .matching(seq.prefix.lookup_blocks(seq.new.prompt_tokens, size))
         } else {
@@ -759,7 +764,8 @@ impl Engine {
 
     fn preempt(&mut self, id: SeqId) {
         if let Some(s) = self.seqs.get_mut(&id) {
-            release_blocks(&mut self.pool, self.cfg.block_size, s);
+            // Its own blocks are freed, not cached (see the module's doc).
+            self.pool.release(&s.prefix, s.shared, s.blocks, 0);
             s.blocks = 0;
             s.shared = 0;
             s.computed = 0;

@@ -218,3 +218,34 @@ fn different_cache_salts_share_nothing() {
     }
     assert_eq!(e.metrics().prefix_cache_hits(), 0);
 }
+
+/// The reference twin's sweep (every prompt its own, preemptions from
+/// c=12) measures the same with the cache on and off: distinct prompts
+/// share nothing, and a preempted sequence recomputes everything either way.
+#[test]
+fn distinct_prompts_sweep_the_same_with_the_cache_on_and_off() {
+    use nyann_sim::ServerProfile;
+    use nyann_sim::profile::Role;
+    use nyann_sim::sweep::{SweepStage, run};
+
+    let stages: Vec<SweepStage> = [4, 32]
+        .iter()
+        .map(|&concurrency| SweepStage {
+            concurrency,
+            duration_s: 5.0,
+            prompt_tokens: 76,
+            output_tokens: 128,
+        })
+        .collect();
+    let on = ServerProfile::vllm_cpu_ref()
+        .engine(Role::Aggregate)
+        .config(1);
+    assert!(on.prefix_caching);
+    let off = EngineConfig {
+        prefix_caching: false,
+        ..on.clone()
+    };
+    let (with, without) = (run(&on, &stages), run(&off, &stages));
+    assert!(with[1].server.preemptions > 0.0, "c=32 preempts");
+    assert_eq!(with, without);
+}
