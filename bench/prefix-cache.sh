@@ -8,7 +8,7 @@
 # larger than the KV cache (224 blocks of 16 tokens) evicts conversations
 # before they come back: the hit rate falls and later turns slow down.
 #
-# Usage: bench/prefix-cache.sh [SECONDS] [POOL_SIZES]   (default 8, "4 16 64")
+# Usage: bench/prefix-cache.sh [SECONDS] [POOL_SIZES]   (default 8, "4 8 16 32")
 # Env:   SEED (default 1), CONCURRENCY (default 4), BIN (a nyann-bench
 #        binary instead of building one), CARGO_TARGET_DIR (default target)
 # Needs: cargo, python3, curl.
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_RUN=${1:-8}
-POOL_SIZES=${2:-4 16 64}
+POOL_SIZES=${2:-4 8 16 32}
 SEED=${SEED:-1}
 CONCURRENCY=${CONCURRENCY:-4}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
@@ -37,7 +37,7 @@ for pool in $POOL_SIZES; do
         start_sim prefix-cache "$BIN" "${flags[@]}"
         cat >"$WORK/pool.star" <<STAR
 scenario(
-    workload = workload("synthetic", isl=256, osl=64, turns=8, subsequent_isl=64),
+    workload = workload("synthetic", isl=128, osl=32, turns=6, subsequent_isl=32),
     stages = [stage("${SECONDS_PER_RUN}s", mode="conversation_pool", concurrency=${CONCURRENCY},
                     conversation_pool_size=${pool})],
 )
