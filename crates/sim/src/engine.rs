@@ -561,11 +561,12 @@ impl Engine {
                     if s.first_scheduled.is_none() {
                         s.first_scheduled = Some(now);
                     }
-                    if !s.admitted && self.pool.caching() {
-                        // vLLM counts a query per request, in prompt tokens.
+                    // vLLM counts a query per request, in prompt tokens (a
+                    // transferred prompt is no query of this engine's cache).
+                    if !s.admitted && self.pool.caching() && !s.new.kv_transferred {
                         self.metrics.add_prefix_cache_query(
                             u64::from(s.new.prompt_tokens),
-                            u64::from(s.computed),
+                            u64::from(plan.shared as u32 * self.cfg.block_size),
                         );
                     }
                     s.admitted = true;

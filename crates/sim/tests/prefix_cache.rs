@@ -43,6 +43,17 @@ fn engine(kv_blocks: u32, prefix_caching: bool) -> Engine {
     )
 }
 
+fn seq(id: u64, prompt_tokens: u32, max_tokens: u32) -> NewSeq {
+    NewSeq {
+        id,
+        prompt_tokens,
+        max_tokens,
+        pre_generated: 0,
+        kv_transferred: false,
+        finish: FinishedReason::Length,
+    }
+}
+
 /// A prompt of `tokens` ids, different for each `topic`.
 fn prompt(topic: u32, tokens: u32) -> Vec<u32> {
     (0..tokens).map(|i| topic * 100_000 + i).collect()
@@ -51,14 +62,7 @@ fn prompt(topic: u32, tokens: u32) -> Vec<u32> {
 /// Runs one request of `prompt` (2 output tokens) alone to its end from
 /// `now`; returns the length of its first step (its prefill) and the end.
 fn serve(e: &mut Engine, id: u64, prompt: &[u32], now: f64) -> (f64, f64) {
-    let new = NewSeq {
-        id,
-        prompt_tokens: prompt.len() as u32,
-        max_tokens: 2,
-        pre_generated: 0,
-        kv_transferred: false,
-        finish: FinishedReason::Length,
-    };
+    let new = seq(id, prompt.len() as u32, 2);
     let output: Vec<u32> = (0..2).map(|i| 7_000_000 + i).collect();
     let key = PrefixKey::of_ids(prompt, &output, BLOCK, None);
     e.submit_with_prefix(new, key, now).unwrap();
@@ -134,14 +138,7 @@ fn a_running_sequence_holds_the_cached_blocks_it_shares() {
     let p = prompt(1, 100);
     let (_, now) = serve(&mut e, 1, &p, 0.0);
     e.submit_with_prefix(
-        NewSeq {
-            id: 2,
-            prompt_tokens: 100,
-            max_tokens: 50,
-            pre_generated: 0,
-            kv_transferred: false,
-            finish: FinishedReason::Length,
-        },
+        seq(2, 100, 50),
         PrefixKey::of_ids(&p, &[], BLOCK, None),
         now,
     )
@@ -199,18 +196,10 @@ fn with_caching_off_nothing_hits_and_nothing_is_counted() {
 fn different_cache_salts_share_nothing() {
     let mut e = engine(100, true);
     let p = prompt(1, 100);
-    let new = |id| NewSeq {
-        id,
-        prompt_tokens: 100,
-        max_tokens: 2,
-        pre_generated: 0,
-        kv_transferred: false,
-        finish: FinishedReason::Length,
-    };
     let mut now = 0.0;
     for (id, salt) in [(1, "a"), (2, "b")] {
         let key = PrefixKey::of_ids(&p, &[], BLOCK, Some(salt));
-        e.submit_with_prefix(new(id), key, now).unwrap();
+        e.submit_with_prefix(seq(id, 100, 2), key, now).unwrap();
         while let Some(d) = e.begin_step(now) {
             now += d;
             e.end_step(now);
@@ -248,4 +237,82 @@ fn distinct_prompts_sweep_the_same_with_the_cache_on_and_off() {
     let (with, without) = (run(&on, &stages), run(&off, &stages));
     assert!(with[1].server.preemptions > 0.0, "c=32 preempts");
     assert_eq!(with, without);
+}
+
+/// Over HTTP, disaggregated: a chat repeated with its reply as history hits
+/// the prefill engine's cache for its first prompt (its `/metrics` counts it); a different
+/// `cache_salt` shares nothing; the decode engine, whose prompts arrive as
+/// transferred KV, counts no queries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
+    use nyann_sim::SimArgs;
+    use serde_json::{Value, json};
+
+    let sim = nyann_sim::start(SimArgs {
+        disaggregated: true,
+        ..SimArgs::for_tests()
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let chat = |messages: Value, salt: &str| {
+        let body = json!({"messages": messages, "max_tokens": 16, "cache_salt": salt});
+        let request = client
+            .post(format!("{}/chat/completions", sim.base_url()))
+            .json(&body);
+        async move {
+            let reply: Value = request.send().await.unwrap().json().await.unwrap();
+            reply["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let counter = |role: &str, name: &str| {
+        let addr = sim
+            .metrics_endpoints()
+            .into_iter()
+            .find(|(r, _)| r == role)
+            .unwrap()
+            .1;
+        let name = format!("{name}{{");
+        async move {
+            let text = reqwest::get(format!("http://{addr}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let line = text.lines().find(|l| l.starts_with(&name)).unwrap();
+            line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+        }
+    };
+    // 256 characters: 64 tokens, 4 blocks of 16.
+    let question = "abcd".repeat(64);
+    let first = json!([{"role": "user", "content": question}]);
+    let reply = chat(first.clone(), "s").await;
+    let history = json!([
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "and then?"},
+    ]);
+    chat(history.clone(), "other").await;
+    assert_eq!(
+        counter("prefill", "vllm:prefix_cache_hits_total").await,
+        0.0
+    );
+    chat(history, "s").await;
+    // The question's 4 blocks: the prefill engine never computes the
+    // reply's KV (the decode engine does), so it caches the prompt only.
+    assert_eq!(
+        counter("prefill", "vllm:prefix_cache_hits_total").await,
+        64.0
+    );
+    assert!(counter("prefill", "vllm:prefix_cache_queries_total").await > 64.0);
+    assert_eq!(
+        counter("decode", "vllm:prefix_cache_queries_total").await,
+        0.0
+    );
+    assert_eq!(counter("decode", "vllm:prefix_cache_hits_total").await, 0.0);
+    sim.shutdown().await;
 }
