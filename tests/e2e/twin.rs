@@ -27,6 +27,7 @@ fn known_profile() -> ServerProfile {
                 kv_blocks: 1023,
                 block_size: 16,
                 max_model_len: Some(4096),
+                enable_prefix_caching: true,
             },
             time: TimeModel {
                 step_overhead: 2000e-6,

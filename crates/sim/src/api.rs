@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::backend::{EngineHandle, FastBackend, Progress, QueueError, TokenSource};
 use crate::engine::{NewSeq, SubmitError};
 use crate::metrics::FinishedReason;
+use crate::prefix::PrefixKey;
 use crate::record::{RequestLog, RequestRecord, unix_now};
 use crate::tokens::{count_text, mix, output_token, token_ids};
 
@@ -64,6 +65,9 @@ pub(crate) struct App {
     /// Tokens the chat template adds to a chat prompt.
     pub chat_template_tokens: u32,
     pub default_max_tokens: u32,
+    /// Block size of the engine whose prefix cache prompts are looked up
+    /// in; `None` when no engine caches (the fast profile, caching off).
+    pub prefix_block_size: Option<u32>,
     pub seed: u64,
     pub created: u64,
     pub next: AtomicU64,
@@ -215,6 +219,8 @@ struct Common {
     #[allow(dead_code)] // accepted for compatibility; output length is exact anyway
     ignore_eos: Option<bool>,
     min_tokens: Option<u32>,
+    /// vLLM's `cache_salt`: requests with different salts share no cached blocks.
+    cache_salt: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -308,9 +314,17 @@ enum Kind {
     Completion,
 }
 
+/// A prompt as the prefix cache hashes it.
+enum PromptContent {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
 /// A validated generation request.
 struct Gen {
     kind: Kind,
+    prompt: PromptContent,
+    cache_salt: Option<String>,
     prompt_tokens: u32,
     max_tokens: u32,
     finish: FinishedReason,
@@ -318,7 +332,12 @@ struct Gen {
     include_usage: bool,
 }
 
-fn validate(app: &App, kind: Kind, prompt_tokens: u32, c: &Common) -> Result<Gen, Box<Response>> {
+fn validate(
+    app: &App,
+    kind: Kind,
+    (prompt, prompt_tokens): (PromptContent, u32),
+    c: &Common,
+) -> Result<Gen, Box<Response>> {
     if let Some(m) = &c.model
         && *m != app.model
     {
@@ -367,6 +386,8 @@ fn validate(app: &App, kind: Kind, prompt_tokens: u32, c: &Common) -> Result<Gen
     }
     Ok(Gen {
         kind,
+        prompt,
+        cache_salt: c.cache_salt.clone(),
         prompt_tokens,
         max_tokens,
         // Without max_tokens the "model" stops by itself (EOS) after the default length.
@@ -397,7 +418,8 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response 
         Err(e) => return bad_request(e),
     };
     let prompt_tokens = count_text(&text).saturating_add(app.chat_template_tokens);
-    match validate(&app, Kind::Chat, prompt_tokens, &req.common) {
+    let prompt = (PromptContent::Text(text), prompt_tokens);
+    match validate(&app, Kind::Chat, prompt, &req.common) {
         Ok(g) => generate(app, g).await,
         Err(resp) => *resp,
     }
@@ -408,11 +430,16 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(resp) => return *resp,
     };
-    let (count, _) = match prompt_tokens(&req.prompt) {
+    let (count, ids) = match prompt_tokens(&req.prompt) {
         Ok(v) => v,
         Err(e) => return bad_request(e),
     };
-    match validate(&app, Kind::Completion, count, &req.common) {
+    let content = match req.prompt {
+        Prompt::Text(t) => PromptContent::Text(t),
+        Prompt::Texts(mut ts) => PromptContent::Text(ts.pop().unwrap_or_default()),
+        Prompt::Ids(_) | Prompt::IdBatches(_) => PromptContent::Ids(ids),
+    };
+    match validate(&app, Kind::Completion, (content, count), &req.common) {
         Ok(g) => generate(app, g).await,
         Err(resp) => *resp,
     }
@@ -495,10 +522,11 @@ async fn generate(app: Arc<App>, g: Gen) -> Response {
         kv_transferred: false,
         finish: g.finish,
     };
+    let prefix = prefix_key(&app, &g, n);
     let source = match &app.backend {
-        Backend::Aggregate(e) => TokenSource::engine(e, new),
+        Backend::Aggregate(e) => TokenSource::engine(e, new, prefix),
         Backend::Disaggregated { prefill, decode } => {
-            TokenSource::disaggregated(prefill, decode, new)
+            TokenSource::disaggregated(prefill, decode, new, prefix)
         }
         Backend::Fast(b) => Ok(TokenSource::fast(
             b,
@@ -545,6 +573,22 @@ async fn generate(app: Arc<App>, g: Gen) -> Response {
             })
     } else {
         complete(app, g, n, source, chunks, guard).await
+    }
+}
+
+/// The prefix-cache key of request `n`: its prompt followed by the output
+/// it will produce (what its KV blocks hold when it ends).
+fn prefix_key(app: &App, g: &Gen, n: u64) -> PrefixKey {
+    let Some(size) = app.prefix_block_size else {
+        return PrefixKey::none();
+    };
+    let salt = g.cache_salt.as_deref();
+    let output: String = (0..g.max_tokens)
+        .map(|i| output_token(app.seed, n, i))
+        .collect();
+    match &g.prompt {
+        PromptContent::Text(text) => PrefixKey::of_text(text, &output, size, salt),
+        PromptContent::Ids(ids) => PrefixKey::of_ids(ids, &token_ids(&output), size, salt),
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::engine::{Engine, NewSeq, SeqEvent, SeqId, SubmitError};
 use crate::metrics::{EngineMetrics, Finished, FinishedReason};
+use crate::prefix::PrefixKey;
 
 /// How far the engine clock may lag the wall clock before it gives up
 /// catching up (after an overloaded moment the schedule restarts from now).
@@ -100,8 +101,9 @@ impl EngineHandle {
         t.saturating_duration_since(self.shared.epoch).as_secs_f64()
     }
 
-    /// Queue a sequence; its progress arrives on the returned stream.
-    pub fn submit(&self, new: NewSeq) -> Result<SeqStream, QueueError> {
+    /// Queue a sequence whose token blocks hash to `prefix`; its progress
+    /// arrives on the returned stream.
+    pub fn submit(&self, new: NewSeq, prefix: PrefixKey) -> Result<SeqStream, QueueError> {
         let rx = {
             let mut st = lock(&self.shared);
             let wall = Instant::now();
@@ -115,7 +117,7 @@ impl EngineHandle {
                     return Err(QueueError::Overloaded { waiting, limit });
                 }
             }
-            st.engine.submit(new, now)?;
+            st.engine.submit_with_prefix(new, prefix, now)?;
             let (tx, rx) = watch::channel(Progress {
                 generated: new.pre_generated,
                 finished: false,
@@ -345,21 +347,27 @@ fn fast_finished(s: &FastSource, reason: FinishedReason) -> Finished {
 
 impl TokenSource {
     /// Aggregate mode: one engine does everything.
-    pub fn engine(handle: &EngineHandle, new: NewSeq) -> Result<TokenSource, QueueError> {
+    pub fn engine(
+        handle: &EngineHandle,
+        new: NewSeq,
+        prefix: PrefixKey,
+    ) -> Result<TokenSource, QueueError> {
         Ok(TokenSource {
             inner: Source::Engine {
-                stream: handle.submit(new)?,
+                stream: handle.submit(new, prefix)?,
                 then: None,
             },
         })
     }
 
-    /// Disaggregated mode: the prefill engine produces the first token, the
-    /// decode engine (KV transferred) the rest.
+    /// Disaggregated mode: the prefill engine produces the first token (its
+    /// prefix cache skips what it holds of `prefix`), the decode engine (KV
+    /// transferred) the rest.
     pub fn disaggregated(
         prefill: &EngineHandle,
         decode: &EngineHandle,
         new: NewSeq,
+        prefix: PrefixKey,
     ) -> Result<TokenSource, QueueError> {
         let first = NewSeq {
             max_tokens: 1,
@@ -377,7 +385,7 @@ impl TokenSource {
         });
         Ok(TokenSource {
             inner: Source::Engine {
-                stream: prefill.submit(first)?,
+                stream: prefill.submit(first, prefix)?,
                 then,
             },
         })
@@ -416,7 +424,7 @@ impl TokenSource {
                 if p.finished
                     && let Some((decode, new)) = then.take()
                 {
-                    *stream = decode.submit(new)?;
+                    *stream = decode.submit(new, PrefixKey::none())?;
                     return Ok(Progress {
                         generated: p.generated,
                         finished: false,

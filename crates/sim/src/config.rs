@@ -93,6 +93,12 @@ pub struct SimArgs {
     #[arg(long, help_heading = "Limits")]
     pub max_model_len: Option<u32>,
 
+    /// Turn the prefix cache off (vLLM's flag; on by default, as in vLLM V1):
+    /// finished requests' KV blocks are then freed, not kept for later
+    /// prompts that start the same way.
+    #[arg(long, help_heading = "Limits")]
+    pub no_enable_prefix_caching: bool,
+
     /// Fixed cost of every engine step, in microseconds.
     #[arg(long, value_name = "US", help_heading = "Time model")]
     pub step_overhead_us: Option<f64>,
@@ -209,6 +215,7 @@ impl SimArgs {
             kv_blocks: None,
             block_size: None,
             max_model_len: None,
+            no_enable_prefix_caching: false,
             step_overhead_us: None,
             prefill_per_token_us: None,
             decode_per_seq_us: None,
@@ -351,6 +358,9 @@ impl SimArgs {
             set(&mut l.block_size, self.block_size);
             if self.max_model_len.is_some() {
                 l.max_model_len = self.max_model_len;
+            }
+            if self.no_enable_prefix_caching {
+                l.enable_prefix_caching = false;
             }
             let micros = |v: Option<f64>| v.map(|us| us / 1e6);
             set(&mut t.step_overhead, micros(self.step_overhead_us));

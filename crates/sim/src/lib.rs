@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Modules: [`engine`] (the deterministic scheduler, with its step-time
-//! formula), [`metrics`] (vLLM's exposition), [`backend`] (engines on the
+//! formula), [`prefix`] (the prefix cache), [`metrics`] (vLLM's exposition), [`backend`] (engines on the
 //! wall clock), `api` (HTTP), [`tokens`] (token counting), [`record`] (the
 //! per-request timing record), [`config`] (flags and profiles).
 
@@ -23,6 +23,7 @@ pub mod config;
 pub mod engine;
 pub mod fit;
 pub mod metrics;
+pub mod prefix;
 pub mod profile;
 pub mod record;
 pub mod reference;
@@ -216,10 +217,23 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
         let cfg = profile
             .engine(role)
             .config(args.seed.wrapping_mul(0x9e37_79b9).wrapping_add(role_seed));
-        let m = EngineMetrics::new(&args.model, "0", cfg.max_model_len())
-            .with_cache_config(cfg.kv_blocks, cfg.block_size);
+        let m = EngineMetrics::new(&args.model, "0", cfg.max_model_len()).with_cache_config(
+            cfg.kv_blocks,
+            cfg.block_size,
+            cfg.prefix_caching,
+        );
         Engine::new(cfg, m)
     };
+    // The engine that computes prompts is the one whose cache they hit.
+    let prefix_block_size = profile.as_ref().and_then(|p| {
+        let role = if args.disaggregated {
+            Role::Prefill
+        } else {
+            Role::Aggregate
+        };
+        let l = p.engine(role).limits;
+        l.enable_prefix_caching.then_some(l.block_size)
+    });
     let (backend, max_model_len, chat_template_tokens, default_max_tokens) = match profile {
         None => {
             let (ttft, per_token) = args.fast_timings();
@@ -283,6 +297,7 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
         max_model_len,
         chat_template_tokens,
         default_max_tokens,
+        prefix_block_size,
         seed: args.seed,
         created: record::unix_now() as u64,
         next: AtomicU64::new(0),

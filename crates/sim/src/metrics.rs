@@ -183,11 +183,15 @@ pub struct EngineMetrics {
     created: f64,
     kv_blocks: u32,
     block_size: u32,
+    prefix_caching: bool,
     running: f64,
     waiting: f64,
     kv_usage: f64,
     preemptions: u64,
     prompt_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found there.
+    prefix_queries: u64,
+    prefix_hits: u64,
     generation_tokens: u64,
     success: [u64; 5],
     prompt_hist: Histogram,
@@ -224,11 +228,14 @@ impl EngineMetrics {
             created: unix_now(),
             kv_blocks: 0,
             block_size: 0,
+            prefix_caching: false,
             running: 0.0,
             waiting: 0.0,
             kv_usage: 0.0,
             preemptions: 0,
             prompt_tokens: 0,
+            prefix_queries: 0,
+            prefix_hits: 0,
             generation_tokens: 0,
             success: [0; 5],
             prompt_hist: Histogram::new(&tokens),
@@ -250,11 +257,35 @@ impl EngineMetrics {
     }
 
     /// Record the KV cache geometry for `vllm:cache_config_info`: the usable
-    /// blocks (the exposition adds vLLM's null block, as vLLM does).
-    pub fn with_cache_config(mut self, kv_blocks: u32, block_size: u32) -> EngineMetrics {
+    /// blocks (the exposition adds vLLM's null block, as vLLM does) and
+    /// whether prefix caching is on.
+    pub fn with_cache_config(
+        mut self,
+        kv_blocks: u32,
+        block_size: u32,
+        prefix_caching: bool,
+    ) -> EngineMetrics {
         self.kv_blocks = kv_blocks;
         self.block_size = block_size;
+        self.prefix_caching = prefix_caching;
         self
+    }
+
+    /// A request's prompt looked up in the prefix cache: `queried` tokens,
+    /// `hit` of them found cached (vLLM counts both in tokens).
+    pub fn add_prefix_cache_query(&mut self, queried: u64, hit: u64) {
+        self.prefix_queries += queried;
+        self.prefix_hits += hit;
+    }
+
+    /// Prompt tokens looked up in the prefix cache (`vllm:prefix_cache_queries_total`).
+    pub fn prefix_cache_queries(&self) -> u64 {
+        self.prefix_queries
+    }
+
+    /// Prompt tokens found in the prefix cache (`vllm:prefix_cache_hits_total`).
+    pub fn prefix_cache_hits(&self) -> u64 {
+        self.prefix_hits
     }
 
     pub fn set_gauges(&mut self, running: usize, waiting: usize, kv_usage: f64) {
@@ -370,13 +401,13 @@ impl EngineMetrics {
         w.counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
-            self.prompt_tokens as f64,
+            self.prefix_queries as f64,
             self.created,
         );
         w.counter(
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
-            0.0,
+            self.prefix_hits as f64,
             self.created,
         );
         w.counter(
@@ -389,6 +420,12 @@ impl EngineMetrics {
             "vllm:prompt_tokens",
             "Number of prefill tokens processed.",
             self.prompt_tokens as f64,
+            self.created,
+        );
+        w.counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            self.prefix_hits as f64,
             self.created,
         );
         w.counter(
@@ -520,7 +557,10 @@ impl EngineMetrics {
             "vllm:cache_config_info",
             &[
                 ("block_size", block_size.as_str()),
-                ("enable_prefix_caching", "False"),
+                (
+                    "enable_prefix_caching",
+                    if self.prefix_caching { "True" } else { "False" },
+                ),
                 ("kv_cache_size_tokens", size_tokens.as_str()),
                 ("num_gpu_blocks", blocks.as_str()),
             ],

@@ -16,6 +16,7 @@
 //! kv_blocks = 63
 //! block_size = 32
 //! max_model_len = 1024
+//! # enable_prefix_caching = false   # on when absent, as in vLLM V1
 //!
 //! [time]
 //! step_overhead_us = 2300.0
@@ -56,6 +57,19 @@ pub struct Limits {
     /// Longest prompt + output (`--max-model-len`); the KV capacity when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<u32>,
+    /// Keep the KV blocks of finished requests for later prompts that start
+    /// the same way (`--enable-prefix-caching`); on unless set to false, as
+    /// in vLLM V1.
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub enable_prefix_caching: bool,
+}
+
+fn on() -> bool {
+    true
+}
+
+fn is_on(v: &bool) -> bool {
+    *v
 }
 
 /// The time model as written in a profile file: microseconds.
@@ -133,6 +147,7 @@ impl EngineSpec {
             kv_blocks: l.kv_blocks,
             block_size: l.block_size,
             max_model_len: l.max_model_len.unwrap_or(u32::MAX),
+            prefix_caching: l.enable_prefix_caching,
             time: self.time,
             seed,
         }
@@ -448,6 +463,7 @@ impl ServerProfile {
                 kv_blocks: 224,
                 block_size: 16,
                 max_model_len: None,
+                enable_prefix_caching: true,
             },
             time: micros(1200.0, 20.0, 120.0),
         };
@@ -491,6 +507,7 @@ impl ServerProfile {
                     kv_blocks: 63,
                     block_size: 32,
                     max_model_len: Some(1024),
+                    enable_prefix_caching: true,
                 },
                 // Fitted to `crate::reference` (examples/fit-reference.rs).
                 time: TimeModel {

@@ -23,6 +23,8 @@ use nyann_model::{ClientStats, RoleSignals};
 
 use crate::engine::{Engine, EngineConfig, NewSeq, SeqId};
 use crate::metrics::{EngineMetrics, FinishedReason, Histogram, TTFT_BUCKETS};
+use crate::prefix::PrefixKey;
+use crate::tokens::mix;
 
 /// Gauges are read this often (a scrape; finer than Prometheus' usual 1 s
 /// so that a 10 s stage has enough samples for a stable median).
@@ -109,7 +111,21 @@ impl Load {
             kv_transferred: false,
             finish: FinishedReason::Length,
         };
-        if self.engine.submit(new, at).is_ok() {
+        // Every prompt is its own (as a load generator's seeded ones are):
+        // nothing is shared, but the prefix cache still keeps what a
+        // preempted sequence computed, as on the real server.
+        let tokens = |salt: u64, n: u32| -> Vec<u32> {
+            (0..n)
+                .map(|i| mix(salt ^ mix(id ^ mix(u64::from(i)))) as u32)
+                .collect()
+        };
+        let key = PrefixKey::of_ids(
+            &tokens(1, stage.prompt_tokens),
+            &tokens(2, stage.output_tokens),
+            self.engine.config().block_size,
+            None,
+        );
+        if self.engine.submit_with_prefix(new, key, at).is_ok() {
             self.requests.insert(id, Request::new(tag, at));
             self.pending += usize::from(tag.is_some());
         }
@@ -323,6 +339,7 @@ mod tests {
             kv_blocks: 1000,
             block_size: 16,
             max_model_len: u32::MAX,
+            prefix_caching: true,
             time: TimeModel {
                 step_overhead: 0.001,
                 prefill_per_token: 0.0,

@@ -17,6 +17,7 @@ const LIMITS: Limits = Limits {
     kv_blocks: 1024,
     block_size: 16,
     max_model_len: None,
+    enable_prefix_caching: true,
 };
 
 const KNOWN: TimeModel = TimeModel {

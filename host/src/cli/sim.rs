@@ -20,6 +20,8 @@ times (1 + jitter x u), u uniform in [-1, 1], and the drift's slowly varying fac
 A request reaches the queue request_overhead (half to 1.5 times it) after it arrives; TTFT \
 counts that. Preempted sequences recompute prompt and output as prefill.
 
+Prefix cache (vLLM's automatic prefix caching, on unless --no-enable-prefix-caching): a finished request's full KV blocks stay cached, keyed by a hash of their tokens and all before them, and are evicted least recently used first when blocks run out. A prompt that starts with cached blocks (a later turn of a conversation: earlier prompts and replies) computes only the rest: prompt tokens computed excludes the cached ones. /metrics counts vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total in tokens.
+
 Profiles: --profile default|fast|vllm-cpu-ref, or --profile-file FILE (TOML, times in \
 microseconds; --print-profile writes the resolved one). `nyann-bench sim fit RUN_DIR...` fits \
 the time model to recorded sweeps of a real server and writes such a file.";

@@ -236,9 +236,11 @@ async fn server_limits(args: &Args) -> anyhow::Result<Limits> {
         Some(path) => Some(cache_config(path).await?),
         None => None,
     };
+    // The server's prefix caching as its metrics say (vLLM V1's default, on, without them).
+    let enable_prefix_caching = cache.is_none_or(|c| c.prefix_caching);
     let (kv_blocks, block_size) = match (args.kv_blocks, args.block_size, cache) {
         (Some(k), Some(b), _) => (k, b),
-        (k, b, Some((ck, cb))) => (k.unwrap_or(ck), b.unwrap_or(cb)),
+        (k, b, Some(c)) => (k.unwrap_or(c.kv_blocks), b.unwrap_or(c.block_size)),
         _ => bail!(
             "the fit needs the server's KV cache: give --metrics-file FILE (a saved \
              `curl http://HOST:8000/metrics`), or --kv-blocks N and --block-size N"
@@ -258,12 +260,21 @@ async fn server_limits(args: &Args) -> anyhow::Result<Limits> {
         kv_blocks,
         block_size,
         max_model_len,
+        enable_prefix_caching,
     })
 }
 
-/// (usable KV blocks, block size) from `vllm:cache_config_info` in a saved
-/// `/metrics` text. vLLM counts one null block in `num_gpu_blocks`.
-async fn cache_config(path: &Path) -> anyhow::Result<(u32, u32)> {
+/// What a saved `/metrics` text says about the server's KV cache.
+#[derive(Clone, Copy)]
+struct CacheConfig {
+    kv_blocks: u32,
+    block_size: u32,
+    prefix_caching: bool,
+}
+
+/// The KV cache from `vllm:cache_config_info` in a saved `/metrics` text.
+/// vLLM counts one null block in `num_gpu_blocks`.
+async fn cache_config(path: &Path) -> anyhow::Result<CacheConfig> {
     let text = tokio::fs::read_to_string(path)
         .await
         .with_context(|| format!("cannot read --metrics-file {}", path.display()))?;
@@ -291,7 +302,11 @@ async fn cache_config(path: &Path) -> anyhow::Result<(u32, u32)> {
             })
     };
     let blocks = number("num_gpu_blocks")?;
-    Ok((blocks.saturating_sub(1).max(1), number("block_size")?))
+    Ok(CacheConfig {
+        kv_blocks: blocks.saturating_sub(1).max(1),
+        block_size: number("block_size")?,
+        prefix_caching: info.label("enable_prefix_caching") != Some("False"),
+    })
 }
 
 /// `max_model_len` of the first model in a saved `/v1/models` answer.

@@ -1,0 +1,260 @@
+//! `mode="conversation_pool"` against the real simulator (in-process, real
+//! HTTP on an ephemeral port, jitter off): the working set, the LRU order,
+//! replies carried into the next turn (the simulator's prefix cache finds
+//! them), `max_requests` counting turns, the pool kept across two pool
+//! stages, and the effect a pool sweep exists to show: later turns hit the
+//! prefix cache and start sooner, and with the cache off they do not.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use common::records;
+use nyann_load::{NoHook, Phase, RunOptions, StageResult};
+use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
+use nyann_sim::{RunningSim, SimArgs};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The simulator's default profile without jitter, its prefill made slow
+/// (200 us a token) so that a prefill the cache skips shows in TTFT far
+/// above the noise of a shared machine.
+async fn simulator(prefix_caching: bool) -> RunningSim {
+    nyann_sim::start(SimArgs {
+        jitter: Some(0.0),
+        prefill_per_token_us: Some(200.0),
+        no_enable_prefix_caching: !prefix_caching,
+        seed: 5,
+        ..SimArgs::for_tests()
+    })
+    .await
+    .unwrap()
+}
+
+fn pool_stage(concurrency: u32, size: u32, max_requests: u64) -> Stage {
+    Stage {
+        concurrency: Some(concurrency),
+        conversation_pool_size: size,
+        max_requests,
+        ..Stage::new(60.0, Mode::ConversationPool)
+    }
+}
+
+/// Conversations of `turns` turns: a first prompt of `isl` tokens, later
+/// ones of 16, replies of 16 tokens.
+fn scenario(stages: Vec<Stage>, isl: u32, turns: u32) -> Scenario {
+    Scenario {
+        target: None,
+        model: None,
+        workload: Workload {
+            kind: WorkloadType::Faker,
+            isl,
+            osl: 16,
+            turns,
+            subsequent_isl: Some(16),
+            ..Workload::default()
+        },
+        steps: stages.into_iter().map(Step::Stage).collect(),
+    }
+}
+
+async fn run(sim: &RunningSim, sc: &Scenario, dir: &Path) -> Vec<StageResult> {
+    let options = RunOptions {
+        target: Some(sim.base_url()),
+        seed: 3,
+        ready_timeout: Duration::from_secs(10),
+        output_dir: Some(dir.to_path_buf()),
+        ..RunOptions::default()
+    };
+    nyann_load::run(sc, options, NoHook).await.unwrap().stages
+}
+
+/// (conversation, turn) of each measured request of `stage`, in send order.
+fn turns_of(dir: &Path, stage: usize) -> Vec<(u64, u32)> {
+    let mut recs: Vec<_> = records(dir)
+        .into_iter()
+        .filter(|r| r.stage == stage && r.phase == Phase::Measured)
+        .collect();
+    recs.sort_by_key(|r| r.id);
+    recs.iter().map(|r| (r.conversation, r.turn)).collect()
+}
+
+/// A counter's value in the simulator's `/metrics`, read over HTTP.
+async fn counter(addr: SocketAddr, name: &str) -> f64 {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: sim\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).await.unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+const HITS: &str = "vllm:prefix_cache_hits_total";
+const QUERIES: &str = "vllm:prefix_cache_queries_total";
+
+/// One stream over a pool of three: three fresh conversations, then the
+/// least recently used comes back one turn at a time; `max_requests`
+/// counts turns, as the server sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stream_takes_the_least_recently_used_conversation() {
+    let sim = simulator(true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let stages = run(
+        &sim,
+        &scenario(vec![pool_stage(1, 3, 7)], 64, 10),
+        dir.path(),
+    )
+    .await;
+    let turns = turns_of(dir.path(), 0);
+    let ids: Vec<u64> = turns.iter().take(3).map(|t| t.0).collect();
+    let expected: Vec<(u64, u32)> = [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2), (0, 3)]
+        .iter()
+        .map(|&(i, turn)| (ids[i], turn))
+        .collect();
+    assert_eq!(turns, expected);
+    assert_eq!(stages[0].detail.as_ref().unwrap().sent, 7);
+    assert_eq!(sim.requests().len(), 7, "the server saw 7 turns");
+    sim.shutdown().await;
+}
+
+/// Streams share the pool: with 3 streams over a pool of 5, the records
+/// hold exactly 5 conversations, each with consecutive turns from 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_working_set_is_the_pool_size() {
+    let sim = simulator(true).await;
+    let dir = tempfile::tempdir().unwrap();
+    run(
+        &sim,
+        &scenario(vec![pool_stage(3, 5, 20)], 64, 10),
+        dir.path(),
+    )
+    .await;
+    let turns = turns_of(dir.path(), 0);
+    assert_eq!(turns.len(), 20, "max_requests counts turns");
+    let conversations: BTreeSet<u64> = turns.iter().map(|t| t.0).collect();
+    assert_eq!(conversations.len(), 5, "{turns:?}");
+    for c in &conversations {
+        let mut own: Vec<u32> = turns.iter().filter(|t| t.0 == *c).map(|t| t.1).collect();
+        own.sort();
+        assert_eq!(own, (1..=own.len() as u32).collect::<Vec<_>>(), "{turns:?}");
+    }
+    sim.shutdown().await;
+}
+
+/// One conversation of two turns: the second turn finds in the cache more
+/// than its first prompt could supply, so the simulator received the
+/// first turn's prompt and the model's reply verbatim before the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reply_is_carried_into_the_next_turn() {
+    let sim = simulator(true).await;
+    let dir = tempfile::tempdir().unwrap();
+    run(
+        &sim,
+        &scenario(vec![pool_stage(1, 1, 2)], 100, 2),
+        dir.path(),
+    )
+    .await;
+    let recs = records(dir.path());
+    let first = recs.iter().find(|r| r.turn == 1).unwrap();
+    // The default profile: blocks of 16 tokens of 4 characters. Turn 1
+    // leaves cached the full blocks of its prompt, a newline and its
+    // 16-token reply; turn 2 starts with exactly those characters.
+    let from_prompt_alone = (first.prompt_chars / 64 * 16) as f64;
+    let with_reply = ((first.prompt_chars + 1 + 16 * 4) / 64 * 16) as f64;
+    assert!(
+        with_reply > from_prompt_alone,
+        "the reply must fill a block"
+    );
+    assert_eq!(counter(sim.endpoint(), HITS).await, with_reply);
+    let server = sim.requests();
+    assert!(
+        server[1].prompt_tokens > server[0].prompt_tokens + 16,
+        "the history (prompt and 16-token reply) is in turn 2's prompt: {} then {}",
+        server[0].prompt_tokens,
+        server[1].prompt_tokens
+    );
+    sim.shutdown().await;
+}
+
+/// Two pool stages of one workload share the pool: the second goes on with
+/// the first's conversations, their turn numbers continuing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_persists_across_two_pool_stages() {
+    let sim = simulator(true).await;
+    let dir = tempfile::tempdir().unwrap();
+    run(
+        &sim,
+        &scenario(vec![pool_stage(2, 2, 4), pool_stage(2, 2, 4)], 64, 10),
+        dir.path(),
+    )
+    .await;
+    let (first, second) = (turns_of(dir.path(), 0), turns_of(dir.path(), 1));
+    assert_eq!((first.len(), second.len()), (4, 4));
+    for (conversation, turn) in &second {
+        let last_before = first
+            .iter()
+            .filter(|f| f.0 == *conversation)
+            .map(|f| f.1)
+            .max();
+        assert!(
+            last_before.is_some_and(|last| *turn > last),
+            "stage 2's {conversation} turn {turn} does not continue stage 1: {first:?} then {second:?}"
+        );
+    }
+    sim.shutdown().await;
+}
+
+/// The pool sweep's point: later turns find their history in the prefix
+/// cache and start far sooner than first turns (the first prompt's 400
+/// tokens cost 80 ms of prefill; a later turn computes about its new 16);
+/// with the cache off they hit nothing and start no sooner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_turns_hit_the_prefix_cache_and_start_sooner() {
+    let mut later_p50 = Vec::new();
+    for caching in [true, false] {
+        let sim = simulator(caching).await;
+        let dir = tempfile::tempdir().unwrap();
+        let stages = run(
+            &sim,
+            &scenario(vec![pool_stage(2, 4, 16)], 400, 4),
+            dir.path(),
+        )
+        .await;
+        let d = stages[0].detail.clone().unwrap();
+        let hits = counter(sim.endpoint(), HITS).await;
+        let queries = counter(sim.endpoint(), QUERIES).await;
+        if caching {
+            assert!(hits > 0.0 && queries > hits, "hits {hits} of {queries}");
+            assert!(
+                d.later_turn_ttft_p50_seconds < d.first_turn_ttft_p50_seconds / 2.0,
+                "later turns {} s, first turns {} s",
+                d.later_turn_ttft_p50_seconds,
+                d.first_turn_ttft_p50_seconds
+            );
+        } else {
+            assert_eq!((hits, queries), (0.0, 0.0));
+            assert!(
+                d.later_turn_ttft_p50_seconds > d.first_turn_ttft_p50_seconds * 0.8,
+                "no cache, yet later turns {} s against first turns {} s",
+                d.later_turn_ttft_p50_seconds,
+                d.first_turn_ttft_p50_seconds
+            );
+        }
+        later_p50.push(d.later_turn_ttft_p50_seconds);
+        sim.shutdown().await;
+    }
+    assert!(
+        later_p50[1] > 2.0 * later_p50[0],
+        "later-turn TTFT p50 with the cache {} s, without {} s",
+        later_p50[0],
+        later_p50[1]
+    );
+}
