@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nyann_load::{Live, RunOutcome};
+use nyann_load::Live;
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
 use nyann_signals::SignalArgs;
 
