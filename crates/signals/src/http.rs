@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::{SignalArgs, SignalError};
+use crate::{SignalError, SignalOptions};
 
 /// TLS settings of the signal sources.
 #[derive(Clone, Default)]
@@ -16,7 +16,7 @@ pub(crate) struct Tls {
 }
 
 impl Tls {
-    pub(crate) fn from_args(args: &SignalArgs) -> Result<Tls, SignalError> {
+    pub(crate) fn from_options(args: &SignalOptions) -> Result<Tls, SignalError> {
         let roots = args
             .ca_certs
             .iter()

@@ -42,7 +42,7 @@ pub enum QueryError {
     /// A 2xx answer that is not the expected JSON.
     #[error("prometheus: malformed response ({why}); body starts: {excerpt}")]
     Malformed { why: String, excerpt: String },
-    #[error("prometheus: no answer within {0} (--prometheus-timeout)")]
+    #[error("prometheus: no answer within {0} (the query timeout)")]
     Timeout(String),
     #[error("prometheus: request to {url} failed: {why}")]
     Transport { url: String, why: String },
@@ -52,7 +52,7 @@ pub enum QueryError {
     /// Not sent: an earlier query of the same check got no answer in time,
     /// so this one would most likely only wait out the same timeout.
     #[error(
-        "prometheus: not queried: an earlier query of this check got no answer within {0} (--prometheus-timeout)"
+        "prometheus: not queried: an earlier query of this check got no answer within {0} (the query timeout)"
     )]
     NotQueried(String),
 }
@@ -143,12 +143,12 @@ impl PromClient {
         }
         let mut map = HeaderMap::new();
         let bad_header = |name: &str, why: String| SignalError::Header {
-            flag: name.to_string(),
+            value: name.to_string(),
             why,
         };
         if let Some(token) = bearer_token {
             let mut v = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
-                .map_err(|e| bad_header("--prometheus-bearer-token", e.to_string()))?;
+                .map_err(|e| bad_header("Authorization: Bearer <token>", e.to_string()))?;
             v.set_sensitive(true);
             map.insert(reqwest::header::AUTHORIZATION, v);
         }
@@ -760,7 +760,7 @@ impl PrometheusSource {
                 }
                 if Instant::now() >= deadline {
                     errors.push(format!(
-                        "{}: settle: no sample at or after the stage end within {} (--settle-wait); the last seconds may be missing",
+                        "{}: settle: no sample at or after the stage end within {} (the settle wait); the last seconds may be missing",
                         role.role,
                         humantime::format_duration(self.settle_wait)
                     ));

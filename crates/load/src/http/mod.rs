@@ -41,7 +41,7 @@ mod tls;
 pub use self::error::HttpError;
 pub use self::proxy::{Proxies, Proxy};
 pub use self::response::Response;
-pub use self::target::{RequestTemplate, Target};
+pub use self::target::{RequestTemplate, Target, TargetError};
 pub use self::tls::read_ca_certs;
 
 /// A response head or chunk-size line may grow the buffer up to this.

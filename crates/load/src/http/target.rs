@@ -12,6 +12,28 @@ use super::connection::Connection;
 use super::tls::{Tls, tls_connector};
 use super::{Proxies, Proxy};
 
+/// Why a base URL was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// The caller says how to send credentials instead.
+    #[error("user names and passwords in the URL are not supported")]
+    Credentials,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for TargetError {
+    fn from(reason: String) -> Self {
+        TargetError::Invalid(reason)
+    }
+}
+
+impl From<&str> for TargetError {
+    fn from(reason: &str) -> Self {
+        TargetError::Invalid(reason.to_string())
+    }
+}
+
 /// The server one base URL (`http://host:port/v1`) points at.
 #[derive(Debug)]
 pub struct Target {
@@ -61,7 +83,7 @@ impl Target {
         connect_timeout: Duration,
         extra_roots: &[CertificateDer<'static>],
         proxies: &Proxies,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TargetError> {
         let base = base.trim_end_matches('/');
         if !base.contains("://") {
             return Err("no scheme: write it as http://host:port/v1".into());
@@ -70,17 +92,16 @@ impl Target {
         let https = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
-            Some(other) => return Err(format!("unsupported scheme {other:?}: use http or https")),
+            Some(other) => {
+                return Err(format!("unsupported scheme {other:?}: use http or https").into());
+            }
             None => return Err("no scheme: write it as http://host:port/v1".into()),
         };
         let authority = uri
             .authority()
             .ok_or("no host: write it as http://host:port/v1")?;
         if authority.as_str().contains('@') {
-            return Err(
-                "user names and passwords in the URL are not supported: use --api-key or --header"
-                    .into(),
-            );
+            return Err(TargetError::Credentials);
         }
         if uri.query().is_some() {
             return Err("a query string in the base URL is not supported".into());
@@ -211,11 +232,11 @@ mod tests {
         for (base, expected) in [
             ("localhost:8000/v1", "no scheme"),
             ("ftp://host/v1", "unsupported scheme"),
-            ("http://user:pw@host/v1", "--api-key"),
+            ("http://user:pw@host/v1", "user names and passwords"),
             ("http://host/v1?x=1", "query string"),
             ("http://ho st/v1", "not a URL"),
         ] {
-            let err = target(base).unwrap_err();
+            let err = target(base).unwrap_err().to_string();
             assert!(err.contains(expected), "{base}: {err}");
         }
     }

@@ -9,9 +9,9 @@ use http::header::HeaderMap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::connection::{Connection, Io, Unanswered};
-use super::{HttpError, Proxies, Target};
+use super::{HttpError, Proxies, Target, TargetError};
 
-pub(super) fn target(base: &str) -> Result<Target, String> {
+pub(super) fn target(base: &str) -> Result<Target, TargetError> {
     Target::new(base, Duration::from_secs(1), &[], &Proxies::default())
 }
 
