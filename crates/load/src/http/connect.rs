@@ -186,22 +186,17 @@ mod tests {
         });
         let proxies = Proxies::parse(None, Some(proxy.to_string()), None).unwrap();
         let roots = [ca.der().clone()];
-        let t = Target::new(
-            "https://model.test/v1",
-            Duration::from_secs(2),
-            &roots,
-            &proxies,
-        )
-        .unwrap();
-        assert_eq!(get(&t).await.unwrap(), b"ok");
-        let t = Target::new(
-            "https://model.test/v1",
-            Duration::from_secs(2),
-            &roots,
-            &proxies,
-        )
-        .unwrap();
-        let err = get(&t).await.unwrap_err().to_string();
+        let target = || {
+            Target::new(
+                "https://model.test/v1",
+                Duration::from_secs(2),
+                &roots,
+                &proxies,
+            )
+            .unwrap()
+        };
+        assert_eq!(get(&target()).await.unwrap(), b"ok");
+        let err = get(&target()).await.unwrap_err().to_string();
         assert!(
             err.contains(&format!("proxy {proxy} (for model.test:443)"))
                 && err.contains("the proxy refused CONNECT model.test:443: HTTP 407"),
