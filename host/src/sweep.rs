@@ -284,8 +284,12 @@ impl CongestionCheck {
                 (index, stop)
             })
             .collect();
-        for warning in source.preflight().await? {
-            tracing::warn!("{warning}");
+        let warnings = source
+            .preflight()
+            .await
+            .map_err(crate::cli::signals::explain)?;
+        for warning in &warnings {
+            tracing::warn!("{}", crate::cli::signals::warning(warning));
         }
         let info = policy.info();
         tracing::info!(

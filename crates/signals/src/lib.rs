@@ -57,6 +57,8 @@ mod scrape;
 pub mod spec;
 
 pub use config::{RoleSelector, ScrapeTarget, SignalOptions};
+pub use http::{ClientCertError, ClientCertFile};
+pub use preflight::{BlindRole, Hint, NothingFound, PreflightWarning, SourceKind, Suggestion};
 pub use profile::{MetricNames, Server};
 
 use http::Tls;
@@ -106,18 +108,18 @@ pub enum SignalError {
     #[error("invalid CA certificate: {0}")]
     CaCert(String),
     #[error("{0}")]
-    ClientCert(String),
-    /// The source could not be read before the first stage.
-    #[error("cannot read server signals from {from} before the first stage: {why}\n{fix}")]
+    ClientCert(ClientCertError),
+    /// The source could not be read before the first stage (no load was
+    /// sent); what to check depends on the `kind` of source.
+    #[error("cannot read server signals from {from} before the first stage: {why}")]
     Unreachable {
         from: String,
         why: String,
-        /// What to check, for this kind of source.
-        fix: &'static str,
+        kind: SourceKind,
     },
     /// A role found no series of any signal before the first stage.
     #[error("{0}")]
-    NothingFound(String),
+    NothingFound(NothingFound),
 }
 
 enum Inner {
@@ -212,7 +214,7 @@ impl SignalSource {
     /// `--allow-missing-signals`, roles that found nothing). Fails when the
     /// source cannot be read, or when a role finds no series of any signal,
     /// saying what does exist that looks like the server.
-    pub async fn preflight(&self) -> Result<Vec<String>, SignalError> {
+    pub async fn preflight(&self) -> Result<Vec<PreflightWarning>, SignalError> {
         let (report, names) = match &self.inner {
             Inner::Prometheus(p) => (p.preflight().await?, p.names()),
             Inner::Scrape(s) => (s.preflight().await?, s.names()),

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::config::{RoleSelector, promql_string};
 use crate::http::Tls;
 use crate::math::{self, Window};
-use crate::preflight::{self, Candidate, RoleFinding};
+use crate::preflight::{self, Candidate, RoleFinding, SourceKind};
 use crate::profile::{Family, MetricNames, Server};
 use crate::spec::{self, Reading, SPECS, Spec, Stat};
 use crate::{SignalError, StageSignals, excerpt, unix_now};
@@ -576,7 +576,7 @@ impl PrometheusSource {
         let unreachable = |e: QueryError| SignalError::Unreachable {
             from: self.source(),
             why: e.to_string(),
-            fix: "check --prometheus-url (and, for a secured Prometheus, --ca-cert, --prometheus-bearer-token or --prometheus-client-cert); no load was sent",
+            kind: SourceKind::Prometheus,
         };
         let names = promql_string(&self.names.all_series_names().join("|"));
         let mut roles = Vec::new();
@@ -614,7 +614,7 @@ impl PrometheusSource {
         }
         Ok(preflight::Report {
             source: self.source(),
-            fix: "fix --deploy-name or --selector (or --server)",
+            kind: SourceKind::Prometheus,
             roles,
         })
     }

@@ -12,7 +12,9 @@ use std::time::Duration;
 use common::{Answer, FakeProm, Req, empty, every_vllm_series, labelled, matrix, vector};
 use nyann_model::SeriesStatus;
 use nyann_signals::prometheus::MAX_PARALLEL_QUERIES;
-use nyann_signals::{SignalError, SignalOptions, SignalSource, StageSignals};
+use nyann_signals::{
+    Hint, PreflightWarning, SignalError, SignalOptions, SignalSource, StageSignals, Suggestion,
+};
 
 const DECODE: &str = r#"{job="vllm-decode",pod=~"model-decode.*"}"#;
 const PREFILL: &str = r#"{job="vllm-prefill",pod=~"model-prefill.*"}"#;
@@ -618,11 +620,8 @@ async fn configuration_errors_are_typed() {
         prometheus_url: Some("http://127.0.0.1:1".into()),
         ..Default::default()
     };
-    let e = SignalSource::from_options(&a)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("--deploy-name"), "{e}");
+    let e = SignalSource::from_options(&a).await.unwrap_err();
+    assert_eq!(e, SignalError::NoRoles);
     let a = SignalOptions::default();
     assert!(SignalSource::from_options(&a).await.unwrap().is_none());
     let mut a = args("not a url", "m");
@@ -719,7 +718,18 @@ async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
     let a = args(&fake.url(), "model-decode");
     let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     let e = source.preflight().await.unwrap_err();
-    assert!(matches!(e, SignalError::NothingFound(_)), "{e:?}");
+    let SignalError::NothingFound(nothing) = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        nothing.roles[0].hints[0],
+        Hint {
+            found:
+                "found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting)"
+                    .into(),
+            suggestions: vec![Suggestion::DeployName("mymodel-decode".into())],
+        }
+    );
     let text = e.to_string();
     assert!(
         text.starts_with(&format!(
@@ -730,11 +740,11 @@ async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
     );
     assert!(
         text.contains(
-            "\n  found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting); did you mean --deploy-name mymodel-decode?"
+            "\n  found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting); did you mean deployment name mymodel-decode?"
         ),
         "{text}"
     );
-    assert!(text.contains("--allow-missing-signals"), "{text}");
+    assert!(text.contains("allow missing signals"), "{text}");
     assert!(!text.contains("role prefill"), "{text}");
     // One query per role, then one for the candidates.
     let queries: Vec<String> = fake
@@ -745,14 +755,21 @@ async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
     assert_eq!(queries.len(), 3, "{queries:#?}");
     assert_eq!(queries[1], preflight_query(&DECODE[1..DECODE.len() - 1]));
 
-    // --allow-missing-signals: the refusal becomes a warning.
+    // Missing signals allowed: the refusal becomes a warning.
     let mut a = a;
     a.allow_missing_signals = true;
     let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     let warnings = source.preflight().await.unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].starts_with("role decode: no series of any signal"));
-    assert!(warnings[0].contains("starting anyway (--allow-missing-signals)"));
+    let PreflightWarning::Blind(blind) = &warnings[0] else {
+        panic!("{warnings:?}");
+    };
+    assert!(
+        blind
+            .summary
+            .starts_with("role decode: no series of any signal")
+    );
+    assert!(warnings[0].to_string().contains("starting anyway"));
 }
 
 #[tokio::test]
@@ -786,10 +803,10 @@ async fn preflight_warns_once_per_missing_signal() {
     let warnings = source.preflight().await.unwrap();
     assert_eq!(
         warnings,
-        [format!(
+        [PreflightWarning::Missing(format!(
             "role aggregate: no series for preemptions in Prometheus {} at selector {{job=\"vllm-aggregate\",pod=~\"m.*\"}} (tried vllm:num_preemptions_total, vllm_num_preemptions_total): preemptions read 0 at every stage, recorded as no data",
             fake.url()
-        )]
+        ))]
     );
 }
 

@@ -244,7 +244,7 @@ async fn https_prometheus_with_a_private_ca_and_client_certificates() {
         ..base.clone()
     };
     let source = SignalSource::from_options(&trusted).await.unwrap().unwrap();
-    assert_eq!(source.preflight().await.unwrap(), Vec::<String>::new());
+    assert_eq!(source.preflight().await.unwrap(), Vec::new());
     let end = now();
     let out = source.stage_signals(end - 5.0, end).await;
     assert!(out.errors.is_empty(), "{:?}", out.errors);
@@ -282,7 +282,7 @@ async fn https_prometheus_with_a_private_ca_and_client_certificates() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.starts_with("--prometheus-client-key /nonexistent/key.pem: cannot read it: "),
+        e.starts_with("client key /nonexistent/key.pem: cannot read it: "),
         "{e}"
     );
 }

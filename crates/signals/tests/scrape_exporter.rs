@@ -220,12 +220,18 @@ async fn sglang_names_through_the_profile() {
         .unwrap()
         .unwrap();
     let e = vllm.preflight().await.unwrap_err();
-    assert!(matches!(e, SignalError::NothingFound(_)), "{e:?}");
+    let SignalError::NothingFound(nothing) = &e else {
+        panic!("{e:?}");
+    };
+    let hint = &nothing.roles[0].hints[0];
     assert!(
-        e.to_string()
-            .contains(&format!("{} serves SGLang series (sglang:", exporter.url()))
-            && e.to_string().contains("did you mean --server sglang?"),
+        hint.found
+            .starts_with(&format!("{} serves SGLang series (sglang:", exporter.url())),
         "{e}"
+    );
+    assert_eq!(
+        hint.suggestions,
+        [nyann_signals::Suggestion::Server(Server::Sglang)]
     );
 
     let args = SignalOptions {
@@ -233,7 +239,7 @@ async fn sglang_names_through_the_profile() {
         ..scrape_args(&[exporter.url()])
     };
     let source = SignalSource::from_options(&args).await.unwrap().unwrap();
-    assert_eq!(source.preflight().await.unwrap(), Vec::<String>::new());
+    assert_eq!(source.preflight().await.unwrap(), Vec::new());
     source.start();
     let out = stage(&source, 2.0).await;
     driver.abort();

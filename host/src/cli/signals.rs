@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nyann_model::parse_duration;
-use nyann_signals::{Server, SignalError, SignalOptions};
+use nyann_signals::{
+    BlindRole, ClientCertError, ClientCertFile, Hint, PreflightWarning, Server, SignalError,
+    SignalOptions, SourceKind, Suggestion,
+};
 
 /// `--server`: which server's metric names to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -156,7 +159,8 @@ impl SignalArgs {
     /// The signal sources' options; `ca_certs` (DER, from `--ca-cert`) are
     /// trusted for Prometheus and --scrape URLs as for the target.
     pub fn to_options(&self, ca_certs: Vec<Vec<u8>>) -> SignalOptions {
-        if !self.scrape.is_empty() && (self.deploy_name.is_some() || !self.selectors.is_empty()) {
+        let scrape_only = self.prometheus_url.is_none() && !self.scrape.is_empty();
+        if scrape_only && (self.deploy_name.is_some() || !self.selectors.is_empty()) {
             tracing::warn!(
                 "--deploy-name and --selector apply to --prometheus-url; with --scrape, roles come from ROLE=URL"
             );
@@ -200,9 +204,104 @@ pub fn explain(err: SignalError) -> anyhow::Error {
             format!("--{} must be greater than zero", option.replace('_', "-"))
         }
         SignalError::CaCert(why) => format!("invalid --ca-cert: {why}"),
+        SignalError::ClientCert(cert) => client_cert(cert),
+        SignalError::Unreachable { kind, .. } => {
+            let fix = match kind {
+                SourceKind::Prometheus => {
+                    "check --prometheus-url (and, for a secured Prometheus, --ca-cert, \
+                     --prometheus-bearer-token or --prometheus-client-cert); no load was sent"
+                }
+                SourceKind::Scrape => {
+                    "check the --scrape URL (and --ca-cert for https); no load was sent"
+                }
+            };
+            format!("{err}\n{fix}")
+        }
+        SignalError::NothingFound(nothing) => {
+            let fix = match nothing.kind {
+                SourceKind::Prometheus => "fix --deploy-name or --selector (or --server)",
+                SourceKind::Scrape => "fix the --scrape URL (or --server)",
+            };
+            let roles: Vec<String> = nothing.roles.iter().map(blind_role).collect();
+            format!(
+                "{}\n{fix}; or pass --allow-missing-signals to start anyway (the role's signals \
+                 then read 0 at every stage)",
+                roles.join("\n")
+            )
+        }
         _ => return err.into(),
     };
     anyhow::Error::msg(message)
+}
+
+fn client_cert(err: &ClientCertError) -> String {
+    match err {
+        ClientCertError::Unpaired => {
+            "give both --prometheus-client-cert and --prometheus-client-key".into()
+        }
+        ClientCertError::Unreadable { file, path, why } => {
+            let flag = match file {
+                ClientCertFile::Certificate => "prometheus-client-cert",
+                ClientCertFile::Key => "prometheus-client-key",
+            };
+            format!("--{flag} {}: cannot read it: {why}", path.display())
+        }
+        ClientCertError::NoCertificate(path) => format!(
+            "--prometheus-client-cert {}: no PEM certificate in it (expected -----BEGIN \
+             CERTIFICATE-----)",
+            path.display()
+        ),
+        ClientCertError::NoKey(path) => format!(
+            "--prometheus-client-key {}: no PEM private key in it (expected -----BEGIN ... \
+             PRIVATE KEY-----)",
+            path.display()
+        ),
+        ClientCertError::Unusable { cert, key, why } => format!(
+            "--prometheus-client-cert {} with --prometheus-client-key {}: {why}",
+            cert.display(),
+            key.display()
+        ),
+    }
+}
+
+/// A preflight warning as users read it: naming the flags.
+pub fn warning(warning: &PreflightWarning) -> String {
+    match warning {
+        PreflightWarning::Missing(text) => text.clone(),
+        PreflightWarning::Blind(role) => format!(
+            "{}\nstarting anyway (--allow-missing-signals): every signal of the role reads 0, \
+             recorded as no data",
+            blind_role(role)
+        ),
+    }
+}
+
+fn blind_role(role: &BlindRole) -> String {
+    let mut text = role.summary.clone();
+    for hint in &role.hints {
+        text.push_str("\n  ");
+        text.push_str(&self::hint(hint));
+    }
+    text
+}
+
+/// `found ...; did you mean --deploy-name x?`
+fn hint(hint: &Hint) -> String {
+    if hint.suggestions.is_empty() {
+        return hint.found.clone();
+    }
+    let flags: Vec<String> = hint
+        .suggestions
+        .iter()
+        .map(|s| match s {
+            Suggestion::Server(server) => format!("--server {}", server.flag()),
+            Suggestion::DeployName(name) => format!("--deploy-name {name}"),
+            Suggestion::Selector { role, matchers } => {
+                format!("--selector {role}='{{{matchers}}}'")
+            }
+        })
+        .collect();
+    format!("{}; did you mean {}?", hint.found, flags.join(" "))
 }
 
 #[cfg(test)]
@@ -263,10 +362,84 @@ mod tests {
                 "--scrape-interval must be greater than zero",
             ),
             (SignalError::CaCert("bad".into()), "invalid --ca-cert: bad"),
+            (
+                SignalError::ClientCert(ClientCertError::Unreadable {
+                    file: ClientCertFile::Key,
+                    path: "/k.pem".into(),
+                    why: "gone".into(),
+                }),
+                "--prometheus-client-key /k.pem: cannot read it: gone",
+            ),
+            (
+                SignalError::ClientCert(ClientCertError::Unpaired),
+                "give both --prometheus-client-cert and --prometheus-client-key",
+            ),
         ];
         for (err, expected) in cases {
             assert_eq!(explain(err).to_string(), expected);
         }
+    }
+
+    #[test]
+    fn preflight_hints_name_the_flags() {
+        let role = BlindRole {
+            summary: "role aggregate: no series".into(),
+            hints: vec![
+                Hint {
+                    found: "found job=\"sg\", instance=\"h:1\" (sglang:num_queue_reqs)".into(),
+                    suggestions: vec![
+                        Suggestion::Server(Server::Sglang),
+                        Suggestion::Selector {
+                            role: "aggregate".into(),
+                            matchers: "job=\"sg\", instance=\"h:1\"".into(),
+                        },
+                    ],
+                },
+                Hint {
+                    found: "found job=\"vllm-aggregate\", pod=\"m-0\" (vllm:num_requests_waiting)"
+                        .into(),
+                    suggestions: vec![Suggestion::DeployName("m".into())],
+                },
+                Hint {
+                    found: "and 3 more".into(),
+                    suggestions: vec![],
+                },
+            ],
+        };
+        let shown = "role aggregate: no series\n  \
+            found job=\"sg\", instance=\"h:1\" (sglang:num_queue_reqs); did you mean --server \
+            sglang --selector aggregate='{job=\"sg\", instance=\"h:1\"}'?\n  \
+            found job=\"vllm-aggregate\", pod=\"m-0\" (vllm:num_requests_waiting); did you mean \
+            --deploy-name m?\n  and 3 more";
+        let refused = SignalError::NothingFound(nyann_signals::NothingFound {
+            roles: vec![role.clone()],
+            kind: SourceKind::Prometheus,
+        });
+        assert_eq!(
+            explain(refused).to_string(),
+            format!(
+                "{shown}\nfix --deploy-name or --selector (or --server); or pass \
+                 --allow-missing-signals to start anyway (the role's signals then read 0 at \
+                 every stage)"
+            )
+        );
+        assert_eq!(
+            warning(&PreflightWarning::Blind(role)),
+            format!(
+                "{shown}\nstarting anyway (--allow-missing-signals): every signal of the role \
+                 reads 0, recorded as no data"
+            )
+        );
+        let unreachable = SignalError::Unreachable {
+            from: "http://h/metrics".into(),
+            why: "refused".into(),
+            kind: SourceKind::Scrape,
+        };
+        assert_eq!(
+            explain(unreachable).to_string(),
+            "cannot read server signals from http://h/metrics before the first stage: refused\n\
+             check the --scrape URL (and --ca-cert for https); no load was sent"
+        );
     }
 
     #[test]
