@@ -30,7 +30,7 @@ use nyann_model::{
     StopCondition, SweepRef, Verdict,
 };
 use nyann_policy_host::{HostConfig, Policy, PolicyError, PolicyHost};
-use nyann_signals::{SignalArgs, SignalSource};
+use nyann_signals::{SignalOptions, SignalSource};
 use serde::{Deserialize, Serialize};
 
 /// How the verdicts are used.
@@ -242,7 +242,7 @@ impl CongestionCheck {
     /// parameters must pass the policy's checks (all errors reported at once).
     pub async fn prepare(
         scenario: &Scenario,
-        signal_args: &SignalArgs,
+        signal_options: &SignalOptions,
         policy_args: &PolicyArgs,
     ) -> anyhow::Result<Option<CongestionCheck>> {
         let stops: Vec<_> = scenario
@@ -257,7 +257,10 @@ impl CongestionCheck {
         let Some(&(_, _, first)) = stops.first() else {
             return Ok(None);
         };
-        let Some(source) = SignalSource::from_args(signal_args).await? else {
+        let Some(source) = SignalSource::from_options(signal_options)
+            .await
+            .map_err(crate::cli::signals::explain)?
+        else {
             let at = first
                 .location
                 .as_ref()
@@ -285,8 +288,12 @@ impl CongestionCheck {
                 (index, stop)
             })
             .collect();
-        for warning in source.preflight().await? {
-            tracing::warn!("{warning}");
+        let warnings = source
+            .preflight()
+            .await
+            .map_err(crate::cli::signals::explain)?;
+        for warning in &warnings {
+            tracing::warn!("{}", crate::cli::signals::warning(warning));
         }
         let info = policy.info();
         tracing::info!(

@@ -1,4 +1,4 @@
-//! The congestion-stopped sweep end to end (issue 7): simulator, real
+//! The congestion-stopped sweep end to end: simulator, real
 //! Prometheus or direct scraping, built-in and custom policies.
 //!
 //! The simulator's default profile (seed 1) with the default workload (isl
@@ -103,7 +103,7 @@ async fn scrape_source_stops_at_the_same_stage() {
 
 /// Scripted prefill and decode exporters scraped by a real Prometheus as
 /// jobs `vllm-prefill` and `vllm-decode`, with `--deploy-name sim-decode`:
-/// the role rules of SEED.md with exactly known signals. The load itself
+/// the built-in policy's role rules with exactly known signals. The load itself
 /// goes to the simulator.
 async fn disaggregated_run(
     prefill: Engine,

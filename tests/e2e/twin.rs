@@ -1,4 +1,4 @@
-//! The simulator as a twin of a real server (issue 18), end to end: `sim fit`
+//! The simulator as a twin of a real server, end to end: `sim fit`
 //! recovers the profile a simulator ran with from its recorded sweeps; the
 //! twin of the reference vLLM stops a queueing-rule sweep where the real
 //! server did; a disaggregated simulator congests on its prefill engine;

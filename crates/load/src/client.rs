@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{HttpError, Proxies, RequestTemplate, Target};
+use crate::http::{HttpError, Proxies, RequestTemplate, Target, TargetError};
 use crate::sse::{self, Event, SseParser, Usage};
 
 /// Largest excerpt of an error body kept in a record.
@@ -97,17 +97,19 @@ pub enum ClientError {
     #[error("invalid header {0:?}: write it as 'Name: value'")]
     Header(String),
     #[error("invalid target URL {base:?}: {reason}")]
-    Target { base: String, reason: String },
+    Target { base: String, reason: TargetError },
+    /// The caller says what to do (start the server, check the target,
+    /// wait longer).
     #[error(
-        "the server at {url} did not answer GET /models within {waited:?} (last error: {last}); \
-         start it, check --target, or raise --ready-timeout"
+        "the server at {url} did not answer GET /models within {waited:?} (last error: {last})"
     )]
     NotReady {
         url: String,
         waited: Duration,
         last: String,
     },
-    #[error("GET {url} lists no model: pass --model")]
+    /// The caller says how to name the model.
+    #[error("GET {url} lists no model")]
     NoModel { url: String },
 }
 
@@ -434,7 +436,7 @@ impl Client {
             Err(_) => {
                 outcome.ok = false;
                 outcome.end = None;
-                outcome.error = Some(format!("timed out after {timeout:?} (--request-timeout)"));
+                outcome.error = Some(format!("timed out after {timeout:?} (the request timeout)"));
             }
         }
         // A complete response ends when its last bytes arrived (the clock of

@@ -205,7 +205,7 @@ async fn a_request_that_never_ends_is_late_and_the_next_stage_starts() {
         late[0]["error"]
             .as_str()
             .unwrap()
-            .contains("--drain-timeout"),
+            .contains("drain time ran out"),
         "{:?}",
         late[0]
     );

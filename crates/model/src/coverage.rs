@@ -1,8 +1,8 @@
 //! Which server signals had data over a stage.
 //!
 //! A policy sees plain numbers ([`RoleSignals`](crate::RoleSignals)) in
-//! which a signal without series reads 0 (SEED.md: missing series evaluate
-//! as zero). A person must not mistake that 0 for a measured one, so the
+//! which a signal without series reads 0 (the policy interface's rule:
+//! missing series evaluate as zero). A person must not mistake that 0 for a measured one, so the
 //! congestion check records beside the numbers, per role and per signal,
 //! whether series were found; reports then say "no data". It is kept out of
 //! `RoleSignals` so that the policy interface stays as it is.

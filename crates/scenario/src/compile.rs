@@ -1,6 +1,7 @@
 //! Evaluates a Starlark scenario file, within bounds, to the scenario IR.
 //!
-//! Bounds, and why each is needed (see DESIGN.md, "Known sharp edges"):
+//! Bounds, and why each is needed (a scenario is a program: each bound
+//! stops one way a file could hang or exhaust the process):
 //! - source size: refuse huge files before parsing;
 //! - nesting: refuse deep brackets and overlong statements before parsing
 //!   (see `shape`) and deep syntax trees after it, and run on a thread with

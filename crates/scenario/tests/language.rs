@@ -1,4 +1,5 @@
-//! The scenario language end to end: the seed examples, the builtins and
+//! The scenario language end to end: the shipped examples
+//! (`examples/scenarios`), the builtins and
 //! their composition with ordinary Starlark, and the JSON IR round trip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -42,7 +43,7 @@ fn text(name: &str, t: &str) -> Param {
     }
 }
 
-/// Checks one seed example: stage count, concurrencies, duration, and the
+/// Checks one shipped example: stage count, concurrencies, duration, and the
 /// stop condition on every stage.
 fn check_seed(file: &str, count: usize, step: u32, duration_s: f64, params: Vec<Param>) {
     let path = examples().join(file);
@@ -60,7 +61,7 @@ fn check_seed(file: &str, count: usize, step: u32, duration_s: f64, params: Vec<
         let stop = stage
             .stop
             .as_ref()
-            .expect("every seed stage has a stop condition");
+            .expect("every example stage has a stop condition");
         assert_eq!(stop.params, params, "{file} stage {i}");
         let at = stop.location.as_ref().unwrap();
         assert_eq!(at.file, path.display().to_string());

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use nyann_signals::{SignalArgs, SignalSource};
+use nyann_signals::{SignalOptions, SignalSource};
 use tokio::io::AsyncReadExt;
 
 #[tokio::main]
@@ -45,14 +45,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
-    let signal_args = SignalArgs {
+    let signal_args = SignalOptions {
         prometheus_url: Some(format!("http://{addr}")),
         deploy_name: Some(deploy),
         settle_wait: Duration::ZERO,
         prometheus_timeout: timeout,
         ..Default::default()
     };
-    let source = SignalSource::from_args(&signal_args)
+    let source = SignalSource::from_options(&signal_args)
         .await?
         .ok_or("no source")?;
     let roles = source.roles().len();

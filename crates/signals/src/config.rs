@@ -1,151 +1,60 @@
-//! The command-line flags of the signal sources and what they resolve to:
-//! roles with their PromQL selectors, scrape targets, headers. Metric names
+//! The options of the signal sources and what they resolve to: roles with
+//! their PromQL selectors, scrape targets, headers. Metric names
 //! are in [`crate::profile`].
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nyann_model::parse_duration;
-
 use crate::SignalError;
 use crate::profile::Server;
 
-/// Flags that choose and configure the server-signal source. Flatten into a
-/// command with `#[command(flatten)]`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct SignalArgs {
-    /// Prometheus base URL (e.g. http://prometheus:9090) to read server
-    /// signals from with range queries after each stage.
-    #[arg(long, value_name = "URL", help_heading = "Server signals")]
+/// What chooses and configures the server-signal source: Prometheus (with
+/// roles from a deployment name or selectors) or direct scraping, the
+/// metric names, the waits and the TLS settings.
+#[derive(Clone, Debug)]
+pub struct SignalOptions {
+    /// Prometheus base URL (e.g. http://prometheus:9090), read with range
+    /// queries after each stage.
     pub prometheus_url: Option<String>,
-
-    /// Deployment name. If it contains `-decode`: roles `prefill` (job
-    /// "vllm-prefill", pod=~"<NAME with -decode replaced by -prefill>.*") and
-    /// `decode` (job "vllm-decode", pod=~"NAME.*"); otherwise one role
-    /// `aggregate` (job "vllm-aggregate", pod=~"NAME.*"). NAME is escaped
-    /// (regex and PromQL string), so it matches literally.
-    #[arg(long, value_name = "NAME", help_heading = "Server signals")]
+    /// Deployment name whose default roles are read from Prometheus (see
+    /// [`default_roles`]).
     pub deploy_name: Option<String>,
-
-    /// Series selector of a role, replacing its default or defining a new
-    /// role, e.g. decode='{namespace="llm",pod=~"isvc-predictor-.*"}'.
-    /// Repeatable. The selector is passed to Prometheus as written: `=~`
-    /// values are regexes and are NOT escaped.
-    #[arg(
-        long = "selector",
-        value_name = "ROLE={MATCHERS}",
-        help_heading = "Server signals"
-    )]
+    /// `ROLE={MATCHERS}` selectors, replacing a role's default or defining a
+    /// new role; passed to Prometheus as written.
     pub selectors: Vec<String>,
-
-    /// Sample a server's /metrics directly during stages (no Prometheus
-    /// needed). ROLE defaults to `aggregate`; several URLs of one role are
-    /// combined like pods. `host:port` means http://host:port/metrics.
-    /// Repeatable.
-    #[arg(
-        long = "scrape",
-        value_name = "[ROLE=]URL",
-        help_heading = "Server signals"
-    )]
+    /// `[ROLE=]URL` metrics endpoints sampled directly during stages.
     pub scrape: Vec<String>,
-
-    /// How often --scrape samples each URL.
-    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    /// How often each scrape URL is sampled.
     pub scrape_interval: Duration,
-
-    /// Timeout of one --scrape request.
-    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    /// Timeout of one scrape request.
     pub scrape_timeout: Duration,
-
-    /// Fixed delay after a stage before its signals are computed (on top of
-    /// --settle-wait).
-    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    /// Fixed delay after a stage before its signals are computed.
     pub settle: Duration,
-
-    /// Longest wait after a stage for samples covering its end to be
-    /// ingested (Prometheus) or scraped (--scrape). 0s disables the wait.
-    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    /// Longest wait after a stage for samples covering its end (zero: no wait).
     pub settle_wait: Duration,
-
     /// Timeout of one Prometheus query.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
     pub prometheus_timeout: Duration,
-
-    /// Bearer token sent to Prometheus (Authorization header).
-    #[arg(
-        long,
-        env = "NYANN_PROMETHEUS_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN",
-        help_heading = "Server signals"
-    )]
+    /// Bearer token sent to Prometheus.
     pub prometheus_bearer_token: Option<String>,
-
-    /// Extra HTTP header sent to Prometheus, e.g. 'X-Scope-OrgID: team-a'.
-    /// Repeatable.
-    #[arg(
-        long = "prometheus-header",
-        value_name = "NAME: VALUE",
-        help_heading = "Server signals"
-    )]
+    /// `Name: value` headers sent to Prometheus.
     pub prometheus_headers: Vec<String>,
-
-    /// Which server's metric names to read (the README's profile table):
-    /// vllm, or sglang (`sglang:num_queue_reqs`, `sglang:token_usage`, ...).
-    #[arg(
-        long,
-        value_enum,
-        default_value_t = Server::Vllm,
-        value_name = "SERVER",
-        help_heading = "Server signals"
-    )]
+    /// Which server's metric names to read.
     pub server: Server,
-
-    /// Metric names of a signal, tried in order until one has data, on top
-    /// of the --server profile, e.g. kv_cache_usage=my:kv_usage. SIGNAL is
-    /// one of waiting, running, kv_cache_usage, ttft, itl, preemptions,
-    /// generation_tokens (histograms without `_bucket`). Repeatable.
-    #[arg(
-        long = "metric",
-        id = "metric_names",
-        value_name = "SIGNAL=NAME[,NAME...]",
-        help_heading = "Server signals"
-    )]
+    /// `SIGNAL=NAME[,NAME...]` metric names tried before the profile's.
     pub metrics: Vec<String>,
-
-    /// Start even when a role finds no series of any signal before the first
-    /// stage (its signals then read 0 at every stage, recorded as "no
-    /// data"). Without it, such a role refuses to start.
-    #[arg(long, help_heading = "Server signals")]
+    /// Start even when a role finds no series of any signal (its signals
+    /// then read 0, recorded as no data).
     pub allow_missing_signals: bool,
-
-    /// Client certificate (PEM) presented to Prometheus (mutual TLS); needs
-    /// --prometheus-client-key.
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "prometheus_client_key",
-        help_heading = "Server signals"
-    )]
+    /// Client certificate (PEM) presented to Prometheus, with its key.
     pub prometheus_client_cert: Option<PathBuf>,
-
-    /// Private key (PEM) of --prometheus-client-cert.
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "prometheus_client_cert",
-        help_heading = "Server signals"
-    )]
     pub prometheus_client_key: Option<PathBuf>,
-
-    /// CA certificates (DER) trusted for https Prometheus and --scrape URLs
-    /// besides the system's; the binary fills it from `--ca-cert`.
-    #[arg(skip)]
+    /// CA certificates (DER) trusted for https Prometheus and scrape URLs
+    /// besides the system's.
     pub ca_certs: Vec<Vec<u8>>,
 }
 
-impl Default for SignalArgs {
+impl Default for SignalOptions {
     fn default() -> Self {
         Self {
             prometheus_url: None,
@@ -229,7 +138,7 @@ fn role_rank(role: &str) -> usize {
     }
 }
 
-/// The `job` of a role's `--deploy-name` selector (SEED.md).
+/// The `job` of a role's `--deploy-name` selector (llm-d's job names).
 pub fn default_job(role: &str) -> Option<&'static str> {
     match role {
         "prefill" => Some("vllm-prefill"),
@@ -239,7 +148,8 @@ pub fn default_job(role: &str) -> Option<&'static str> {
     }
 }
 
-/// The default roles of `--deploy-name` (SEED.md).
+/// The default roles of `--deploy-name`: prefill and decode for a
+/// disaggregated deployment (its name contains `-decode`), else aggregate.
 pub fn default_roles(deploy_name: &str) -> Vec<RoleSelector> {
     let pod = |name: &str| format!("{}.*", regex_literal(name));
     let sel = |role: &str, name: &str| RoleSelector {
@@ -267,7 +177,7 @@ pub fn resolve_roles(
     let mut roles = deploy_name.map(default_roles).unwrap_or_default();
     for flag in selectors {
         let bad = |why: &str| SignalError::Selector {
-            flag: flag.clone(),
+            value: flag.clone(),
             why: why.to_string(),
         };
         let (role, sel) = flag
@@ -319,7 +229,7 @@ pub struct ScrapeTarget {
 /// Parses `[ROLE=]URL`; a bare `host:port` becomes `http://host:port/metrics`.
 pub fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
     let bad = |why: &str| SignalError::Scrape {
-        flag: flag.to_string(),
+        value: flag.to_string(),
         why: why.to_string(),
     };
     let (role, url) = match flag.split_once('=') {
@@ -349,7 +259,7 @@ pub fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
 /// Parses `Name: Value` ([`nyann_model::parse_header`]).
 pub fn parse_header(flag: &str) -> Result<(String, String), SignalError> {
     nyann_model::parse_header(flag).ok_or_else(|| SignalError::Header {
-        flag: flag.to_string(),
+        value: flag.to_string(),
         why: "expected 'Name: Value'".to_string(),
     })
 }
@@ -420,55 +330,6 @@ mod tests {
         assert_eq!(t.url, "http://127.0.0.1:9/metrics");
         assert!(parse_scrape("prefill=").is_err());
         assert!(parse_scrape("ftp://x/").is_err());
-    }
-
-    #[derive(clap::Parser, Debug)]
-    struct Cli {
-        #[command(flatten)]
-        signals: SignalArgs,
-    }
-
-    #[test]
-    fn flags_parse_and_help_mentions_regexes() {
-        use clap::{CommandFactory, Parser};
-        let cli = Cli::try_parse_from([
-            "x",
-            "--prometheus-url",
-            "http://127.0.0.1:9090",
-            "--deploy-name",
-            "m-decode",
-            "--selector",
-            r#"decode={job="a"}"#,
-            "--selector",
-            r#"prefill={job="b"}"#,
-            "--scrape-interval",
-            "500ms",
-            "--prometheus-timeout",
-            "1m30s",
-            "--metric",
-            "kv_cache_usage=x",
-            "--settle-wait",
-            "30",
-            "--server",
-            "sglang",
-        ])
-        .unwrap();
-        let a = cli.signals;
-        assert_eq!(a.selectors.len(), 2);
-        assert_eq!(a.scrape_interval, Duration::from_millis(500));
-        assert_eq!(a.prometheus_timeout, Duration::from_secs(90));
-        assert_eq!(a.settle_wait, Duration::from_secs(30));
-        assert_eq!(a.server, Server::Sglang);
-        assert_eq!(a.scrape_timeout, SignalArgs::default().scrape_timeout);
-        assert!(!a.allow_missing_signals);
-        let help = Cli::command().render_long_help().to_string();
-        assert!(help.contains("regexes"), "{help}");
-        assert!(Cli::try_parse_from(["x", "--settle", "soon"]).is_err());
-        assert!(Cli::try_parse_from(["x", "--settle-wait", "1.5"]).is_err());
-        // A client certificate needs its key, and the other way round.
-        let e = Cli::try_parse_from(["x", "--prometheus-client-cert", "c.pem"]).unwrap_err();
-        assert!(e.to_string().contains("--prometheus-client-key"), "{e}");
-        assert!(Cli::try_parse_from(["x", "--prometheus-client-key", "k.pem"]).is_err());
     }
 
     #[test]

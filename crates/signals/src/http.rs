@@ -1,11 +1,56 @@
 //! What the HTTP clients of both sources share: the CA certificates trusted
-//! besides the system's (`--ca-cert`) and, for Prometheus, a client
-//! certificate (`--prometheus-client-cert/-key`, mutual TLS). Files are read
-//! when the source is built, so an unreadable one is refused before load.
+//! besides the system's and, for Prometheus, a client certificate and its
+//! key (mutual TLS). Files are read when the source is built, so an
+//! unreadable one is refused before load.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::{SignalArgs, SignalError};
+use crate::{SignalError, SignalOptions};
+
+/// Which file of a client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCertFile {
+    Certificate,
+    Key,
+}
+
+impl ClientCertFile {
+    fn name(self) -> &'static str {
+        match self {
+            ClientCertFile::Certificate => "client certificate",
+            ClientCertFile::Key => "client key",
+        }
+    }
+}
+
+/// Why a client certificate cannot be presented.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientCertError {
+    #[error("a client certificate needs its private key, and a key its certificate")]
+    Unpaired,
+    #[error("{} {}: cannot read it: {why}", file.name(), path.display())]
+    Unreadable {
+        file: ClientCertFile,
+        path: PathBuf,
+        why: String,
+    },
+    #[error(
+        "client certificate {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
+        .0.display()
+    )]
+    NoCertificate(PathBuf),
+    #[error(
+        "client key {}: no PEM private key in it (expected -----BEGIN ... PRIVATE KEY-----)",
+        .0.display()
+    )]
+    NoKey(PathBuf),
+    #[error("client certificate {} with key {}: {why}", cert.display(), key.display())]
+    Unusable {
+        cert: PathBuf,
+        key: PathBuf,
+        why: String,
+    },
+}
 
 /// TLS settings of the signal sources.
 #[derive(Clone, Default)]
@@ -16,7 +61,7 @@ pub(crate) struct Tls {
 }
 
 impl Tls {
-    pub(crate) fn from_args(args: &SignalArgs) -> Result<Tls, SignalError> {
+    pub(crate) fn from_options(args: &SignalOptions) -> Result<Tls, SignalError> {
         let roots = args
             .ca_certs
             .iter()
@@ -28,9 +73,7 @@ impl Tls {
             (Some(cert), Some(key)) => Some(read_identity(cert, key)?),
             (None, None) => None,
             _ => {
-                return Err(SignalError::ClientCert(
-                    "give both --prometheus-client-cert and --prometheus-client-key".into(),
-                ));
+                return Err(SignalError::ClientCert(ClientCertError::Unpaired));
             }
         };
         Ok(Tls { roots, identity })
@@ -52,35 +95,36 @@ impl Tls {
 
 /// Reads a PEM certificate chain and its PEM private key.
 fn read_identity(cert: &Path, key: &Path) -> Result<reqwest::Identity, SignalError> {
-    let read = |flag: &str, path: &Path| {
+    let read = |file: ClientCertFile, path: &Path| {
         std::fs::read(path).map_err(|e| {
-            SignalError::ClientCert(format!("--{flag} {}: cannot read it: {e}", path.display()))
+            SignalError::ClientCert(ClientCertError::Unreadable {
+                file,
+                path: path.to_owned(),
+                why: e.to_string(),
+            })
         })
     };
-    let mut pem = read("prometheus-client-cert", cert)?;
-    let key_pem = read("prometheus-client-key", key)?;
+    let mut pem = read(ClientCertFile::Certificate, cert)?;
+    let key_pem = read(ClientCertFile::Key, key)?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     if !text(&pem).contains("-----BEGIN CERTIFICATE-----") {
-        return Err(SignalError::ClientCert(format!(
-            "--prometheus-client-cert {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
-            cert.display()
+        return Err(SignalError::ClientCert(ClientCertError::NoCertificate(
+            cert.to_owned(),
         )));
     }
     if !text(&key_pem).contains("PRIVATE KEY-----") {
-        return Err(SignalError::ClientCert(format!(
-            "--prometheus-client-key {}: no PEM private key in it (expected -----BEGIN ... PRIVATE KEY-----)",
-            key.display()
+        return Err(SignalError::ClientCert(ClientCertError::NoKey(
+            key.to_owned(),
         )));
     }
     pem.push(b'\n');
     pem.extend_from_slice(&key_pem);
     reqwest::Identity::from_pem(&pem).map_err(|e| {
-        SignalError::ClientCert(format!(
-            "--prometheus-client-cert {} with --prometheus-client-key {}: {}",
-            cert.display(),
-            key.display(),
-            chain(&e)
-        ))
+        SignalError::ClientCert(ClientCertError::Unusable {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            why: chain(&e),
+        })
     })
 }
 

@@ -2,7 +2,8 @@
 //!
 //! After each measured stage the sweep asks a [`SignalSource`] for the
 //! server-side signals of every role (`prefill`/`decode` or `aggregate`) over
-//! that stage, exactly as SEED.md defines them:
+//! that stage, defined as follows (the policy interface documents the same
+//! definitions):
 //!
 //! - steady window = `[start + 20%, start + 95%]` of the stage, or the whole
 //!   stage when that is shorter than 5 s;
@@ -27,8 +28,8 @@
 //! measured 0.
 //!
 //! ```no_run
-//! # async fn demo(args: nyann_signals::SignalArgs) -> Result<(), nyann_signals::SignalError> {
-//! if let Some(source) = nyann_signals::SignalSource::from_args(&args).await? {
+//! # async fn demo(options: nyann_signals::SignalOptions) -> Result<(), nyann_signals::SignalError> {
+//! if let Some(source) = nyann_signals::SignalSource::from_options(&options).await? {
 //!     for warning in source.preflight().await? { tracing::warn!("{warning}"); }
 //!     source.start(); // starts the --scrape sampler; no-op for Prometheus
 //!     tracing::info!("server signals: {source}");
@@ -55,7 +56,9 @@ pub mod prometheus;
 mod scrape;
 pub mod spec;
 
-pub use config::{RoleSelector, ScrapeTarget, SignalArgs};
+pub use config::{RoleSelector, ScrapeTarget, SignalOptions};
+pub use http::{ClientCertError, ClientCertFile};
+pub use preflight::{BlindRole, Hint, NothingFound, PreflightWarning, SourceKind, Suggestion};
 pub use profile::{MetricNames, Server};
 
 use http::Tls;
@@ -76,46 +79,47 @@ pub struct StageSignals {
     pub coverage: Vec<RoleCoverage>,
 }
 
-/// A configuration error in the signal flags.
+/// A configuration error in the [`SignalOptions`] (the binary names the
+/// flags that set them).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SignalError {
-    #[error("--selector {flag:?}: {why}")]
-    Selector { flag: String, why: String },
-    #[error("--scrape {flag:?}: {why}")]
-    Scrape { flag: String, why: String },
-    #[error("--metric {flag:?}: {why}")]
-    Metric { flag: String, why: String },
-    #[error("Prometheus header {flag:?}: {why}")]
-    Header { flag: String, why: String },
-    #[error("--prometheus-url {url:?}: {why}")]
+    /// A `ROLE={MATCHERS}` selector.
+    #[error("selector {value:?}: {why}")]
+    Selector { value: String, why: String },
+    /// A `[ROLE=]URL` scrape target.
+    #[error("scrape target {value:?}: {why}")]
+    Scrape { value: String, why: String },
+    /// A `SIGNAL=NAME[,NAME...]` list of metric names.
+    #[error("metric names {value:?}: {why}")]
+    Metric { value: String, why: String },
+    #[error("Prometheus header {value:?}: {why}")]
+    Header { value: String, why: String },
+    #[error("Prometheus URL {url:?}: {why}")]
     PrometheusUrl { url: String, why: String },
-    #[error(
-        "--prometheus-url needs roles: give --deploy-name NAME or at least one --selector ROLE={{...}}"
-    )]
+    #[error("Prometheus needs roles: a deployment name or at least one role selector")]
     NoRoles,
-    #[error(
-        "give either --prometheus-url or --scrape, not both: they are two sources of the same signals"
-    )]
+    #[error("Prometheus and scrape targets are two sources of the same signals: give one of them")]
     BothSources,
-    #[error("--{flag} must be greater than zero")]
-    ZeroDuration { flag: &'static str },
+    /// `option` is the [`SignalOptions`] field.
+    #[error("{option} must be greater than zero")]
+    ZeroDuration { option: &'static str },
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
-    #[error("invalid --ca-cert: {0}")]
+    #[error("invalid CA certificate: {0}")]
     CaCert(String),
     #[error("{0}")]
-    ClientCert(String),
-    /// The source could not be read before the first stage.
-    #[error("cannot read server signals from {from} before the first stage: {why}\n{fix}")]
+    ClientCert(ClientCertError),
+    /// The source could not be read before the first stage (no load was
+    /// sent); what to check depends on the `kind` of source.
+    #[error("cannot read server signals from {from} before the first stage: {why}")]
     Unreachable {
         from: String,
         why: String,
-        /// What to check, for this kind of source.
-        fix: &'static str,
+        kind: SourceKind,
     },
     /// A role found no series of any signal before the first stage.
     #[error("{0}")]
-    NothingFound(String),
+    NothingFound(NothingFound),
 }
 
 enum Inner {
@@ -123,7 +127,7 @@ enum Inner {
     Scrape(ScrapeSource),
 }
 
-/// Where server signals come from, built from [`SignalArgs`].
+/// Where server signals come from, built from [`SignalOptions`].
 pub struct SignalSource {
     inner: Inner,
     /// `--allow-missing-signals`: a role that finds nothing only warns.
@@ -133,14 +137,14 @@ pub struct SignalSource {
 impl SignalSource {
     /// Builds the source the flags describe; `Ok(None)` when neither
     /// `--prometheus-url` nor `--scrape` is given. Does not contact any server.
-    pub async fn from_args(args: &SignalArgs) -> Result<Option<SignalSource>, SignalError> {
+    pub async fn from_options(args: &SignalOptions) -> Result<Option<SignalSource>, SignalError> {
         let names = MetricNames::from_flags(args.server, &args.metrics)?;
         let inner = match (&args.prometheus_url, args.scrape.is_empty()) {
             (Some(_), false) => return Err(SignalError::BothSources),
             (Some(url), true) => {
                 if args.prometheus_timeout.is_zero() {
                     return Err(SignalError::ZeroDuration {
-                        flag: "prometheus-timeout",
+                        option: "prometheus_timeout",
                     });
                 }
                 let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors)?;
@@ -157,7 +161,7 @@ impl SignalSource {
                     args.prometheus_timeout,
                     args.prometheus_bearer_token.as_deref(),
                     &headers,
-                    &Tls::from_args(args)?,
+                    &Tls::from_options(args)?,
                 )?;
                 Inner::Prometheus(PrometheusSource::new(
                     client,
@@ -168,17 +172,12 @@ impl SignalSource {
                 ))
             }
             (None, false) => {
-                if args.deploy_name.is_some() || !args.selectors.is_empty() {
-                    tracing::warn!(
-                        "--deploy-name and --selector apply to --prometheus-url; with --scrape, roles come from ROLE=URL"
-                    );
-                }
-                for (flag, d) in [
-                    ("scrape-interval", args.scrape_interval),
-                    ("scrape-timeout", args.scrape_timeout),
+                for (option, d) in [
+                    ("scrape_interval", args.scrape_interval),
+                    ("scrape_timeout", args.scrape_timeout),
                 ] {
                     if d.is_zero() {
-                        return Err(SignalError::ZeroDuration { flag });
+                        return Err(SignalError::ZeroDuration { option });
                     }
                 }
                 let targets = args
@@ -186,7 +185,7 @@ impl SignalSource {
                     .iter()
                     .map(|s| config::parse_scrape(s))
                     .collect::<Result<Vec<_>, _>>()?;
-                let http = Tls::from_args(args)?
+                let http = Tls::from_options(args)?
                     .builder()
                     .connect_timeout(args.scrape_timeout)
                     .build()
@@ -215,7 +214,7 @@ impl SignalSource {
     /// `--allow-missing-signals`, roles that found nothing). Fails when the
     /// source cannot be read, or when a role finds no series of any signal,
     /// saying what does exist that looks like the server.
-    pub async fn preflight(&self) -> Result<Vec<String>, SignalError> {
+    pub async fn preflight(&self) -> Result<Vec<PreflightWarning>, SignalError> {
         let (report, names) = match &self.inner {
             Inner::Prometheus(p) => (p.preflight().await?, p.names()),
             Inner::Scrape(s) => (s.preflight().await?, s.names()),

@@ -2,8 +2,8 @@
 //! Prometheus' `histogram_quantile` and counter increases.
 //!
 //! Everything here is pure and deterministic so that the two sources compute
-//! the same numbers from the same samples, and so that the rules of SEED.md
-//! are tested in one place.
+//! the same numbers from the same samples, and so that the window and
+//! quantile rules are tested in one place.
 
 /// Below this length (seconds) the steady window is the whole stage.
 pub const MIN_STEADY_SECONDS: f64 = 5.0;
@@ -27,7 +27,7 @@ impl Window {
 
     /// The steady-state window of a stage: `[start + 20%, start + 95%]` of
     /// its length, or the whole stage when that would be shorter than 5 s
-    /// (SEED.md: ramp-up and boundary time are excluded).
+    /// (ramp-up and boundary time are excluded).
     pub fn steady(stage: Window) -> Window {
         let len = stage.seconds();
         let steady = Window::new(stage.start + 0.20 * len, stage.start + 0.95 * len);

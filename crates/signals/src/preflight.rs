@@ -1,21 +1,137 @@
 //! Before any load: does every role find its server's series? A mistyped
-//! `--deploy-name`, a `/metrics` without the server's series or the wrong
-//! `--server` would otherwise read 0 for every signal of every stage, and a
+//! deployment name, a `/metrics` without the server's series or the wrong
+//! server profile would otherwise read 0 for every signal of every stage, and a
 //! sweep meant to stop on congestion would run to its last stage.
 //!
 //! Each source looks (one Prometheus query per role, or one scrape per URL)
 //! and reports the series names it found per role as a [`RoleFinding`];
 //! this module turns the findings into the verdict: a role that finds
-//! nothing refuses the start (unless `--allow-missing-signals`), with what
-//! does exist that looks like the server; a role that finds some signals
-//! but not others starts with a warning per missing signal.
+//! nothing refuses the start (unless missing signals are allowed), with
+//! what does exist that looks like the server and the [`Suggestion`]s that
+//! would read it; a role that finds some signals but not others starts with
+//! a warning per missing signal. The binary words the suggestions as flags.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use crate::SignalError;
 use crate::config::{RoleSelector, default_job, default_roles, promql_string, regex_literal};
 use crate::profile::{Family, MetricNames, Server};
 use crate::spec::signals_of;
+
+/// Which kind of source looked: what to fix differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    Prometheus,
+    Scrape,
+}
+
+/// A change of the options that would likely find a role's series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Suggestion {
+    /// Read another server's metric names.
+    Server(Server),
+    /// Another deployment name.
+    DeployName(String),
+    /// A selector of `role` with these matchers (inside the braces).
+    Selector { role: String, matchers: String },
+}
+
+impl fmt::Display for Suggestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Suggestion::Server(server) => write!(f, "server {}", server.flag()),
+            Suggestion::DeployName(name) => write!(f, "deployment name {name}"),
+            Suggestion::Selector { role, matchers } => {
+                write!(f, "selector {role}='{{{matchers}}}'")
+            }
+        }
+    }
+}
+
+/// Something that exists and looks like the server, and what would read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hint {
+    pub found: String,
+    pub suggestions: Vec<Suggestion>,
+}
+
+impl Hint {
+    fn plain(found: impl Into<String>) -> Hint {
+        Hint {
+            found: found.into(),
+            suggestions: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for Hint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.found)?;
+        if !self.suggestions.is_empty() {
+            let list: Vec<String> = self.suggestions.iter().map(|s| s.to_string()).collect();
+            write!(f, "; did you mean {}?", list.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// A role that found no series of any signal: where it looked, and hints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlindRole {
+    pub summary: String,
+    pub hints: Vec<Hint>,
+}
+
+impl fmt::Display for BlindRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.summary)?;
+        for hint in &self.hints {
+            write!(f, "\n  {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The refusal to start: roles that found nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NothingFound {
+    pub roles: Vec<BlindRole>,
+    pub kind: SourceKind,
+}
+
+impl fmt::Display for NothingFound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for role in &self.roles {
+            writeln!(f, "{role}")?;
+        }
+        f.write_str(
+            "fix the source's roles or server profile, or allow missing signals to start anyway \
+             (the role's signals then read 0 at every stage)",
+        )
+    }
+}
+
+/// A warning before the first stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PreflightWarning {
+    /// A role misses some signals (they read 0, recorded as no data).
+    Missing(String),
+    /// A role found nothing, and missing signals are allowed.
+    Blind(BlindRole),
+}
+
+impl fmt::Display for PreflightWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreflightWarning::Missing(text) => f.write_str(text),
+            PreflightWarning::Blind(role) => write!(
+                f,
+                "{role}\nstarting anyway: every signal of the role reads 0, recorded as no data"
+            ),
+        }
+    }
+}
 
 /// What one role found.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,16 +143,15 @@ pub(crate) struct RoleFinding {
     /// series.
     pub present: BTreeMap<String, u64>,
     /// What exists that looks like the server, when nothing was found.
-    pub hints: Vec<String>,
+    pub hints: Vec<Hint>,
 }
 
 /// The findings of every role of one source.
 #[derive(Debug, Clone)]
 pub(crate) struct Report {
-    /// `Prometheus http://...` or `--scrape`.
+    /// `Prometheus http://...` or `the scraped metrics`.
     pub source: String,
-    /// The flags to fix when a role finds nothing.
-    pub fix: &'static str,
+    pub kind: SourceKind,
     pub roles: Vec<RoleFinding>,
 }
 
@@ -47,7 +162,7 @@ impl Report {
         &self,
         names: &MetricNames,
         allow_missing: bool,
-    ) -> Result<Vec<String>, SignalError> {
+    ) -> Result<Vec<PreflightWarning>, SignalError> {
         let mut warnings = Vec::new();
         let mut blind = Vec::new();
         for finding in &self.roles {
@@ -57,7 +172,9 @@ impl Report {
             }
             for family in Family::ALL {
                 if names.first_present(family, &finding.present).is_none() {
-                    warnings.push(self.missing_family(finding, names, family));
+                    warnings.push(PreflightWarning::Missing(
+                        self.missing_family(finding, names, family),
+                    ));
                 }
             }
         }
@@ -65,34 +182,27 @@ impl Report {
             return Ok(warnings);
         }
         if allow_missing {
-            warnings.extend(blind.into_iter().map(|b| {
-                format!(
-                    "{b}\nstarting anyway (--allow-missing-signals): every signal of the role reads 0, recorded as no data"
-                )
-            }));
+            warnings.extend(blind.into_iter().map(PreflightWarning::Blind));
             return Ok(warnings);
         }
-        Err(SignalError::NothingFound(format!(
-            "{}\n{}; or pass --allow-missing-signals to start anyway (the role's signals then read 0 at every stage)",
-            blind.join("\n"),
-            self.fix
-        )))
+        Err(SignalError::NothingFound(NothingFound {
+            roles: blind,
+            kind: self.kind,
+        }))
     }
 
-    fn nothing_found(&self, finding: &RoleFinding, names: &MetricNames) -> String {
+    fn nothing_found(&self, finding: &RoleFinding, names: &MetricNames) -> BlindRole {
         let tried = names.get(Family::Waiting).join(", ");
-        let mut text = format!(
-            "role {}: no series of any signal in {} at {} ({} names, e.g. {tried})",
-            finding.role,
-            self.source,
-            finding.place,
-            names.server().name()
-        );
-        for hint in &finding.hints {
-            text.push_str("\n  ");
-            text.push_str(hint);
+        BlindRole {
+            summary: format!(
+                "role {}: no series of any signal in {} at {} ({} names, e.g. {tried})",
+                finding.role,
+                self.source,
+                finding.place,
+                names.server().name()
+            ),
+            hints: finding.hints.clone(),
         }
-        text
     }
 
     fn missing_family(&self, finding: &RoleFinding, names: &MetricNames, family: Family) -> String {
@@ -125,18 +235,18 @@ pub(crate) struct Candidate {
 /// At most this many candidates are listed.
 const MAX_CANDIDATES: usize = 5;
 
-/// "found job="x", pod="y"; did you mean --deploy-name z?" lines for a role
-/// whose selector matches nothing, from the series of every server's
-/// queue-length metric Prometheus has.
+/// `found job="x", pod="y"` hints (with another deployment name, a selector
+/// or another server to try) for a role whose selector matches nothing,
+/// from the series of every server's queue-length metric Prometheus has.
 pub(crate) fn prometheus_hints(
     role: &RoleSelector,
     server: Server,
     candidates: &[Candidate],
-) -> Vec<String> {
+) -> Vec<Hint> {
     if candidates.is_empty() {
-        return vec![
-            "Prometheus has no series of any server's queue length (vllm:num_requests_waiting, sglang:num_queue_reqs): is it scraping the servers, and do they export metrics (SGLang needs --enable-metrics)?".to_string(),
-        ];
+        return vec![Hint::plain(
+            "Prometheus has no series of any server's queue length (vllm:num_requests_waiting, sglang:num_queue_reqs): is it scraping the servers, and do they export metrics (SGLang needs --enable-metrics)?",
+        )];
     }
     let target = |c: &Candidate| -> Vec<(String, String)> {
         let has_pod = c.labels.contains_key("pod");
@@ -159,7 +269,7 @@ pub(crate) fn prometheus_hints(
         let job = t.iter().find(|(k, _)| k == "job").map(|(_, v)| v.as_str());
         job != default_job
     });
-    let mut hints: Vec<String> = seen
+    let mut hints: Vec<Hint> = seen
         .iter()
         .take(MAX_CANDIDATES)
         .map(|(t, metric)| {
@@ -170,7 +280,7 @@ pub(crate) fn prometheus_hints(
                 .join(", ");
             let mut fix = Vec::new();
             if let Some(other) = Server::of_metric(metric).filter(|s| *s != server) {
-                fix.push(format!("--server {}", other.flag()));
+                fix.push(Suggestion::Server(other));
             }
             let get = |key: &str| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
             let job = get("job");
@@ -184,47 +294,53 @@ pub(crate) fn prometheus_hints(
                         .iter()
                         .any(|r| r.role == role.role && r.matchers == role.matchers);
                     if !given {
-                        fix.push(format!("--deploy-name {stem}"));
+                        fix.push(Suggestion::DeployName(stem.to_string()));
                     }
                 }
-                Some(pod) => fix.push(format!(
-                    "--selector {}='{{job=\"{}\",pod=~\"{}.*\"}}'",
-                    role.role,
-                    promql_string(job.unwrap_or_default()),
-                    promql_string(&regex_literal(pod_stem(pod)))
-                )),
-                None => fix.push(format!("--selector {}='{{{labels}}}'", role.role)),
+                Some(pod) => fix.push(Suggestion::Selector {
+                    role: role.role.clone(),
+                    matchers: format!(
+                        "job=\"{}\",pod=~\"{}.*\"",
+                        promql_string(job.unwrap_or_default()),
+                        promql_string(&regex_literal(pod_stem(pod)))
+                    ),
+                }),
+                None => fix.push(Suggestion::Selector {
+                    role: role.role.clone(),
+                    matchers: labels.clone(),
+                }),
             }
-            if fix.is_empty() {
-                format!("found {labels} ({metric})")
-            } else {
-                format!("found {labels} ({metric}); did you mean {}?", fix.join(" "))
+            Hint {
+                found: format!("found {labels} ({metric})"),
+                suggestions: fix,
             }
         })
         .collect();
     if seen.len() > MAX_CANDIDATES {
-        hints.push(format!("and {} more", seen.len() - MAX_CANDIDATES));
+        hints.push(Hint::plain(format!(
+            "and {} more",
+            seen.len() - MAX_CANDIDATES
+        )));
     }
     hints
 }
 
 /// The hint for a scraped `/metrics` that has none of the profile's names.
-pub(crate) fn scrape_hint(url: &str, server: Server, body_names: &BTreeMap<String, u64>) -> String {
+pub(crate) fn scrape_hint(url: &str, server: Server, body_names: &BTreeMap<String, u64>) -> Hint {
     let other = body_names.keys().find_map(|n| {
         Server::of_metric(n)
             .filter(|s| *s != server)
             .map(|s| (s, n))
     });
     match other {
-        Some((other, name)) => format!(
-            "{url} serves {} series ({name}); did you mean --server {}?",
-            other.name(),
-            other.flag()
-        ),
-        None => format!(
+        Some((other, name)) => Hint {
+            found: format!("{url} serves {} series ({name})", other.name()),
+            suggestions: vec![Suggestion::Server(other)],
+        },
+        None => Hint::plain(format!(
             "{url} serves {} series names, none of them a vLLM or SGLang signal: is it the server's metrics endpoint (SGLang needs --enable-metrics)?",
             body_names.len()
-        ),
+        )),
     }
 }
 
@@ -264,14 +380,14 @@ mod tests {
             role: role.into(),
             place: "selector {job=\"x\"}".into(),
             present: present.iter().map(|n| (n.to_string(), 1)).collect(),
-            hints: vec!["found something".into()],
+            hints: vec![Hint::plain("found something")],
         }
     }
 
     fn report(roles: Vec<RoleFinding>) -> Report {
         Report {
             source: "Prometheus http://127.0.0.1:9".into(),
-            fix: "fix --deploy-name",
+            kind: SourceKind::Prometheus,
             roles,
         }
     }
@@ -302,17 +418,20 @@ mod tests {
         );
         assert!(
             e.ends_with(
-                "\n  found something\nfix --deploy-name; or pass --allow-missing-signals to start anyway (the role's signals then read 0 at every stage)"
+                "\n  found something\nfix the source's roles or server profile, or allow missing signals to start anyway (the role's signals then read 0 at every stage)"
             ),
             "{e}"
         );
         // Allowed: the refusal becomes a warning, beside prefill's gaps.
         let w = r.conclude(&names, true).unwrap();
-        assert!(w.iter().any(|w| w.contains("starting anyway")), "{w:?}");
         assert!(
-            w.iter()
-                .any(|w| w.starts_with("role prefill: no series for preemptions"))
+            w.iter().any(|w| w.to_string().contains("starting anyway")),
+            "{w:?}"
         );
+        assert!(w.iter().any(|w| {
+            w.to_string()
+                .starts_with("role prefill: no series for preemptions")
+        }));
     }
 
     #[test]
@@ -329,7 +448,7 @@ mod tests {
             .unwrap();
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(
-            w[0],
+            w[0].to_string(),
             "role aggregate: no series for preemptions in Prometheus http://127.0.0.1:9 at selector {job=\"x\"} (tried vllm:num_preemptions_total, vllm_num_preemptions_total): preemptions read 0 at every stage, recorded as no data"
         );
         // Everything there: nothing to say.
@@ -341,6 +460,10 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    fn shown(hints: Vec<Hint>) -> Vec<String> {
+        hints.iter().map(Hint::to_string).collect()
     }
 
     fn candidate(labels: &[(&str, &str)], metric: &str) -> Candidate {
@@ -356,7 +479,7 @@ mod tests {
     #[test]
     fn hints_suggest_the_deploy_name_a_selector_or_the_server() {
         let role = &default_roles("mymdel")[0];
-        let hints = prometheus_hints(
+        let hints = shown(prometheus_hints(
             role,
             Server::Vllm,
             &[
@@ -381,29 +504,29 @@ mod tests {
                     "sglang:num_queue_reqs",
                 ),
             ],
-        );
+        ));
         assert_eq!(
             hints,
             [
-                "found job=\"vllm-aggregate\", pod=\"mymodel-0\" (vllm:num_requests_waiting); did you mean --deploy-name mymodel?",
-                "found job=\"other\", pod=\"x-0\" (vllm:num_requests_waiting); did you mean --selector aggregate='{job=\"other\",pod=~\"x.*\"}'?",
-                "found job=\"sg\", instance=\"10.0.0.2:30000\" (sglang:num_queue_reqs); did you mean --server sglang --selector aggregate='{job=\"sg\", instance=\"10.0.0.2:30000\"}'?",
+                "found job=\"vllm-aggregate\", pod=\"mymodel-0\" (vllm:num_requests_waiting); did you mean deployment name mymodel?",
+                "found job=\"other\", pod=\"x-0\" (vllm:num_requests_waiting); did you mean selector aggregate='{job=\"other\",pod=~\"x.*\"}'?",
+                "found job=\"sg\", instance=\"10.0.0.2:30000\" (sglang:num_queue_reqs); did you mean server sglang, selector aggregate='{job=\"sg\", instance=\"10.0.0.2:30000\"}'?",
             ]
         );
-        // A --selector role is never told to change --deploy-name.
+        // A selector's role is never told to change the deployment name.
         let role =
             &resolve_roles(None, &["decode={job=\"vllm-decode\",pod=~\"a.*\"}".into()]).unwrap()[0];
-        let hints = prometheus_hints(
+        let hints = shown(prometheus_hints(
             role,
             Server::Vllm,
             &[candidate(
                 &[("job", "vllm-decode"), ("pod", "m.1-0")],
                 "vllm:num_requests_waiting",
             )],
-        );
+        ));
         assert!(
             hints[0].ends_with(
-                "did you mean --selector decode='{job=\"vllm-decode\",pod=~\"m\\\\.1.*\"}'?"
+                "did you mean selector decode='{job=\"vllm-decode\",pod=~\"m\\\\.1.*\"}'?"
             ),
             "{hints:?}"
         );
@@ -415,11 +538,13 @@ mod tests {
                 )
             })
             .collect();
-        let hints = prometheus_hints(role, Server::Vllm, &many);
+        let hints = shown(prometheus_hints(role, Server::Vllm, &many));
         assert_eq!(hints.len(), MAX_CANDIDATES + 1);
         assert_eq!(hints[MAX_CANDIDATES], "and 3 more");
         assert!(
-            prometheus_hints(role, Server::Vllm, &[])[0].contains("is it scraping the servers")
+            prometheus_hints(role, Server::Vllm, &[])[0]
+                .found
+                .contains("is it scraping the servers")
         );
         // The right name and the wrong server: only the server is to change.
         let role = &default_roles("mymodel")[0];
@@ -433,9 +558,11 @@ mod tests {
         );
         assert_eq!(
             hints,
-            [
-                "found job=\"vllm-aggregate\", pod=\"mymodel-0\" (sglang:num_queue_reqs); did you mean --server sglang?"
-            ]
+            [Hint {
+                found: "found job=\"vllm-aggregate\", pod=\"mymodel-0\" (sglang:num_queue_reqs)"
+                    .into(),
+                suggestions: vec![Suggestion::Server(Server::Sglang)],
+            }]
         );
     }
 
@@ -453,10 +580,14 @@ mod tests {
                 Server::Vllm,
                 &body(&["python_info", "sglang:num_queue_reqs"])
             ),
-            "http://h/metrics serves SGLang series (sglang:num_queue_reqs); did you mean --server sglang?"
+            Hint {
+                found: "http://h/metrics serves SGLang series (sglang:num_queue_reqs)".into(),
+                suggestions: vec![Suggestion::Server(Server::Sglang)],
+            }
         );
         assert!(
             scrape_hint("http://h/metrics", Server::Vllm, &body(&["python_info"]))
+                .found
                 .contains("serves 1 series names, none of them a vLLM or SGLang signal")
         );
     }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::SignalError;
 
 /// The kind of server whose metric names are read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Server {
     #[default]
     Vllm,
@@ -178,7 +178,7 @@ impl MetricNames {
         let mut names = Self::of(server);
         for flag in flags {
             let bad = |why: &str| SignalError::Metric {
-                flag: flag.clone(),
+                value: flag.clone(),
                 why: why.to_string(),
             };
             let (key, list) = flag

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::config::{RoleSelector, promql_string};
 use crate::http::Tls;
 use crate::math::{self, Window};
-use crate::preflight::{self, Candidate, RoleFinding};
+use crate::preflight::{self, Candidate, RoleFinding, SourceKind};
 use crate::profile::{Family, MetricNames, Server};
 use crate::spec::{self, Reading, SPECS, Spec, Stat};
 use crate::{SignalError, StageSignals, excerpt, unix_now};
@@ -42,7 +42,7 @@ pub enum QueryError {
     /// A 2xx answer that is not the expected JSON.
     #[error("prometheus: malformed response ({why}); body starts: {excerpt}")]
     Malformed { why: String, excerpt: String },
-    #[error("prometheus: no answer within {0} (--prometheus-timeout)")]
+    #[error("prometheus: no answer within {0} (the query timeout)")]
     Timeout(String),
     #[error("prometheus: request to {url} failed: {why}")]
     Transport { url: String, why: String },
@@ -52,7 +52,7 @@ pub enum QueryError {
     /// Not sent: an earlier query of the same check got no answer in time,
     /// so this one would most likely only wait out the same timeout.
     #[error(
-        "prometheus: not queried: an earlier query of this check got no answer within {0} (--prometheus-timeout)"
+        "prometheus: not queried: an earlier query of this check got no answer within {0} (the query timeout)"
     )]
     NotQueried(String),
 }
@@ -143,12 +143,12 @@ impl PromClient {
         }
         let mut map = HeaderMap::new();
         let bad_header = |name: &str, why: String| SignalError::Header {
-            flag: name.to_string(),
+            value: name.to_string(),
             why,
         };
         if let Some(token) = bearer_token {
             let mut v = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
-                .map_err(|e| bad_header("--prometheus-bearer-token", e.to_string()))?;
+                .map_err(|e| bad_header("Authorization: Bearer <token>", e.to_string()))?;
             v.set_sensitive(true);
             map.insert(reqwest::header::AUTHORIZATION, v);
         }
@@ -576,7 +576,7 @@ impl PrometheusSource {
         let unreachable = |e: QueryError| SignalError::Unreachable {
             from: self.source(),
             why: e.to_string(),
-            fix: "check --prometheus-url (and, for a secured Prometheus, --ca-cert, --prometheus-bearer-token or --prometheus-client-cert); no load was sent",
+            kind: SourceKind::Prometheus,
         };
         let names = promql_string(&self.names.all_series_names().join("|"));
         let mut roles = Vec::new();
@@ -614,7 +614,7 @@ impl PrometheusSource {
         }
         Ok(preflight::Report {
             source: self.source(),
-            fix: "fix --deploy-name or --selector (or --server)",
+            kind: SourceKind::Prometheus,
             roles,
         })
     }
@@ -760,7 +760,7 @@ impl PrometheusSource {
                 }
                 if Instant::now() >= deadline {
                     errors.push(format!(
-                        "{}: settle: no sample at or after the stage end within {} (--settle-wait); the last seconds may be missing",
+                        "{}: settle: no sample at or after the stage end within {} (the settle wait); the last seconds may be missing",
                         role.role,
                         humantime::format_duration(self.settle_wait)
                     ));

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use crate::config::ScrapeTarget;
 use crate::exposition;
 use crate::math::{self, Bucket, Window};
-use crate::preflight::{self, RoleFinding};
+use crate::preflight::{self, RoleFinding, SourceKind};
 use crate::profile::{Family, MetricNames};
 use crate::spec::{self, Reading, SPECS, Stat};
 use crate::{SignalError, StageSignals, unix_now};
@@ -212,7 +212,7 @@ impl ScrapeSource {
             let body = body.map_err(|why| SignalError::Unreachable {
                 from: target.url.clone(),
                 why,
-                fix: "check the --scrape URL (and --ca-cert for https); no load was sent",
+                kind: SourceKind::Scrape,
             })?;
             let mut names = BTreeMap::new();
             for sample in exposition::parse(&body).samples {
@@ -252,8 +252,8 @@ impl ScrapeSource {
             })
             .collect();
         Ok(preflight::Report {
-            source: "--scrape".to_string(),
-            fix: "fix the --scrape URL (or --server)",
+            source: "the scraped metrics".to_string(),
+            kind: SourceKind::Scrape,
             roles,
         })
     }

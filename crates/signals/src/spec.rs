@@ -127,7 +127,7 @@ impl Reading {
     }
 
     /// The number the policy sees: missing and failed signals read 0
-    /// (SEED.md), and so does a value that is not finite.
+    /// (fail-open: a signal that cannot be read never stops a sweep), and so does a value that is not finite.
     pub fn value(&self) -> f64 {
         match self {
             Reading::Found { value, .. } if value.is_finite() => *value,

@@ -12,13 +12,15 @@ use std::time::Duration;
 use common::{Answer, FakeProm, Req, empty, every_vllm_series, labelled, matrix, vector};
 use nyann_model::SeriesStatus;
 use nyann_signals::prometheus::MAX_PARALLEL_QUERIES;
-use nyann_signals::{SignalArgs, SignalError, SignalSource, StageSignals};
+use nyann_signals::{
+    Hint, PreflightWarning, SignalError, SignalOptions, SignalSource, StageSignals, Suggestion,
+};
 
 const DECODE: &str = r#"{job="vllm-decode",pod=~"model-decode.*"}"#;
 const PREFILL: &str = r#"{job="vllm-prefill",pod=~"model-prefill.*"}"#;
 
-fn args(url: &str, deploy: &str) -> SignalArgs {
-    SignalArgs {
+fn args(url: &str, deploy: &str) -> SignalOptions {
+    SignalOptions {
         prometheus_url: Some(url.to_string()),
         deploy_name: Some(deploy.to_string()),
         settle_wait: Duration::ZERO,
@@ -26,8 +28,8 @@ fn args(url: &str, deploy: &str) -> SignalArgs {
     }
 }
 
-async fn signals(args: &SignalArgs, start: f64, end: f64) -> StageSignals {
-    let source = SignalSource::from_args(args).await.unwrap().unwrap();
+async fn signals(args: &SignalOptions, start: f64, end: f64) -> StageSignals {
+    let source = SignalSource::from_options(args).await.unwrap().unwrap();
     source.stage_signals(start, end).await
 }
 
@@ -276,7 +278,7 @@ async fn custom_selector_and_auth_headers_are_sent() {
     a.selectors = vec![r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#.into()];
     a.prometheus_bearer_token = Some("s3cret".into());
     a.prometheus_headers = vec!["X-Scope-OrgID: team-a".into()];
-    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     assert_eq!(source.roles(), ["prefill", "decode"]);
     let described = source.describe();
     assert!(
@@ -350,7 +352,7 @@ async fn fault(answer: impl Fn() -> Answer + Send + Sync + 'static, expect: &str
     fault_with(&a, expect).await
 }
 
-async fn fault_with(a: &SignalArgs, expect: &str) -> Vec<String> {
+async fn fault_with(a: &SignalOptions, expect: &str) -> Vec<String> {
     let out = signals(a, 100.0, 160.0).await;
     assert_eq!(out.roles.len(), 1);
     let r = &out.roles[0];
@@ -469,7 +471,7 @@ async fn fault_hang_past_timeout() {
     let started = std::time::Instant::now();
     fault(
         || Answer::Hang,
-        "no answer within 300ms (--prometheus-timeout)",
+        "no answer within 300ms (the query timeout)",
     )
     .await;
     // Bounded by the timeouts, nowhere near the 1 h hang.
@@ -613,20 +615,20 @@ async fn a_quantile_of_inf_reads_the_largest_bucket_bound_as_a_lower_bound() {
 async fn configuration_errors_are_typed() {
     let mut a = args("http://127.0.0.1:1", "m");
     a.scrape = vec!["127.0.0.1:2".into()];
-    assert!(SignalSource::from_args(&a).await.is_err());
-    let a = SignalArgs {
+    assert!(SignalSource::from_options(&a).await.is_err());
+    let a = SignalOptions {
         prometheus_url: Some("http://127.0.0.1:1".into()),
         ..Default::default()
     };
-    let e = SignalSource::from_args(&a).await.unwrap_err().to_string();
-    assert!(e.contains("--deploy-name"), "{e}");
-    let a = SignalArgs::default();
-    assert!(SignalSource::from_args(&a).await.unwrap().is_none());
+    let e = SignalSource::from_options(&a).await.unwrap_err();
+    assert_eq!(e, SignalError::NoRoles);
+    let a = SignalOptions::default();
+    assert!(SignalSource::from_options(&a).await.unwrap().is_none());
     let mut a = args("not a url", "m");
-    assert!(SignalSource::from_args(&a).await.is_err());
+    assert!(SignalSource::from_options(&a).await.is_err());
     a.prometheus_url = Some("http://127.0.0.1:1".into());
     a.prometheus_headers = vec!["bad header".into()];
-    assert!(SignalSource::from_args(&a).await.is_err());
+    assert!(SignalSource::from_options(&a).await.is_err());
 }
 
 #[tokio::test]
@@ -714,9 +716,20 @@ fn one_role_blind(req: &Req) -> Answer {
 async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
     let fake = FakeProm::start(one_role_blind).await;
     let a = args(&fake.url(), "model-decode");
-    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     let e = source.preflight().await.unwrap_err();
-    assert!(matches!(e, SignalError::NothingFound(_)), "{e:?}");
+    let SignalError::NothingFound(nothing) = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        nothing.roles[0].hints[0],
+        Hint {
+            found:
+                "found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting)"
+                    .into(),
+            suggestions: vec![Suggestion::DeployName("mymodel-decode".into())],
+        }
+    );
     let text = e.to_string();
     assert!(
         text.starts_with(&format!(
@@ -727,11 +740,11 @@ async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
     );
     assert!(
         text.contains(
-            "\n  found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting); did you mean --deploy-name mymodel-decode?"
+            "\n  found job=\"vllm-decode\", pod=\"mymodel-decode-0\" (vllm:num_requests_waiting); did you mean deployment name mymodel-decode?"
         ),
         "{text}"
     );
-    assert!(text.contains("--allow-missing-signals"), "{text}");
+    assert!(text.contains("allow missing signals"), "{text}");
     assert!(!text.contains("role prefill"), "{text}");
     // One query per role, then one for the candidates.
     let queries: Vec<String> = fake
@@ -742,14 +755,21 @@ async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
     assert_eq!(queries.len(), 3, "{queries:#?}");
     assert_eq!(queries[1], preflight_query(&DECODE[1..DECODE.len() - 1]));
 
-    // --allow-missing-signals: the refusal becomes a warning.
+    // Missing signals allowed: the refusal becomes a warning.
     let mut a = a;
     a.allow_missing_signals = true;
-    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     let warnings = source.preflight().await.unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].starts_with("role decode: no series of any signal"));
-    assert!(warnings[0].contains("starting anyway (--allow-missing-signals)"));
+    let PreflightWarning::Blind(blind) = &warnings[0] else {
+        panic!("{warnings:?}");
+    };
+    assert!(
+        blind
+            .summary
+            .starts_with("role decode: no series of any signal")
+    );
+    assert!(warnings[0].to_string().contains("starting anyway"));
 }
 
 #[tokio::test]
@@ -776,17 +796,17 @@ async fn preflight_warns_once_per_missing_signal() {
         Answer::json(200, body)
     })
     .await;
-    let source = SignalSource::from_args(&args(&fake.url(), "m"))
+    let source = SignalSource::from_options(&args(&fake.url(), "m"))
         .await
         .unwrap()
         .unwrap();
     let warnings = source.preflight().await.unwrap();
     assert_eq!(
         warnings,
-        [format!(
+        [PreflightWarning::Missing(format!(
             "role aggregate: no series for preemptions in Prometheus {} at selector {{job=\"vllm-aggregate\",pod=~\"m.*\"}} (tried vllm:num_preemptions_total, vllm_num_preemptions_total): preemptions read 0 at every stage, recorded as no data",
             fake.url()
-        )]
+        ))]
     );
 }
 
@@ -797,7 +817,7 @@ async fn preflight_fails_when_prometheus_is_down_or_refuses_the_query() {
         l.local_addr().unwrap().port()
     };
     let url = format!("http://127.0.0.1:{port}");
-    let source = SignalSource::from_args(&args(&url, "m"))
+    let source = SignalSource::from_options(&args(&url, "m"))
         .await
         .unwrap()
         .unwrap();
@@ -821,7 +841,7 @@ async fn preflight_fails_when_prometheus_is_down_or_refuses_the_query() {
     .await;
     let mut a = args(&fake.url(), "m");
     a.selectors = vec!["aggregate={job=\"x\" pod=\"y\"}".into()];
-    let source = SignalSource::from_args(&a).await.unwrap().unwrap();
+    let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     let text = source.preflight().await.unwrap_err().to_string();
     assert!(text.contains("bad_data: 1:40: parse error"), "{text}");
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{Engine, Exporter, bucket_of, congested, now};
-use nyann_signals::{SignalArgs, SignalError, SignalSource, StageSignals};
+use nyann_signals::{SignalError, SignalOptions, SignalSource, StageSignals};
 use nyann_testkit::{PrivateCa, PrometheusServer, ScrapeJob, WebTls};
 
 /// What a scripted engine does each 50 ms tick in each phase.
@@ -113,8 +113,8 @@ fn agree(label: &str, prom: &StageSignals, scrape: &StageSignals) {
     }
 }
 
-async fn source(args: SignalArgs) -> SignalSource {
-    let s = SignalSource::from_args(&args).await.unwrap().unwrap();
+async fn source(args: SignalOptions) -> SignalSource {
+    let s = SignalSource::from_options(&args).await.unwrap().unwrap();
     s.start();
     s
 }
@@ -143,12 +143,12 @@ async fn prometheus_and_scrape_sources_agree_idle_and_overloaded() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 
-    let prom_args = |deploy: &str| SignalArgs {
+    let prom_args = |deploy: &str| SignalOptions {
         prometheus_url: Some(prom.url()),
         deploy_name: Some(deploy.to_string()),
         ..Default::default()
     };
-    let scrape_args = |urls: Vec<String>| SignalArgs {
+    let scrape_args = |urls: Vec<String>| SignalOptions {
         scrape: urls,
         ..Default::default()
     };
@@ -230,33 +230,33 @@ async fn https_prometheus_with_a_private_ca_and_client_certificates() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(prom.url().starts_with("https://127.0.0.1:"));
-    let base = SignalArgs {
+    let base = SignalOptions {
         prometheus_url: Some(prom.url()),
         deploy_name: Some("m".into()),
         settle_wait: Duration::ZERO,
         ..Default::default()
     };
 
-    let trusted = SignalArgs {
+    let trusted = SignalOptions {
         ca_certs: vec![ca.ca_der.clone()],
         prometheus_client_cert: Some(ca.client_cert.clone()),
         prometheus_client_key: Some(ca.client_key.clone()),
         ..base.clone()
     };
-    let source = SignalSource::from_args(&trusted).await.unwrap().unwrap();
-    assert_eq!(source.preflight().await.unwrap(), Vec::<String>::new());
+    let source = SignalSource::from_options(&trusted).await.unwrap().unwrap();
+    assert_eq!(source.preflight().await.unwrap(), Vec::new());
     let end = now();
     let out = source.stage_signals(end - 5.0, end).await;
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     assert_eq!(out.roles[0].waiting_requests_p50, 5.0);
 
-    let refused = |args: SignalArgs| async move {
-        let source = SignalSource::from_args(&args).await.unwrap().unwrap();
+    let refused = |args: SignalOptions| async move {
+        let source = SignalSource::from_options(&args).await.unwrap().unwrap();
         let e = source.preflight().await.unwrap_err();
         assert!(matches!(e, SignalError::Unreachable { .. }), "{e:?}");
         e.to_string()
     };
-    let without_client_cert = refused(SignalArgs {
+    let without_client_cert = refused(SignalOptions {
         ca_certs: vec![ca.ca_der.clone()],
         ..base.clone()
     })
@@ -265,7 +265,7 @@ async fn https_prometheus_with_a_private_ca_and_client_certificates() {
         without_client_cert.contains(&format!("from Prometheus {}", prom.url())),
         "{without_client_cert}"
     );
-    let untrusted = refused(SignalArgs {
+    let untrusted = refused(SignalOptions {
         prometheus_client_cert: Some(ca.client_cert.clone()),
         prometheus_client_key: Some(ca.client_key.clone()),
         ..base.clone()
@@ -273,16 +273,16 @@ async fn https_prometheus_with_a_private_ca_and_client_certificates() {
     .await;
     assert!(untrusted.contains("certificate"), "{untrusted}");
 
-    let unreadable = SignalArgs {
+    let unreadable = SignalOptions {
         prometheus_client_key: Some("/nonexistent/key.pem".into()),
         ..trusted.clone()
     };
-    let e = SignalSource::from_args(&unreadable)
+    let e = SignalSource::from_options(&unreadable)
         .await
         .unwrap_err()
         .to_string();
     assert!(
-        e.starts_with("--prometheus-client-key /nonexistent/key.pem: cannot read it: "),
+        e.starts_with("client key /nonexistent/key.pem: cannot read it: "),
         "{e}"
     );
 }

@@ -12,10 +12,10 @@ use axum::Router;
 use axum::routing::get;
 use common::{Engine, Exporter, now};
 use nyann_model::SeriesStatus;
-use nyann_signals::{Server, SignalArgs, SignalError, SignalSource};
+use nyann_signals::{Server, SignalError, SignalOptions, SignalSource};
 
-fn scrape_args(urls: &[String]) -> SignalArgs {
-    SignalArgs {
+fn scrape_args(urls: &[String]) -> SignalOptions {
+    SignalOptions {
         scrape: urls.to_vec(),
         scrape_interval: Duration::from_millis(200),
         scrape_timeout: Duration::from_millis(500),
@@ -57,7 +57,7 @@ async fn exact_signals_from_a_scripted_exporter() {
     e.kv = 0.875;
     let exporter = Exporter::start(e).await;
     let driver = drive(&exporter);
-    let source = SignalSource::from_args(&scrape_args(&[exporter.url()]))
+    let source = SignalSource::from_options(&scrape_args(&[exporter.url()]))
         .await
         .unwrap()
         .unwrap();
@@ -110,7 +110,7 @@ async fn urls_of_one_role_are_combined_like_pods() {
         format!("prefill={}", p.url()),
         format!("decode={}", b.addr), // host:port form
     ];
-    let source = SignalSource::from_args(&scrape_args(&urls))
+    let source = SignalSource::from_options(&scrape_args(&urls))
         .await
         .unwrap()
         .unwrap();
@@ -139,7 +139,7 @@ async fn real_vllm_exposition_is_read() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let source = SignalSource::from_args(&scrape_args(&[addr.to_string()]))
+    let source = SignalSource::from_options(&scrape_args(&[addr.to_string()]))
         .await
         .unwrap()
         .unwrap();
@@ -166,7 +166,7 @@ async fn a_down_url_is_an_error_not_a_crash() {
     };
     let down = format!("http://127.0.0.1:{down_port}/metrics");
     let urls = [format!("prefill={down}"), format!("decode={}", up.url())];
-    let source = SignalSource::from_args(&scrape_args(&urls))
+    let source = SignalSource::from_options(&scrape_args(&urls))
         .await
         .unwrap()
         .unwrap();
@@ -215,25 +215,31 @@ async fn sglang_names_through_the_profile() {
     let exporter = Exporter::start(e).await;
     let driver = drive(&exporter);
 
-    let vllm = SignalSource::from_args(&scrape_args(&[exporter.url()]))
+    let vllm = SignalSource::from_options(&scrape_args(&[exporter.url()]))
         .await
         .unwrap()
         .unwrap();
     let e = vllm.preflight().await.unwrap_err();
-    assert!(matches!(e, SignalError::NothingFound(_)), "{e:?}");
+    let SignalError::NothingFound(nothing) = &e else {
+        panic!("{e:?}");
+    };
+    let hint = &nothing.roles[0].hints[0];
     assert!(
-        e.to_string()
-            .contains(&format!("{} serves SGLang series (sglang:", exporter.url()))
-            && e.to_string().contains("did you mean --server sglang?"),
+        hint.found
+            .starts_with(&format!("{} serves SGLang series (sglang:", exporter.url())),
         "{e}"
     );
+    assert_eq!(
+        hint.suggestions,
+        [nyann_signals::Suggestion::Server(Server::Sglang)]
+    );
 
-    let args = SignalArgs {
+    let args = SignalOptions {
         server: Server::Sglang,
         ..scrape_args(&[exporter.url()])
     };
-    let source = SignalSource::from_args(&args).await.unwrap().unwrap();
-    assert_eq!(source.preflight().await.unwrap(), Vec::<String>::new());
+    let source = SignalSource::from_options(&args).await.unwrap().unwrap();
+    assert_eq!(source.preflight().await.unwrap(), Vec::new());
     source.start();
     let out = stage(&source, 2.0).await;
     driver.abort();
@@ -262,7 +268,7 @@ async fn sglang_names_through_the_profile() {
 #[tokio::test]
 async fn not_started_is_reported() {
     let up = Exporter::start(Engine::new()).await;
-    let source = SignalSource::from_args(&scrape_args(&[up.url()]))
+    let source = SignalSource::from_options(&scrape_args(&[up.url()]))
         .await
         .unwrap()
         .unwrap();

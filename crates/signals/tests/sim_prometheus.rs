@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{bucket_of, congested, now};
-use nyann_signals::{SignalArgs, SignalSource, StageSignals};
+use nyann_signals::{SignalOptions, SignalSource, StageSignals};
 use nyann_sim::SimArgs;
 use nyann_testkit::{PrometheusServer, ScrapeJob};
 
@@ -123,7 +123,7 @@ async fn run(disaggregated: bool) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let deploy = if disaggregated { "sim-decode" } else { "sim" };
-    let p = SignalSource::from_args(&SignalArgs {
+    let p = SignalSource::from_options(&SignalOptions {
         prometheus_url: Some(prom.url()),
         deploy_name: Some(deploy.into()),
         ..Default::default()
@@ -131,7 +131,7 @@ async fn run(disaggregated: bool) {
     .await
     .unwrap()
     .unwrap();
-    let s = SignalSource::from_args(&SignalArgs {
+    let s = SignalSource::from_options(&SignalOptions {
         scrape: endpoints
             .iter()
             .map(|(role, addr)| format!("{role}={addr}"))

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use nyann_load::http::{Proxies, read_ca_certs};
-use nyann_load::{Api, CancellationToken, ClientConfig, RunOptions};
+use nyann_load::client::ClientError;
+use nyann_load::http::{Proxies, TargetError, read_ca_certs};
+use nyann_load::{Api, CancellationToken, ClientConfig, RunError, RunOptions};
 use nyann_model::{parse_duration, parse_header};
 
 /// `--api`: which OpenAI API to call.
@@ -157,6 +158,21 @@ impl ClientArgs {
     }
 }
 
+/// A load library error as users read it: with the flags that fix it.
+pub fn explain(err: RunError) -> anyhow::Error {
+    match &err {
+        RunError::Client(ClientError::NotReady { .. }) => {
+            anyhow!("{err}; start it, check --target, or raise --ready-timeout")
+        }
+        RunError::Client(ClientError::NoModel { .. }) => anyhow!("{err}: pass --model"),
+        RunError::Client(ClientError::Target {
+            reason: TargetError::Credentials,
+            ..
+        }) => anyhow!("{err}: use --api-key or --header"),
+        _ => err.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +205,36 @@ mod tests {
         assert_eq!(options.max_consecutive_errors, 5);
         let bad = Cli::parse_from(["x", "--header", "nocolon"]);
         assert!(bad.client.to_options().is_err());
+    }
+
+    #[test]
+    fn library_errors_get_the_flags_that_fix_them() {
+        let not_ready = RunError::Client(ClientError::NotReady {
+            url: "http://127.0.0.1:1/v1/models".into(),
+            waited: Duration::from_secs(1),
+            last: "refused".into(),
+        });
+        assert_eq!(
+            explain(not_ready).to_string(),
+            "the server at http://127.0.0.1:1/v1/models did not answer GET /models within 1s \
+             (last error: refused); start it, check --target, or raise --ready-timeout"
+        );
+        let no_model = RunError::Client(ClientError::NoModel {
+            url: "http://h/v1/models".into(),
+        });
+        assert_eq!(
+            explain(no_model).to_string(),
+            "GET http://h/v1/models lists no model: pass --model"
+        );
+        let credentials = RunError::Client(ClientError::Target {
+            base: "http://u:p@h/v1".into(),
+            reason: TargetError::Credentials,
+        });
+        assert_eq!(
+            explain(credentials).to_string(),
+            "invalid target URL \"http://u:p@h/v1\": user names and passwords in the URL are \
+             not supported: use --api-key or --header"
+        );
     }
 
     #[test]

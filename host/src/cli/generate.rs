@@ -10,12 +10,12 @@ use std::time::Duration;
 use anyhow::Context;
 use nyann_load::Live;
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
-use nyann_signals::SignalArgs;
 
 use super::Ui;
 use super::client::ClientArgs;
 use super::interrupt::cancel_on_signals;
 use super::progress::Progress;
+use super::signals::SignalArgs;
 use crate::report;
 use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs, RunResult};
 
@@ -200,15 +200,14 @@ pub async fn run_scenario(
     let mut options = args.client.to_options()?;
     options.output_dir = args.output_dir.clone();
     // --ca-cert is trusted for Prometheus and --scrape URLs as for the target.
-    let signals = SignalArgs {
-        ca_certs: options
+    let signals = args.signals.to_options(
+        options
             .client
             .ca_certs
             .iter()
             .map(|c| c.as_ref().to_vec())
             .collect(),
-        ..(*args.signals).clone()
-    };
+    );
     let check = CongestionCheck::prepare(scenario, &signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
@@ -238,7 +237,7 @@ pub async fn run_scenario(
             eprintln!("interrupted before any load was sent");
             return Ok(ExitCode::from(130));
         }
-        Err(err) => return Err(err.into()),
+        Err(err) => return Err(super::client::explain(err)),
     };
 
     if let Some(dir) = &args.output_dir {

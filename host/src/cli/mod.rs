@@ -11,6 +11,7 @@ mod policy;
 pub mod progress;
 mod report;
 mod scenario;
+pub(crate) mod signals;
 mod sim;
 
 use std::ffi::OsString;

@@ -392,7 +392,7 @@ impl Shared {
                     let mut reason = lock(&self.abort_reason);
                     if reason.is_none() && !self.halt.is_cancelled() {
                         let msg = format!(
-                            "{n} consecutive failed requests (--max-consecutive-errors {}); last error: {}{}",
+                            "{n} consecutive failed requests (at most {} allowed in a row); last error: {}{}",
                             self.max_consecutive_errors,
                             record.error.as_deref().unwrap_or("unknown"),
                             if record.client_error {

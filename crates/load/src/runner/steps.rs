@@ -224,8 +224,8 @@ async fn drain_stage(shared: &Shared, index: usize, label: &str, drain: Duration
         .is_err()
     {
         tracing::warn!(
-            "stage {label}: {} request(s) still in flight {} after the stage ended: recorded as \
-             late; the next stage starts (--drain-timeout)",
+            "stage {label}: {} request(s) still in flight when the drain time ({}) after the \
+             stage ran out: recorded as late; the next stage starts",
             slot.inflight.get(),
             humantime::format_duration(drain),
         );
@@ -243,8 +243,8 @@ pub(super) async fn drain_all(shared: &Shared, drain: Duration) {
         .is_err()
     {
         tracing::warn!(
-            "{} request(s) still in flight {} after the load stopped: recorded as late \
-             (--drain-timeout)",
+            "{} request(s) still in flight when the drain time ({}) after the load stopped \
+             ran out: recorded as late",
             shared.inflight.get(),
             humantime::format_duration(drain),
         );

@@ -197,7 +197,7 @@ fn make_record(
                 Some("cancelled: still in flight when the run was interrupted".into())
             }
             Status::Late => Some(
-                "late: still in flight when the drain time ran out (--drain-timeout); \
+                "late: still in flight when the drain time ran out; \
                  abandoned so that the run could go on"
                     .into(),
             ),

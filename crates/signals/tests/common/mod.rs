@@ -204,7 +204,7 @@ pub fn bucket_of(v: f64) -> usize {
         .unwrap_or(TTFT_BOUNDS.len())
 }
 
-/// SEED.md's rule with the balanced example's thresholds.
+/// The built-in policy's rule with the balanced example's thresholds.
 pub fn congested(roles: &[nyann_model::RoleSignals]) -> bool {
     let waiting = roles.iter().any(|r| r.waiting_requests_p50 >= 32.0);
     let ttft = roles.iter().any(|r| r.ttft_p99_seconds >= 2.0);

@@ -1,0 +1,256 @@
+//! The stage runner end to end against a local test server: stage
+//! transitions of closed-loop load, the load held between stages, the
+//! hook's stop, warm-up and max_requests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::scenarios::*;
+use common::{Behaviour, TestServer, records};
+use nyann_load::{
+    FinishedStage, HookOutcome, NoHook, Phase, RunOutcome, StageHook, StageStatus, Status,
+};
+use nyann_model::{Mode, Stage, Step};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_stages_grow_and_shrink_without_aborting_requests() {
+    let server = TestServer::start(Behaviour {
+        token_delay: Duration::from_millis(20),
+        ..Behaviour::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sc = scenario(vec![
+        concurrent(0.6, 2),
+        concurrent(0.6, 6),
+        concurrent(0.6, 3),
+    ]);
+    let mut hook = Recorder::default();
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+
+    assert_eq!(result.outcome, RunOutcome::Completed);
+    assert_eq!(result.exit_code(), 0);
+    // The hook saw every measured stage, in order, with its statistics.
+    assert_eq!(
+        hook.seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    assert!(hook.seen.iter().all(|s| s.1 > 0));
+    let recs = records(dir.path());
+    assert_eq!(recs.len() as u64, result.requests_recorded);
+    // No request was aborted by a stage change.
+    assert!(
+        recs.iter().all(|r| r.status == Status::Ok),
+        "{:?}",
+        recs.iter().find(|r| r.status != Status::Ok)
+    );
+    // Each measured request was sent inside its stage's window.
+    for r in recs.iter().filter(|r| r.phase == Phase::Measured) {
+        let st = &result.stages[r.stage];
+        let sent = r.sent_at.unwrap();
+        assert!(
+            sent >= st.start_unix.unwrap() - 1e-3 && sent <= st.end_unix.unwrap() + 1e-3,
+            "{r:?}"
+        );
+    }
+    // Stage statistics are exactly the measured records of the stage.
+    for st in &result.stages {
+        let n = recs
+            .iter()
+            .filter(|r| r.stage == st.index && r.phase == Phase::Measured)
+            .count() as u64;
+        assert_eq!(st.client.as_ref().unwrap().requests_ok, n);
+        assert_eq!(st.status, StageStatus::Measured);
+        assert_eq!(st.annotation, Some(serde_json::json!({ "seen": st.index })));
+    }
+    // The server never saw more streams than the largest stage.
+    assert!(
+        server
+            .state
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+            <= 6
+    );
+    // The outputs are on disk and agree with the result.
+    let stages: Vec<nyann_load::StageResult> =
+        serde_json::from_slice(&std::fs::read(dir.path().join("stages.json")).unwrap()).unwrap();
+    assert_eq!(stages.len(), result.stages.len());
+    for (file, mem) in stages.iter().zip(&result.stages) {
+        assert_eq!(
+            (
+                file.index,
+                file.status,
+                &file.client.as_ref().unwrap().requests_ok
+            ),
+            (
+                mem.index,
+                mem.status,
+                &mem.client.as_ref().unwrap().requests_ok
+            )
+        );
+    }
+    let summary: nyann_load::RunResult =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary.totals.requests_ok,
+        result
+            .stages
+            .iter()
+            .map(|s| s.client.as_ref().unwrap().requests_ok)
+            .sum::<u64>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_holds_between_stages_and_hold_requests_count_nowhere() {
+    let server = TestServer::start(Behaviour {
+        token_delay: Duration::from_millis(10),
+        ..Behaviour::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+
+    /// Takes its time, as a policy querying Prometheus would.
+    struct Slow;
+    impl StageHook for Slow {
+        type Annotation = serde_json::Value;
+        async fn after_stage(&mut self, _: &FinishedStage<'_>) -> HookOutcome {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            HookOutcome::proceed()
+        }
+    }
+    let sc = scenario(vec![concurrent(0.4, 3), concurrent(0.4, 3)]);
+    let result = nyann_load::run(&sc, options(&server, dir.path()), Slow)
+        .await
+        .unwrap();
+    let recs = records(dir.path());
+    let hold: Vec<_> = recs.iter().filter(|r| r.phase == Phase::Hold).collect();
+    // Load went on while the hook ran: tagged hold, with the finished stage's index.
+    assert!(hold.len() >= 3, "{}", hold.len());
+    assert!(
+        hold.iter().all(
+            |r| r.stage == 0 && r.sent_at.unwrap() >= result.stages[0].end_unix.unwrap() - 1e-3
+        )
+    );
+    let total_measured: u64 = result
+        .stages
+        .iter()
+        .map(|s| s.client.as_ref().unwrap().requests_ok)
+        .sum();
+    assert_eq!(
+        total_measured as usize,
+        recs.iter().filter(|r| r.phase == Phase::Measured).count()
+    );
+    // The next stage started only after the hook returned.
+    assert!(result.stages[1].start_unix.unwrap() >= result.stages[0].end_unix.unwrap() + 0.39);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_stop_skips_later_stages_and_keeps_the_stopping_stage() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sc = scenario(vec![
+        concurrent(0.3, 2),
+        Step::Barrier { drain: false },
+        concurrent(0.3, 4),
+        concurrent(0.3, 8),
+    ]);
+    let mut hook = Recorder {
+        stop_at: Some(2),
+        ..Recorder::default()
+    };
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&result.outcome, RunOutcome::Stopped { stage: 2, reason } if reason.contains("enough"))
+    );
+    assert_eq!(result.exit_code(), 0);
+    let statuses: Vec<_> = result.stages.iter().map(|s| s.status).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            StageStatus::Measured,
+            StageStatus::Barrier,
+            StageStatus::Measured,
+            StageStatus::Skipped
+        ]
+    );
+    assert!(
+        result.stages[3]
+            .skip_reason
+            .as_deref()
+            .unwrap()
+            .contains("enough")
+    );
+    assert!(result.stages[2].client.as_ref().unwrap().requests_ok > 0);
+    // Nothing was sent for the skipped stage.
+    assert!(records(dir.path()).iter().all(|r| r.stage != 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmup_is_sent_tagged_and_excluded() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let warm = Step::Stage(Stage {
+        concurrency: Some(2),
+        warmup: true,
+        ..Stage::new(0.3, Mode::Concurrent)
+    });
+    let sc = scenario(vec![warm, concurrent(0.3, 2)]);
+    let mut hook = Recorder::default();
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+    assert_eq!(
+        hook.seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![1],
+        "warm-up is never judged"
+    );
+    assert_eq!(result.stages[0].status, StageStatus::Warmup);
+    let recs = records(dir.path());
+    let warm_n = recs
+        .iter()
+        .filter(|r| r.phase == Phase::Warmup && r.stage == 0)
+        .count();
+    assert!(warm_n > 0);
+    let measured_n = recs.iter().filter(|r| r.phase == Phase::Measured).count() as u64;
+    assert_eq!(result.totals.requests_ok, measured_n);
+    assert!(
+        recs.iter()
+            .filter(|r| r.phase == Phase::Measured)
+            .all(|r| r.stage == 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_requests_ends_the_stage_early() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Step::Stage(Stage {
+        concurrency: Some(3),
+        max_requests: 7,
+        ..Stage::new(60.0, Mode::Concurrent)
+    });
+    let sc = scenario(vec![s, concurrent(0.2, 1)]);
+    let started = std::time::Instant::now();
+    let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the 60 s stage ended on max_requests"
+    );
+    let recs = records(dir.path());
+    assert_eq!(
+        recs.iter()
+            .filter(|r| r.stage == 0 && r.phase == Phase::Measured)
+            .count(),
+        7
+    );
+    assert_eq!(result.stages[0].client.as_ref().unwrap().requests_ok, 7);
+}
