@@ -14,10 +14,9 @@ use nyann_fleet::protocol::{build_id, scenario_digest};
 use nyann_fleet::share::{first_id, scenario_share, worker_seed};
 use nyann_fleet::{Leader, LeaderConfig, OnWorkerLoss, WorkerConfig};
 use nyann_model::parse_duration;
-use nyann_signals::SignalArgs;
 
 use super::Ui;
-use super::generate::{Args, exit_code, load_scenario, save_report};
+use super::generate::{Args, exit_code, load_scenario, save_report, signal_options};
 use super::interrupt::cancel_on_signals;
 use crate::report;
 use crate::sweep::{CongestionCheck, RunResult};
@@ -114,15 +113,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         scenario_share(&scenario, fleet.workers, i)?;
     }
     let mut options = args.client.to_options()?;
-    let signals = SignalArgs {
-        ca_certs: options
-            .client
-            .ca_certs
-            .iter()
-            .map(|c| c.as_ref().to_vec())
-            .collect(),
-        ..(*args.signals).clone()
-    };
+    let signals = signal_options(args, &options);
     let check = CongestionCheck::prepare(&scenario, &signals, &args.policy).await?;
     nyann_load::raise_fd_limit();
     let leader = Leader::bind(

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use nyann_load::Live;
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
+use nyann_signals::SignalOptions;
 
 use super::Ui;
 use super::client::ClientArgs;
@@ -199,15 +200,7 @@ pub async fn run_scenario(
 ) -> anyhow::Result<ExitCode> {
     let mut options = args.client.to_options()?;
     options.output_dir = args.output_dir.clone();
-    // --ca-cert is trusted for Prometheus and --scrape URLs as for the target.
-    let signals = args.signals.to_options(
-        options
-            .client
-            .ca_certs
-            .iter()
-            .map(|c| c.as_ref().to_vec())
-            .collect(),
-    );
+    let signals = signal_options(args, &options);
     let check = CongestionCheck::prepare(scenario, &signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
@@ -293,6 +286,14 @@ pub(super) fn save_report(
     if let Err(err) = saved {
         tracing::warn!("the HTML report was not written: {err:#}");
     }
+}
+
+/// The server-signal options of `args`: `--ca-cert` is trusted for
+/// Prometheus and `--scrape` URLs as for the target.
+pub(super) fn signal_options(args: &Args, load: &nyann_load::RunOptions) -> SignalOptions {
+    let ca_certs = load.client.ca_certs.iter();
+    args.signals
+        .to_options(ca_certs.map(|c| c.as_ref().to_vec()).collect())
 }
 
 /// 0 when the run completed or stopped on congestion (the feature working);
