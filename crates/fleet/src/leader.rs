@@ -109,8 +109,9 @@ impl Fleet {
             at_unix: now_unix(),
         });
         if self.on_loss == OnWorkerLoss::Abort {
-            let message =
-                format!("worker {worker} lost in step {step} ({reason}); --on-worker-loss abort");
+            let message = format!(
+                "worker {worker} lost in step {step} ({reason}); a lost worker aborts the run"
+            );
             let mut aborted = lock(&self.aborted);
             if aborted.is_none() {
                 *aborted = Some(message.clone());
@@ -286,11 +287,11 @@ async fn admit(
         ))
     } else if their_workers != workers {
         Some(format!(
-            "it was started with --workers {their_workers}, the leader with --workers {workers}"
+            "it was started for {their_workers} workers, the leader for {workers}"
         ))
     } else if index == 0 || index >= workers {
         Some(format!(
-            "--worker-index {index} is not a worker of 1..{} (0 is the leader)",
+            "its index {index} is not a worker of 1..{} (0 is the leader)",
             workers - 1
         ))
     } else if joined.contains(&index) {

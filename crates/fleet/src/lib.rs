@@ -25,7 +25,7 @@ pub use worker::{WorkerConfig, WorkerGate, join};
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error(
-        "cannot reach the coordinator {coordinator}: {reason} (is worker 0 running, and does --coordinator name its address?)"
+        "cannot reach the coordinator {coordinator}: {reason} (is worker 0 running, and is this its address?)"
     )]
     Unreachable { coordinator: String, reason: String },
     #[error("the leader refused this worker: {0}")]

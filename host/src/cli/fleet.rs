@@ -226,7 +226,13 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         build: build(),
         scenario_digest: digest,
     })
-    .await?;
+    .await
+    .map_err(|err| match err {
+        nyann_fleet::FleetError::Unreachable { .. } => {
+            anyhow::anyhow!("{err}; --coordinator gives the leader's HOST:PORT")
+        }
+        err => err.into(),
+    })?;
     tracing::info!("worker {index}: joined; seed {}", joined.assignment.seed);
     nyann_load::raise_fd_limit();
     let own_dir: PathBuf = dir.join(format!("worker-{index}"));
