@@ -1,5 +1,5 @@
 //! The built-in congestion policy, compiled to a WebAssembly component and
-//! embedded in nyann-bench (SEED.md's rules, to the letter).
+//! embedded in nyann-bench: the standard congestion rules, exactly as stated below.
 //!
 //! A stage is congested when either rule holds (all comparisons inclusive):
 //! - sustained queueing: the largest per-role waiting p50 reaches
