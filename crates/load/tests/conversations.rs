@@ -4,10 +4,8 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::scenarios::*;
-use common::{Behaviour, TestServer, records};
+use common::{Behaviour, TestServer, records, turns_of};
 use nyann_load::{NoHook, Phase};
 use nyann_model::{CacheSalt, Mode, Stage, Step, Workload};
 
@@ -18,16 +16,6 @@ fn pool_stage(concurrency: u32, size: u32, max_requests: u64) -> Stage {
         max_requests,
         ..Stage::new(30.0, Mode::ConversationPool)
     }
-}
-
-/// (conversation, turn) of each measured record of stage `stage`, in send order.
-fn turns_of(dir: &Path, stage: usize) -> Vec<(u64, u32)> {
-    let mut recs: Vec<_> = records(dir)
-        .into_iter()
-        .filter(|r| r.stage == stage && r.phase == Phase::Measured)
-        .collect();
-    recs.sort_by_key(|r| r.id);
-    recs.iter().map(|r| (r.conversation, r.turn)).collect()
 }
 
 /// One stream over a pool of three: the working set fills first (three

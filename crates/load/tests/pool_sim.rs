@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::records;
-use nyann_load::{NoHook, Phase, RunOptions, StageResult};
+use common::{records, turns_of};
+use nyann_load::{NoHook, RunOptions, StageResult};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 use nyann_sim::{RunningSim, SimArgs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -70,16 +70,6 @@ async fn run(sim: &RunningSim, sc: &Scenario, dir: &Path) -> Vec<StageResult> {
         ..RunOptions::default()
     };
     nyann_load::run(sc, options, NoHook).await.unwrap().stages
-}
-
-/// (conversation, turn) of each measured request of `stage`, in send order.
-fn turns_of(dir: &Path, stage: usize) -> Vec<(u64, u32)> {
-    let mut recs: Vec<_> = records(dir)
-        .into_iter()
-        .filter(|r| r.stage == stage && r.phase == Phase::Measured)
-        .collect();
-    recs.sort_by_key(|r| r.id);
-    recs.iter().map(|r| (r.conversation, r.turn)).collect()
 }
 
 /// A counter's value in the simulator's `/metrics`, read over HTTP.

@@ -305,3 +305,13 @@ pub fn records(dir: &std::path::Path) -> Vec<nyann_load::RequestRecord> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// (conversation, turn) of each measured record of stage `stage`, in send order.
+pub fn turns_of(dir: &std::path::Path, stage: usize) -> Vec<(u64, u32)> {
+    let mut recs: Vec<_> = records(dir)
+        .into_iter()
+        .filter(|r| r.stage == stage && r.phase == nyann_load::Phase::Measured)
+        .collect();
+    recs.sort_by_key(|r| r.id);
+    recs.iter().map(|r| (r.conversation, r.turn)).collect()
+}
