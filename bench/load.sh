@@ -16,7 +16,10 @@
 # Usage: bench/load.sh [SECONDS_PER_POINT]   (default 10)
 # Env:   CONCURRENCIES="64 256 1024 4096"   CARGO_TARGET_DIR (default target)
 #        BIN: a nyann-bench binary to measure instead of building one (for
-#        before/after comparisons; it also runs the simulator)
+#        before/after comparisons)
+#        SIM_BIN: the binary that runs the simulator (default BIN; give the
+#        same one to both sides of a before/after comparison so that only
+#        the client differs)
 # Needs: cargo, jq (apt-get install jq), python3, /usr/bin/time (apt-get install time),
 #        taskset (util-linux) for the split-core run; installs oha from crates.io
 #        when missing.
@@ -45,7 +48,7 @@ if ! command -v oha >/dev/null; then
 fi
 if [[ "$BUILD" == 1 ]]; then cargo build --release -p nyann-bench >&2; fi
 
-start_fast_sim bench "$BIN"
+start_fast_sim bench "${SIM_BIN:-$BIN}"
 HOST=${BASE%/v1}
 echo "simulator: $BASE (profile fast), ${SECONDS_PER_POINT}s per point" >&2
 
@@ -109,7 +112,7 @@ if command -v taskset >/dev/null && (( CPUS >= 2 )); then
     SIM_CPUS="0-$((CPUS / 2 - 1))"
     CLIENT_CPUS="$((CPUS / 2))-$((CPUS - 1))"
     stop_sim
-    start_fast_sim bench "$BIN" taskset -c "$SIM_CPUS"
+    start_fast_sim bench "${SIM_BIN:-$BIN}" taskset -c "$SIM_CPUS"
     HOST=${BASE%/v1}
     SINCE=$(date +%s.%N)
     taskset -c "$CLIENT_CPUS" "$BIN" generate --target "$BASE" --concurrency 1024 --duration "${SECONDS_PER_POINT}s" \
