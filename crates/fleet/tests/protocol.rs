@@ -77,9 +77,9 @@ async fn workers_that_do_not_fit_are_refused_with_the_reason() {
         "{reason}"
     );
     let reason = refused(join(&worker(addr.clone(), 1, 4, "v1")).await);
-    assert!(reason.contains("--workers 4"), "{reason}");
+    assert!(reason.contains("started for 4 workers"), "{reason}");
     let reason = refused(join(&worker(addr.clone(), 3, 3, "v1")).await);
-    assert!(reason.contains("--worker-index 3"), "{reason}");
+    assert!(reason.contains("its index 3 is not a worker"), "{reason}");
     let wrong = WorkerConfig {
         scenario_digest: Some(scenario_digest(&scenario(8))),
         ..worker(addr.clone(), 1, 3, "v1")
