@@ -5,7 +5,7 @@
 mod common;
 
 use common::scenarios::*;
-use common::{Behaviour, TestServer, records, turns_of};
+use common::{Behaviour, TestServer, assert_one_stream_over_three, records, turns_of};
 use nyann_load::{NoHook, Phase};
 use nyann_model::{CacheSalt, Mode, Stage, Step, Workload};
 
@@ -30,13 +30,7 @@ async fn a_conversation_pool_runs_one_turn_of_the_least_recently_used() {
     let result = nyann_load::run(&sc, options(&server, dir.path()), NoHook)
         .await
         .unwrap();
-    let turns = turns_of(dir.path(), 0);
-    let ids: Vec<u64> = turns.iter().take(3).map(|t| t.0).collect();
-    let expected: Vec<(u64, u32)> = [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2), (0, 3)]
-        .iter()
-        .map(|&(i, turn)| (ids[i], turn))
-        .collect();
-    assert_eq!(turns, expected);
+    assert_one_stream_over_three(dir.path());
     assert_eq!(result.stages[0].detail.as_ref().unwrap().sent, 7);
     let detail = result.stages[0].detail.as_ref().unwrap();
     assert_eq!(

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{records, turns_of};
+use common::{assert_one_stream_over_three, records, turns_of};
 use nyann_load::{NoHook, RunOptions, StageResult};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 use nyann_sim::{RunningSim, SimArgs};
@@ -103,13 +103,7 @@ async fn one_stream_takes_the_least_recently_used_conversation() {
         dir.path(),
     )
     .await;
-    let turns = turns_of(dir.path(), 0);
-    let ids: Vec<u64> = turns.iter().take(3).map(|t| t.0).collect();
-    let expected: Vec<(u64, u32)> = [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2), (0, 3)]
-        .iter()
-        .map(|&(i, turn)| (ids[i], turn))
-        .collect();
-    assert_eq!(turns, expected);
+    assert_one_stream_over_three(dir.path());
     assert_eq!(stages[0].detail.as_ref().unwrap().sent, 7);
     assert_eq!(sim.requests().len(), 7, "the server saw 7 turns");
     sim.shutdown().await;

@@ -315,3 +315,16 @@ pub fn turns_of(dir: &std::path::Path, stage: usize) -> Vec<(u64, u32)> {
     recs.sort_by_key(|r| r.id);
     recs.iter().map(|r| (r.conversation, r.turn)).collect()
 }
+
+/// The turns of stage 0 of one stream over a pool of three conversations
+/// running 7 turns: the three fresh conversations first, then the least
+/// recently used comes back, one turn at a time.
+pub fn assert_one_stream_over_three(dir: &std::path::Path) {
+    let turns = turns_of(dir, 0);
+    let ids: Vec<u64> = turns.iter().take(3).map(|t| t.0).collect();
+    let expected: Vec<(u64, u32)> = [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2), (0, 3)]
+        .iter()
+        .map(|&(i, turn)| (ids[i], turn))
+        .collect();
+    assert_eq!(turns, expected);
+}
