@@ -29,10 +29,11 @@ impl From<ServerFlag> for Server {
 /// Flags that choose and configure the server-signal source. Flatten into a
 /// command with `#[command(flatten)]`.
 #[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Server signals")]
 pub struct SignalArgs {
     /// Prometheus base URL (e.g. http://prometheus:9090) to read server
     /// signals from with range queries after each stage.
-    #[arg(long, value_name = "URL", help_heading = "Server signals")]
+    #[arg(long, value_name = "URL")]
     pub prometheus_url: Option<String>,
 
     /// Deployment name. If it contains `-decode`: roles `prefill` (job
@@ -40,51 +41,43 @@ pub struct SignalArgs {
     /// `decode` (job "vllm-decode", pod=~"NAME.*"); otherwise one role
     /// `aggregate` (job "vllm-aggregate", pod=~"NAME.*"). NAME is escaped
     /// (regex and PromQL string), so it matches literally.
-    #[arg(long, value_name = "NAME", help_heading = "Server signals")]
+    #[arg(long, value_name = "NAME")]
     pub deploy_name: Option<String>,
 
     /// Series selector of a role, replacing its default or defining a new
     /// role, e.g. decode='{namespace="llm",pod=~"isvc-predictor-.*"}'.
     /// Repeatable. The selector is passed to Prometheus as written: `=~`
     /// values are regexes and are NOT escaped.
-    #[arg(
-        long = "selector",
-        value_name = "ROLE={MATCHERS}",
-        help_heading = "Server signals"
-    )]
+    #[arg(long = "selector", value_name = "ROLE={MATCHERS}")]
     pub selectors: Vec<String>,
 
     /// Sample a server's /metrics directly during stages (no Prometheus
     /// needed). ROLE defaults to `aggregate`; several URLs of one role are
     /// combined like pods. `host:port` means http://host:port/metrics.
     /// Repeatable.
-    #[arg(
-        long = "scrape",
-        value_name = "[ROLE=]URL",
-        help_heading = "Server signals"
-    )]
+    #[arg(long = "scrape", value_name = "[ROLE=]URL")]
     pub scrape: Vec<String>,
 
     /// How often --scrape samples each URL.
-    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub scrape_interval: Duration,
 
     /// Timeout of one --scrape request.
-    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration)]
     pub scrape_timeout: Duration,
 
     /// Fixed delay after a stage before its signals are computed (on top of
     /// --settle-wait).
-    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = parse_duration)]
     pub settle: Duration,
 
     /// Longest wait after a stage for samples covering its end to be
     /// ingested (Prometheus) or scraped (--scrape). 0s disables the wait.
-    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration)]
     pub settle_wait: Duration,
 
     /// Timeout of one Prometheus query.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration, help_heading = "Server signals")]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
     pub prometheus_timeout: Duration,
 
     /// Bearer token sent to Prometheus (Authorization header).
@@ -92,18 +85,13 @@ pub struct SignalArgs {
         long,
         env = "NYANN_PROMETHEUS_TOKEN",
         hide_env_values = true,
-        value_name = "TOKEN",
-        help_heading = "Server signals"
+        value_name = "TOKEN"
     )]
     pub prometheus_bearer_token: Option<String>,
 
     /// Extra HTTP header sent to Prometheus, e.g. 'X-Scope-OrgID: team-a'.
     /// Repeatable.
-    #[arg(
-        long = "prometheus-header",
-        value_name = "NAME: VALUE",
-        help_heading = "Server signals"
-    )]
+    #[arg(long = "prometheus-header", value_name = "NAME: VALUE")]
     pub prometheus_headers: Vec<String>,
 
     /// Which server's metric names to read (the README's profile table):
@@ -112,9 +100,7 @@ pub struct SignalArgs {
         long,
         value_enum,
         default_value_t = ServerFlag::Vllm,
-        value_name = "SERVER",
-        help_heading = "Server signals"
-    )]
+        value_name = "SERVER")]
     pub server: ServerFlag,
 
     /// Metric names of a signal, tried in order until one has data, on top
@@ -124,34 +110,23 @@ pub struct SignalArgs {
     #[arg(
         long = "metric",
         id = "metric_names",
-        value_name = "SIGNAL=NAME[,NAME...]",
-        help_heading = "Server signals"
+        value_name = "SIGNAL=NAME[,NAME...]"
     )]
     pub metrics: Vec<String>,
 
     /// Start even when a role finds no series of any signal before the first
     /// stage (its signals then read 0 at every stage, recorded as "no
     /// data"). Without it, such a role refuses to start.
-    #[arg(long, help_heading = "Server signals")]
+    #[arg(long)]
     pub allow_missing_signals: bool,
 
     /// Client certificate (PEM) presented to Prometheus (mutual TLS); needs
     /// --prometheus-client-key.
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "prometheus_client_key",
-        help_heading = "Server signals"
-    )]
+    #[arg(long, value_name = "FILE", requires = "prometheus_client_key")]
     pub prometheus_client_cert: Option<PathBuf>,
 
     /// Private key (PEM) of --prometheus-client-cert.
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "prometheus_client_cert",
-        help_heading = "Server signals"
-    )]
+    #[arg(long, value_name = "FILE", requires = "prometheus_client_cert")]
     pub prometheus_client_key: Option<PathBuf>,
 }
 
