@@ -17,22 +17,27 @@ use nyann_sim::SimArgs;
 use nyann_testkit::{PrometheusServer, ScrapeJob};
 
 /// Closed-loop load: `concurrency` workers sending non-streaming completions
-/// until `until` (bounded in time and in count).
+/// until `until` (bounded in time and in count). Every prompt starts with
+/// its own worker and request number, so no two share a KV block in the
+/// simulator's prefix cache: with one shared prompt the cache held far more
+/// sequences, KV usage swung between 0.3 and 1.0, and the two sources'
+/// maxima depended on which instants each sampled.
 fn load(base_url: String, concurrency: usize, until: Instant) -> Vec<tokio::task::JoinHandle<()>> {
     let http = reqwest::Client::new();
-    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(14);
+    let text = "the quick brown fox jumps over the lazy dog ".repeat(14);
     (0..concurrency)
-        .map(|_| {
-            let (http, url, prompt) = (
+        .map(|worker| {
+            let (http, url, text) = (
                 http.clone(),
                 format!("{base_url}/completions"),
-                prompt.clone(),
+                text.clone(),
             );
             tokio::spawn(async move {
-                for _ in 0..10_000 {
+                for request in 0..10_000 {
                     if Instant::now() >= until {
                         break;
                     }
+                    let prompt = format!("worker {worker} request {request}: {text}");
                     let body = serde_json::json!({
                         "model": "nyann-sim", "prompt": prompt, "max_tokens": 256, "stream": false
                     });
