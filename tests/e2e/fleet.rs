@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nyann_sim::{RunningSim, SimArgs};
@@ -60,11 +59,13 @@ impl Fleet {
             args
         };
         let spawn = |index: usize, args: Vec<String>| {
-            let err = std::fs::File::create(dir.path().join(format!("w{index}.err"))).unwrap();
+            let file = |ext: &str| {
+                std::fs::File::create(dir.path().join(format!("w{index}.{ext}"))).unwrap()
+            };
             nyann_bench()
                 .args(args)
-                .stdout(Stdio::null())
-                .stderr(err)
+                .stdout(file("out"))
+                .stderr(file("err"))
                 .spawn()
                 .unwrap()
         };
@@ -222,10 +223,29 @@ async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
         fleet.all_stderr()
     );
     assert_eq!(summary["outcome"]["stage"], 2);
+    // Every label names the fleet's stage, never a worker's share of it.
+    let reason = summary["outcome"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("stopped after stage #2 c=16: congested"),
+        "{reason}"
+    );
+    for worker in 0..3 {
+        let stderr = fleet.stderr(worker);
+        assert!(stderr.contains("stage #2 c=16: started"), "{stderr}");
+    }
+    assert_eq!(
+        fleet.json("w0.out"),
+        summary,
+        "the leader prints summary.json, fleet parts and all"
+    );
     for worker in 1..3 {
         let theirs = fleet.json(&format!("w{worker}/worker-{worker}/summary.json"));
         assert_eq!(theirs["outcome"]["stage"], 2, "worker {worker}");
         assert_eq!(theirs["stages"][3]["status"], "skipped", "worker {worker}");
+        assert_eq!(
+            theirs["stages"][3]["skip_reason"],
+            summary["stages"][3]["skip_reason"]
+        );
         // Their share of 4 streams: 2, 1, 1.
         assert_eq!(theirs["stages"][0]["concurrency"], 1);
     }
@@ -234,6 +254,7 @@ async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
         stages[0]["concurrency"], 4,
         "the fleet's level, not a share"
     );
+    assert_eq!(stages[0]["name"], Value::Null, "unnamed, as written");
     let records = fleet.records("w0/requests.jsonl");
     let mut per_worker = BTreeMap::new();
     for r in &records {
@@ -308,7 +329,7 @@ async fn the_policy_is_shown_the_whole_fleets_requests() {
     let scenario = |requests: u32| {
         format!(
             "scenario(\n    workload = workload(\"synthetic\", isl=32, osl=16),\n    stages = until_congested(\n        \
-             [stage(\"60s\", concurrency=3, max_requests=30) for _ in range(2)],\n        requests={requests},\n    ),\n)\n"
+             [stage(\"60s\", concurrency=3, max_requests=30) for _ in range(2)],\n        requests={requests},\n        concurrency=3,\n    ),\n)\n"
         )
     };
 

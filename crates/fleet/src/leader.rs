@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use nyann_load::stats::StageAccumulator;
 use nyann_load::{CancellationToken, FinishedStage, HookDecision, HookOutcome, StageHook};
-use nyann_model::Scenario;
+use nyann_model::{Scenario, Step};
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -239,6 +239,7 @@ impl Leader {
             live: joined,
             runs: Vec::new(),
             judgements: BTreeMap::new(),
+            scenario: scenario.clone(),
             seed,
             workers: n,
             watch,
@@ -454,6 +455,9 @@ pub struct LeaderGate<H> {
     runs: Vec<WorkerRun>,
     /// What each judged stage's decision saw, by step.
     judgements: BTreeMap<usize, Judgement>,
+    /// The whole fleet's scenario: the judge sees the fleet's stage (its
+    /// concurrency or rate), not the leader's share of it.
+    scenario: Scenario,
     seed: u64,
     workers: usize,
     watch: CancellationToken,
@@ -562,9 +566,13 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
         }
         judged.sort_unstable();
         let (client, detail) = merged.finish(done.end_unix - done.start_unix);
+        let stage = match self.scenario.steps.get(index) {
+            Some(Step::Stage(fleet_stage)) => fleet_stage,
+            _ => done.stage,
+        };
         let fleet_stage = FinishedStage {
             index,
-            stage: done.stage,
+            stage,
             label: done.label,
             start_unix: done.start_unix,
             end_unix: done.end_unix,

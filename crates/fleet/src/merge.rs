@@ -79,7 +79,7 @@ pub struct StageFleet {
 /// A stage's annotation in the fleet's files: the check's own record,
 /// shaped as a single process writes it, with `fleet` beside it.
 #[derive(Debug, Serialize)]
-struct FleetAnnotation<A> {
+pub struct FleetAnnotation<A> {
     #[serde(flatten)]
     check: Option<A>,
     fleet: StageFleet,
@@ -119,13 +119,22 @@ pub struct FleetFile {
     pub decision_waits: Vec<(usize, Vec<(usize, f64)>)>,
 }
 
-/// Merges `fleet` into `dir` and returns the fleet's result (with the
-/// check's records as the leader made them; the files add `fleet`).
+/// The fleet's result, as [`write`] made it.
+#[derive(Debug)]
+pub struct Merged<A> {
+    /// With the check's records as the leader made them: what the stage
+    /// table and the exit code read.
+    pub result: RunResult<A>,
+    /// As written to `summary.json`: each stage's annotation adds `fleet`.
+    pub summary: RunResult<FleetAnnotation<A>>,
+}
+
+/// Merges `fleet` into `dir` and returns the fleet's result.
 pub fn write<A: Serialize + Clone>(
     fleet: &FleetRun<A>,
     scenario: &Scenario,
     dir: &Path,
-) -> std::io::Result<RunResult<A>> {
+) -> std::io::Result<Merged<A>> {
     let mut result = fleet.leader.clone();
     let mut accs: Vec<Option<StageAccumulator>> = vec![None; result.stages.len()];
     let mut out = BufWriter::new(std::fs::File::create(dir.join("requests.jsonl"))?);
@@ -163,6 +172,7 @@ pub fn write<A: Serialize + Clone>(
         // The fleet's level, not worker 0's share.
         if let Some(Step::Stage(s)) = scenario.steps.get(stage.index) {
             stage.label = s.label(stage.index);
+            stage.name = s.name.clone();
             stage.concurrency = s.concurrency;
             stage.rate = s.rate;
         }
@@ -227,16 +237,14 @@ pub fn write<A: Serialize + Clone>(
             reason: reason.clone(),
         };
     }
-    result
-        .clone()
-        .map_annotations(|index, check| {
-            let fleet = fleet_stages.get_mut(index).map(std::mem::take);
-            Some(FleetAnnotation {
-                check,
-                fleet: fleet.unwrap_or_default(),
-            })
+    let summary = result.clone().map_annotations(|index, check| {
+        let fleet = fleet_stages.get_mut(index).map(std::mem::take);
+        Some(FleetAnnotation {
+            check,
+            fleet: fleet.unwrap_or_default(),
         })
-        .write_files(dir)?;
+    });
+    summary.write_files(dir)?;
 
     let uploaded = std::iter::once(0).chain(fleet.runs.iter().map(|r| r.worker));
     let file = FleetFile {
@@ -265,5 +273,5 @@ pub fn write<A: Serialize + Clone>(
     };
     let json = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
     std::fs::write(dir.join("fleet.json"), json)?;
-    Ok(result)
+    Ok(Merged { result, summary })
 }

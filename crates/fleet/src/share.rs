@@ -30,6 +30,9 @@ pub fn count_share(total: u64, workers: usize, index: usize) -> u64 {
 }
 
 /// Worker `index`'s scenario: every stage's load divided by `workers`.
+/// A stage keeps the fleet's label as its name, so that every label a
+/// worker prints or records (stage lines, skip and stop reasons) names the
+/// fleet's stage (`#2 c=16`), not the worker's share of it (`#2 c=6`).
 pub fn scenario_share(
     scenario: &Scenario,
     workers: usize,
@@ -38,6 +41,7 @@ pub fn scenario_share(
     let mut share = scenario.clone();
     for (step_index, step) in share.steps.iter_mut().enumerate() {
         let Step::Stage(stage) = step else { continue };
+        stage.name = Some(stage.label(step_index));
         // A count of 0 means "unlimited"/"unused": it stays 0 everywhere;
         // a positive count must leave each worker at least 1.
         let divide = |what: &'static str, total: u64| -> Result<u64, ShareError> {
@@ -136,6 +140,9 @@ mod tests {
         let max: Vec<u64> = parts.iter().map(|s| stage_of(s).max_requests).collect();
         assert_eq!(conc, [4, 3, 3]);
         assert_eq!(max, [34, 33, 33]);
+        for part in &parts {
+            assert_eq!(stage_of(part).label(1), "#1 c=10", "the fleet's label");
+        }
         assert_eq!(parts[0].steps[0], Step::Barrier { drain: false });
 
         let open = scenario(Stage {
@@ -147,6 +154,13 @@ mod tests {
         assert_eq!(stage_of(&part).rate, Some(7.5));
         assert_eq!(stage_of(&part).max_inflight, 2);
         assert_eq!(stage_of(&part).max_requests, 0, "unlimited stays unlimited");
+        assert_eq!(stage_of(&part).label(1), "#1 rate=30");
+        let named = scenario(Stage {
+            name: Some("chat".into()),
+            ..stage_of(&closed).clone()
+        });
+        let part = scenario_share(&named, 3, 0).unwrap();
+        assert_eq!(stage_of(&part).label(1), "chat", "a name is kept");
     }
 
     #[test]

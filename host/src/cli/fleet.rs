@@ -198,9 +198,9 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
             lost.worker, lost.step, lost.reason
         );
     }
-    save_report(dir, &merged, &scenario, source.as_deref());
-    report_result(&merged, Some(dir), ui)?;
-    Ok(ExitCode::from(exit_code(&merged)))
+    save_report(dir, &merged.result, &scenario, source.as_deref());
+    report_result(&merged.result, &merged.summary, Some(dir), ui)?;
+    Ok(ExitCode::from(exit_code(&merged.result)))
 }
 
 async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
@@ -255,7 +255,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     };
     // A worker judged nothing: its table has no verdicts.
     let judged: RunResult = result.clone().map_annotations(|_, _| None);
-    report_result(&judged, Some(&own_dir), ui)?;
+    report_result(&judged, &judged, Some(&own_dir), ui)?;
     let records = own_dir.join("requests.jsonl");
     if let Err(err) = gate
         .upload(&result, Some(&records), Duration::from_secs(120))
@@ -279,8 +279,14 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     Ok(ExitCode::from(exit_code(&judged)))
 }
 
-/// The stage table and outcome on stderr, the summary on stdout.
-fn report_result(result: &RunResult, dir: Option<&Path>, ui: Ui) -> anyhow::Result<()> {
+/// The stage table and outcome of `result` on stderr, `summary` (what
+/// `summary.json` holds) on stdout.
+fn report_result(
+    result: &RunResult,
+    summary: &impl serde::Serialize,
+    dir: Option<&Path>,
+    ui: Ui,
+) -> anyhow::Result<()> {
     if !ui.quiet {
         eprint!("{}", report::stage_table(result));
     }
@@ -290,7 +296,7 @@ fn report_result(result: &RunResult, dir: Option<&Path>, ui: Ui) -> anyhow::Resu
     }
     println!(
         "{}",
-        serde_json::to_string_pretty(result).context("encoding the summary")?
+        serde_json::to_string_pretty(summary).context("encoding the summary")?
     );
     Ok(())
 }
