@@ -3,7 +3,9 @@
 //! replies carried into the next turn (the simulator's prefix cache finds
 //! them), `max_requests` counting turns, the pool kept across two pool
 //! stages, and the effect a pool sweep exists to show: later turns hit the
-//! prefix cache and start sooner, and with the cache off they do not.
+//! prefix cache and start sooner, and with the cache off they do not; with
+//! `--enable-prompt-tokens-details` the records say how many prompt tokens
+//! the cache served.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
