@@ -321,11 +321,17 @@ mod tests {
                 ..unreported.clone()
             };
             let line = serde_json::to_string(&reported).unwrap();
-            assert!(line.contains(&format!(r#""cached_tokens":{cached}"#)), "{line}");
+            assert!(
+                line.contains(&format!(r#""cached_tokens":{cached}"#)),
+                "{line}"
+            );
             let back: RequestRecord = serde_json::from_str(&line).unwrap();
             assert_eq!(back.cached_tokens, Some(cached));
         }
-        let null = line.replace(r#""prompt_tokens":null"#, r#""prompt_tokens":null,"cached_tokens":null"#);
+        let null = line.replace(
+            r#""prompt_tokens":null"#,
+            r#""prompt_tokens":null,"cached_tokens":null"#,
+        );
         let back: RequestRecord = serde_json::from_str(&null).unwrap();
         assert_eq!(back.cached_tokens, None);
     }

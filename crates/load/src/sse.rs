@@ -488,8 +488,14 @@ mod tests {
                 other => Err(format!("{other:?}")),
             }
         };
-        assert_eq!(cached(r#","prompt_tokens_details":{"cached_tokens":48}"#), Ok(Some(48)));
-        assert_eq!(cached(r#","prompt_tokens_details":{"cached_tokens":0}"#), Ok(Some(0)));
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":48}"#),
+            Ok(Some(48))
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":0}"#),
+            Ok(Some(0))
+        );
         for nothing in [
             "",
             r#","prompt_tokens_details":null"#,
@@ -499,9 +505,9 @@ mod tests {
             assert_eq!(cached(nothing), Ok(None), "{nothing}");
         }
         // serde_json's path (an escape elsewhere) reads it the same.
-        let Event::Chunk(c) = parse_chunk(
-            br#"{"id":"a\"b","usage":{"prompt_tokens_details":{"cached_tokens":7}}}"#,
-        ) else {
+        let Event::Chunk(c) =
+            parse_chunk(br#"{"id":"a\"b","usage":{"prompt_tokens_details":{"cached_tokens":7}}}"#)
+        else {
             panic!()
         };
         assert_eq!(c.usage.and_then(|u| u.cached_tokens()), Some(7));
@@ -511,7 +517,10 @@ mod tests {
             r#","prompt_tokens_details":12"#,
         ] {
             let error = cached(garbage).unwrap_err();
-            assert!(error.contains("unreadable stream event"), "{garbage}: {error}");
+            assert!(
+                error.contains("unreadable stream event"),
+                "{garbage}: {error}"
+            );
         }
         let Event::Error(error) = parse_chunk(br#"{"usage":{"prompt_tokens":"many"}}"#) else {
             panic!()

@@ -925,10 +925,18 @@ async fn prompt_tokens_details_report_the_prefix_cache_hits() {
         let cached = usage["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or_else(|| panic!("{path} (streamed: {streamed}): {usage}"));
-        assert_eq!(cached, prefix_cache_hits(&sim).await - before, "{path} {streamed}");
+        assert_eq!(
+            cached,
+            prefix_cache_hits(&sim).await - before,
+            "{path} {streamed}"
+        );
         reported.push(cached);
     }
-    assert_eq!(reported, [0, 48, 48, 48], "a new prompt, then 3 cached blocks");
+    assert_eq!(
+        reported,
+        [0, 48, 48, 48],
+        "a new prompt, then 3 cached blocks"
+    );
     assert_eq!(reported.iter().sum::<u64>(), prefix_cache_hits(&sim).await);
     sim.shutdown().await;
 
@@ -953,6 +961,9 @@ async fn prompt_tokens_details_report_the_prefix_cache_hits() {
             assert!(usage.get("prompt_tokens_details").is_some(), "{path}");
         }
     }
-    assert!(prefix_cache_hits(&sim).await > 0, "the cache is used, only not reported");
+    assert!(
+        prefix_cache_hits(&sim).await > 0,
+        "the cache is used, only not reported"
+    );
     sim.shutdown().await;
 }

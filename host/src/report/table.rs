@@ -408,7 +408,10 @@ mod tests {
         assert_eq!(header[at + 1], "SRV", "{table}");
         assert!(lines[1].contains(" 61% "), "{table}");
         assert!(lines[2].contains(" - "), "{table}");
-        assert!(lines[2].trim_end().ends_with("policy error"), "server cells: {table}");
+        assert!(
+            lines[2].trim_end().ends_with("policy error"),
+            "server cells: {table}"
+        );
         assert!(table.contains("cached: share of prompt tokens"), "{table}");
     }
 
