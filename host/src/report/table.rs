@@ -169,14 +169,15 @@ impl StageTable {
             .map(|s| CongestionRecord::of(s).cloned())
             .collect();
         let mut header: Vec<String> = HEADER.iter().map(|s| s.to_string()).collect();
-        let client_columns = HEADER.len() - 5;
+        // The 5 server columns close each row.
+        let server_columns_at = HEADER.len() - 5;
         let show_cached = result.stages.iter().any(|s| {
             s.detail
                 .as_ref()
                 .is_some_and(|d| d.cached_prompt_share.is_some())
         });
         if show_cached {
-            header.insert(client_columns, CACHED.into());
+            header.insert(server_columns_at, CACHED.into());
         }
         let mut rows = vec![header];
         for (stage, record) in result.stages.iter().zip(&records) {
@@ -202,7 +203,10 @@ impl StageTable {
                     ms(c.itl_p99_seconds),
                     format!("{}/{}", ms(c.e2e_p50_seconds), ms(c.e2e_p99_seconds)),
                 ]),
-                _ => row.extend(std::iter::repeat_n("-".to_string(), client_columns - 3)),
+                _ => row.extend(std::iter::repeat_n(
+                    "-".to_string(),
+                    server_columns_at - StageTable::LEFT_ALIGNED,
+                )),
             }
             if show_cached {
                 let share = stage.detail.as_ref().and_then(|d| d.cached_prompt_share);
