@@ -101,6 +101,11 @@ pub struct RequestRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunk_tokens: Vec<u32>,
     pub prompt_tokens: Option<u64>,
+    /// Of `prompt_tokens`, those the server's prefix cache served
+    /// (`usage.prompt_tokens_details.cached_tokens`; vLLM reports it with
+    /// `--enable-prompt-tokens-details`). Absent when the server did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
     pub output_tokens_source: Option<TokenSource>,
     /// Characters of prompt text sent in this turn (the new user message).
@@ -153,6 +158,7 @@ impl RequestRecord {
             itl_s: Vec::new(),
             chunk_tokens: Vec::new(),
             prompt_tokens: None,
+            cached_tokens: None,
             output_tokens: None,
             output_tokens_source: None,
             prompt_chars: 0,
@@ -290,4 +296,43 @@ fn write_chunks(mut file: std::fs::File, mut rx: mpsc::Receiver<Vec<u8>>) -> std
         }
     }
     file.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cached_tokens` is written only when the server reported it, and a
+    /// line without it (the server did not say, or an older file) reads
+    /// back as None.
+    #[test]
+    fn cached_tokens_are_written_only_when_reported() {
+        let unreported = RequestRecord::dropped(1, 1, 0, Phase::Measured, 0.0);
+        let line = serde_json::to_string(&unreported).unwrap();
+        assert!(!line.contains("cached_tokens"), "{line}");
+        assert!(line.contains(r#""prompt_tokens":null"#), "{line}");
+        let back: RequestRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, unreported);
+
+        for cached in [0, 48] {
+            let reported = RequestRecord {
+                prompt_tokens: Some(80),
+                cached_tokens: Some(cached),
+                ..unreported.clone()
+            };
+            let line = serde_json::to_string(&reported).unwrap();
+            assert!(
+                line.contains(&format!(r#""cached_tokens":{cached}"#)),
+                "{line}"
+            );
+            let back: RequestRecord = serde_json::from_str(&line).unwrap();
+            assert_eq!(back.cached_tokens, Some(cached));
+        }
+        let null = line.replace(
+            r#""prompt_tokens":null"#,
+            r#""prompt_tokens":null,"cached_tokens":null"#,
+        );
+        let back: RequestRecord = serde_json::from_str(&null).unwrap();
+        assert_eq!(back.cached_tokens, None);
+    }
 }

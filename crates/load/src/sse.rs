@@ -204,6 +204,23 @@ pub struct Usage {
     pub prompt_tokens: Option<u64>,
     #[serde(default)]
     pub completion_tokens: Option<u64>,
+    /// Null unless the server reports it (vLLM: `--enable-prompt-tokens-details`).
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+impl Usage {
+    /// Prompt tokens the server's prefix cache served, when it says.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.prompt_tokens_details.and_then(|d| d.cached_tokens)
+    }
+}
+
+/// `usage.prompt_tokens_details`: the part the client reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub struct PromptTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -456,6 +473,61 @@ mod tests {
         assert!(!c.has_text());
     }
 
+    /// vLLM with `--enable-prompt-tokens-details` says how many prompt
+    /// tokens its prefix cache served; null, absent or an empty details
+    /// object says nothing, and a value that is no count makes the event
+    /// unreadable, as it does for the other usage fields.
+    #[test]
+    fn cached_tokens_come_from_prompt_tokens_details() {
+        let cached = |details: &str| {
+            let payload = format!(
+                r#"{{"choices":[],"usage":{{"prompt_tokens":80,"completion_tokens":4{details}}}}}"#
+            );
+            match parse_chunk(payload.as_bytes()) {
+                Event::Chunk(c) => Ok(c.usage.and_then(|u| u.cached_tokens())),
+                other => Err(format!("{other:?}")),
+            }
+        };
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":48}"#),
+            Ok(Some(48))
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":0}"#),
+            Ok(Some(0))
+        );
+        for nothing in [
+            "",
+            r#","prompt_tokens_details":null"#,
+            r#","prompt_tokens_details":{}"#,
+            r#","prompt_tokens_details":{"cached_tokens":null,"audio_tokens":null}"#,
+        ] {
+            assert_eq!(cached(nothing), Ok(None), "{nothing}");
+        }
+        // serde_json's path (an escape elsewhere) reads it the same.
+        let Event::Chunk(c) =
+            parse_chunk(br#"{"id":"a\"b","usage":{"prompt_tokens_details":{"cached_tokens":7}}}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(c.usage.and_then(|u| u.cached_tokens()), Some(7));
+        for garbage in [
+            r#","prompt_tokens_details":{"cached_tokens":"many"}"#,
+            r#","prompt_tokens_details":{"cached_tokens":-1}"#,
+            r#","prompt_tokens_details":12"#,
+        ] {
+            let error = cached(garbage).unwrap_err();
+            assert!(
+                error.contains("unreadable stream event"),
+                "{garbage}: {error}"
+            );
+        }
+        let Event::Error(error) = parse_chunk(br#"{"usage":{"prompt_tokens":"many"}}"#) else {
+            panic!()
+        };
+        assert!(error.contains("unreadable stream event"), "{error}");
+    }
+
     #[test]
     fn only_the_first_choice_counts_and_null_choices_are_empty() {
         let e =
@@ -474,6 +546,7 @@ mod tests {
         r#"{"id":"chatcmpl-30238","object":"chat.completion.chunk","created":1796009156,"model":"nyann-sim","choices":[{"index":0,"delta":{"content":" key"},"logprobs":null,"finish_reason":"length"}]}"#,
         r#"{"id":"c","choices":[{"index":0,"delta":{"content":"é😀 x"},"finish_reason":null}],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}"#,
         r#"{"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"prompt_tokens_details":null}}"#,
+        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":80,"total_tokens":84,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":48,"audio_tokens":null}}}"#,
         r#"{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}"#,
         r#"{"choices":[{"delta":{"reasoning_content":"think","content":null}},{"delta":{"content":"b"}}]}"#,
         r#"{"choices":[{"delta":{"reasoning":"r","content":"x","tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"text":"t"}]}"#,
@@ -485,7 +558,7 @@ mod tests {
 
     #[test]
     fn fast_path_reads_the_common_shapes() {
-        for shape in &SHAPES[..7] {
+        for shape in &SHAPES[..8] {
             assert!(fast::parse(shape.as_bytes()).is_some(), "{shape}");
         }
     }

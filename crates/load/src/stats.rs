@@ -62,6 +62,11 @@ pub struct StageDetail {
     pub later_turn_ttft_p50_seconds: f64,
     #[serde(default)]
     pub later_turn_ttft_p99_seconds: f64,
+    /// Share of prompt tokens the server's prefix cache served, over the
+    /// successful requests whose usage said (`cached_tokens`): absent when
+    /// none did (vLLM without `--enable-prompt-tokens-details`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_prompt_share: Option<f64>,
 }
 
 /// Client lag p99 above which a stage warns that the client fell behind.
@@ -100,6 +105,7 @@ pub struct StageAccumulator {
     dropped: u64,
     client_errors: u64,
     output_tokens: u64,
+    cached: CachedTokens,
     ttft: Histogram<u64>,
     /// The TTFT of first turns and of later turns.
     first_ttft: Histogram<u64>,
@@ -112,6 +118,31 @@ pub struct StageAccumulator {
 impl Default for StageAccumulator {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Sums over the successful requests that reported `cached_tokens`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+struct CachedTokens {
+    cached: u64,
+    prompt: u64,
+}
+
+impl CachedTokens {
+    fn add(&mut self, record: &RequestRecord) {
+        if let (Some(cached), Some(prompt)) = (record.cached_tokens, record.prompt_tokens) {
+            self.cached += cached;
+            self.prompt += prompt;
+        }
+    }
+
+    fn merge(&mut self, other: CachedTokens) {
+        self.cached += other.cached;
+        self.prompt += other.prompt;
+    }
+
+    fn share(&self) -> Option<f64> {
+        (self.prompt > 0).then(|| self.cached as f64 / self.prompt as f64)
     }
 }
 
@@ -143,6 +174,9 @@ struct WireAccumulator {
     first_ttft: Vec<(u64, u64)>,
     #[serde(default)]
     later_ttft: Vec<(u64, u64)>,
+    /// Absent from messages of builds before it.
+    #[serde(default)]
+    cached: CachedTokens,
 }
 
 fn buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
@@ -171,6 +205,7 @@ impl From<StageAccumulator> for WireAccumulator {
             dropped: a.dropped,
             client_errors: a.client_errors,
             output_tokens: a.output_tokens,
+            cached: a.cached,
             ttft: buckets(&a.ttft),
             itl: buckets(&a.itl),
             e2e: buckets(&a.e2e),
@@ -192,6 +227,7 @@ impl From<WireAccumulator> for StageAccumulator {
             dropped: w.dropped,
             client_errors: w.client_errors,
             output_tokens: w.output_tokens,
+            cached: w.cached,
             ttft: from_buckets(&w.ttft),
             itl: from_buckets(&w.itl),
             e2e: from_buckets(&w.e2e),
@@ -229,6 +265,7 @@ impl StageAccumulator {
             dropped: 0,
             client_errors: 0,
             output_tokens: 0,
+            cached: CachedTokens::default(),
             ttft: histogram(),
             first_ttft: histogram(),
             later_ttft: histogram(),
@@ -247,6 +284,7 @@ impl StageAccumulator {
             Status::Ok => {
                 self.ok += 1;
                 self.output_tokens += record.output_tokens.unwrap_or(0);
+                self.cached.add(record);
                 if let Some(ttft) = record.ttft_s {
                     self.ttft.saturating_record(micros(ttft));
                     let by_turn = if record.turn > 1 {
@@ -284,6 +322,7 @@ impl StageAccumulator {
         self.dropped += other.dropped;
         self.client_errors += other.client_errors;
         self.output_tokens += other.output_tokens;
+        self.cached.merge(other.cached);
         // Same bounds on both sides: adding cannot fail.
         let _ = self.ttft.add(&other.ttft);
         let _ = self.first_ttft.add(&other.first_ttft);
@@ -346,6 +385,7 @@ impl StageAccumulator {
             later_turns_ok: self.later_ttft.len(),
             later_turn_ttft_p50_seconds: quantile(&self.later_ttft, 0.5),
             later_turn_ttft_p99_seconds: quantile(&self.later_ttft, 0.99),
+            cached_prompt_share: self.cached.share(),
         };
         (client, detail)
     }
@@ -373,6 +413,7 @@ mod tests {
             itl_s: vec![0.01, 0.02],
             chunk_tokens: Vec::new(),
             prompt_tokens: None,
+            cached_tokens: None,
             output_tokens: Some(tokens),
             output_tokens_source: None,
             prompt_chars: 0,
@@ -423,6 +464,35 @@ mod tests {
         assert!((detail.ttft_mean_seconds - 0.0505).abs() < 0.0001);
     }
 
+    /// The cached share sums over the successful requests that reported
+    /// it; with none, it is absent (not a fake 0).
+    #[test]
+    fn cached_prompt_share_counts_only_requests_that_reported_it() {
+        let mut acc = StageAccumulator::new();
+        acc.add(&RequestRecord {
+            prompt_tokens: Some(100),
+            ..record(Status::Ok, 0.01, 1)
+        });
+        assert_eq!(acc.finish(1.0).1.cached_prompt_share, None);
+        for (prompt, cached, status) in [
+            (100, 0, Status::Ok),
+            (300, 240, Status::Ok),
+            (500, 500, Status::Failed),
+        ] {
+            acc.add(&RequestRecord {
+                prompt_tokens: Some(prompt),
+                cached_tokens: Some(cached),
+                ..record(status, 0.01, 1)
+            });
+        }
+        assert_eq!(acc.finish(1.0).1.cached_prompt_share, Some(0.6));
+        let wire = serde_json::to_string(&acc).unwrap();
+        let back: StageAccumulator = serde_json::from_str(&wire).unwrap();
+        assert_eq!(back.finish(1.0), acc.finish(1.0));
+        let detail = serde_json::to_string(&StageAccumulator::new().finish(1.0).1).unwrap();
+        assert!(!detail.contains("cached_prompt_share"), "{detail}");
+    }
+
     #[test]
     fn empty_stage_is_all_zero() {
         let (client, _) = StageAccumulator::new().finish(0.0);
@@ -448,6 +518,8 @@ mod tests {
             let r = RequestRecord {
                 itl_s: vec![(i % 13) as f64 / 1000.0, 0.003],
                 client_lag_s: Some((i % 7) as f64 / 10_000.0),
+                prompt_tokens: Some(50),
+                cached_tokens: (i % 5 == 0).then_some(i % 40),
                 ..record(status, (1 + i * 37 % 5000) as f64 / 10_000.0, i % 50)
             };
             whole.add(&r);

@@ -3,7 +3,9 @@
 //! replies carried into the next turn (the simulator's prefix cache finds
 //! them), `max_requests` counting turns, the pool kept across two pool
 //! stages, and the effect a pool sweep exists to show: later turns hit the
-//! prefix cache and start sooner, and with the cache off they do not.
+//! prefix cache and start sooner, and with the cache off they do not; with
+//! `--enable-prompt-tokens-details` the records say how many prompt tokens
+//! the cache served.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -26,15 +28,17 @@ const PREFILL_PER_TOKEN: Duration = Duration::from_micros(500);
 /// (`PREFILL_PER_TOKEN`) so that a prefill the cache skips shows in TTFT
 /// far above the noise of a shared machine.
 async fn simulator(prefix_caching: bool) -> RunningSim {
-    nyann_sim::start(SimArgs {
+    nyann_sim::start(sim_args(prefix_caching)).await.unwrap()
+}
+
+fn sim_args(prefix_caching: bool) -> SimArgs {
+    SimArgs {
         jitter: Some(0.0),
         prefill_per_token_us: Some(PREFILL_PER_TOKEN.as_secs_f64() * 1e6),
         no_enable_prefix_caching: !prefix_caching,
         seed: 5,
         ..SimArgs::for_tests()
-    })
-    .await
-    .unwrap()
+    }
 }
 
 fn pool_stage(concurrency: u32, size: u32, max_requests: u64) -> Stage {
@@ -65,13 +69,24 @@ fn scenario(stages: Vec<Stage>, isl: u32, turns: u32) -> Scenario {
 }
 
 async fn run(sim: &RunningSim, sc: &Scenario, dir: &Path) -> Vec<StageResult> {
-    let options = RunOptions {
+    run_with(sim, sc, dir, false).await
+}
+
+/// `run`, asking for usage in the stream (`--stream-usage`) or not.
+async fn run_with(
+    sim: &RunningSim,
+    sc: &Scenario,
+    dir: &Path,
+    stream_usage: bool,
+) -> Vec<StageResult> {
+    let mut options = RunOptions {
         target: Some(sim.base_url()),
         seed: 3,
         ready_timeout: Duration::from_secs(10),
         output_dir: Some(dir.to_path_buf()),
         ..RunOptions::default()
     };
+    options.client.stream_usage = stream_usage;
     nyann_load::run(sc, options, NoHook).await.unwrap().stages
 }
 
@@ -239,6 +254,63 @@ async fn later_turns_hit_the_prefix_cache_and_start_sooner() {
                 later >= first_prefill,
                 "no cache, yet later turns took {later} s, less than a 400-token prefill"
             );
+        }
+        sim.shutdown().await;
+    }
+}
+
+/// With the simulator's `--enable-prompt-tokens-details` (and usage asked
+/// for in the stream), every record says how many of its prompt tokens the
+/// prefix cache served: none for the first turn of a fresh conversation,
+/// some for every later turn, and over the stage exactly the simulator's
+/// `vllm:prefix_cache_hits_total`; the stage's cached share is their sum
+/// over the prompt tokens. Without the flag no record has `cached_tokens`
+/// and the stage has no share (not a 0), though the cache is as busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_say_how_many_prompt_tokens_the_cache_served() {
+    for details in [true, false] {
+        let sim = nyann_sim::start(SimArgs {
+            enable_prompt_tokens_details: details,
+            ..sim_args(true)
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let stages = run_with(
+            &sim,
+            &scenario(vec![pool_stage(1, 3, 9)], 64, 10),
+            dir.path(),
+            true,
+        )
+        .await;
+        let share = stages[0].detail.as_ref().unwrap().cached_prompt_share;
+        let recs = records(dir.path());
+        assert_eq!(recs.len(), 9);
+        assert!(recs.iter().all(|r| r.status == nyann_load::Status::Ok));
+        let hits = counter(sim.endpoint(), HITS).await;
+        assert!(hits > 0.0);
+        if details {
+            let mut cached_sum = 0;
+            let mut prompt_sum = 0;
+            for r in &recs {
+                let cached = r.cached_tokens.unwrap_or_else(|| panic!("{r:?}"));
+                if r.turn == 1 {
+                    assert_eq!(cached, 0, "a fresh conversation: {r:?}");
+                } else {
+                    assert!(cached > 0, "a later turn: {r:?}");
+                }
+                cached_sum += cached;
+                prompt_sum += r.prompt_tokens.unwrap();
+            }
+            assert_eq!(cached_sum as f64, hits);
+            let share = share.unwrap();
+            assert!(share > 0.0 && share < 1.0, "{share}");
+            assert_eq!(share, cached_sum as f64 / prompt_sum as f64);
+            eprintln!("cached share {share:.3}: {cached_sum} of {prompt_sum} prompt tokens");
+        } else {
+            assert!(recs.iter().all(|r| r.cached_tokens.is_none()));
+            assert!(recs.iter().all(|r| r.prompt_tokens.is_some()), "usage came");
+            assert_eq!(share, None);
         }
         sim.shutdown().await;
     }

@@ -68,6 +68,8 @@ pub(crate) struct App {
     /// Block size of the engine whose prefix cache prompts are looked up
     /// in; `None` when no engine caches (the fast profile, caching off).
     pub prefix_block_size: Option<u32>,
+    /// `--enable-prompt-tokens-details`: usage says how many prompt tokens were cached.
+    pub prompt_tokens_details: bool,
     pub seed: u64,
     pub created: u64,
     pub next: AtomicU64,
@@ -649,14 +651,23 @@ impl Chunks {
         }
     }
 
-    fn usage(&self, out: &mut String, prompt: u32, completion: u32) {
+    /// The final usage chunk; `cached`: the prompt tokens the prefix cache
+    /// served, when `--enable-prompt-tokens-details` asks for them (vLLM
+    /// leaves the null `prompt_tokens_details` out of stream chunks).
+    fn usage(&self, out: &mut String, prompt: u32, completion: u32, cached: Option<u32>) {
         // Same envelope, empty choices.
         let head = self.head.trim_end_matches("{\"index\":0,");
         out.push_str(head);
         out.push_str(&format!(
-            "],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":{},\"completion_tokens\":{completion}}}}}\n\n",
+            "],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":{},\"completion_tokens\":{completion}",
             prompt + completion
         ));
+        if let Some(cached) = cached {
+            out.push_str(&format!(
+                ",\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}"
+            ));
+        }
+        out.push_str("}}\n\n");
     }
 }
 
@@ -725,7 +736,9 @@ impl StreamState {
             }
             if p.finished && !self.cut_pending {
                 if self.g.include_usage {
-                    self.chunks.usage(&mut out, self.g.prompt_tokens, self.sent);
+                    let cached = self.app.prompt_tokens_details.then_some(p.cached_tokens);
+                    self.chunks
+                        .usage(&mut out, self.g.prompt_tokens, self.sent, cached);
                 }
                 out.push_str("data: [DONE]\n\n");
                 self.done = true;
@@ -746,14 +759,14 @@ async fn complete(
     chunks: Chunks,
     mut guard: RecordGuard,
 ) -> Response {
-    loop {
+    let cached_tokens = loop {
         match source.next().await {
             Ok(p) => {
                 if guard.rec.first_token.is_none() && p.generated > 0 {
                     guard.rec.first_token = Some(unix_now());
                 }
                 if p.finished {
-                    break;
+                    break p.cached_tokens;
                 }
             }
             Err(e) => {
@@ -765,7 +778,7 @@ async fn complete(
                 );
             }
         }
-    }
+    };
     let text: String = (0..g.max_tokens)
         .map(|i| output_token(app.seed, n, i))
         .collect();
@@ -779,7 +792,9 @@ async fn complete(
         "prompt_tokens": g.prompt_tokens,
         "total_tokens": g.prompt_tokens + g.max_tokens,
         "completion_tokens": g.max_tokens,
-        "prompt_tokens_details": null,
+        "prompt_tokens_details": app
+            .prompt_tokens_details
+            .then(|| json!({"cached_tokens": cached_tokens})),
     });
     let created = unix_now() as u64;
     let body = match g.kind {

@@ -33,6 +33,9 @@ const MAX_LAG: Duration = Duration::from_millis(5);
 pub struct Progress {
     pub generated: u32,
     pub finished: bool,
+    /// Prompt tokens served from the prefix cache (known once the request
+    /// is admitted; 0 without a cache).
+    pub cached_tokens: u32,
 }
 
 /// Why a request could not be queued.
@@ -120,7 +123,7 @@ impl EngineHandle {
             st.engine.submit_with_prefix(new, prefix, now)?;
             let (tx, rx) = watch::channel(Progress {
                 generated: new.pre_generated,
-                finished: false,
+                ..Progress::default()
             });
             st.subs.insert(new.id, tx);
             rx
@@ -212,6 +215,7 @@ fn publish(subs: &mut HashMap<SeqId, watch::Sender<Progress>>, events: &[SeqEven
             tx.send_replace(Progress {
                 generated: ev.generated,
                 finished: ev.finished,
+                cached_tokens: ev.cached_tokens,
             });
         }
         if ev.finished {
@@ -301,6 +305,9 @@ enum Source {
         stream: SeqStream,
         /// Disaggregated: the decode engine and the sequence to hand it once prefill produced the first token.
         then: Option<(EngineHandle, NewSeq)>,
+        /// Prompt tokens the engine that computed the prompt found cached
+        /// (disaggregated: the prefill engine; the decode engine looks nothing up).
+        cached_tokens: u32,
     },
     Fast(FastSource),
 }
@@ -356,6 +363,7 @@ impl TokenSource {
             inner: Source::Engine {
                 stream: handle.submit(new, prefix)?,
                 then: None,
+                cached_tokens: 0,
             },
         })
     }
@@ -387,6 +395,7 @@ impl TokenSource {
             inner: Source::Engine {
                 stream: prefill.submit(first, prefix)?,
                 then,
+                cached_tokens: 0,
             },
         })
     }
@@ -417,17 +426,24 @@ impl TokenSource {
     /// an error if the engine stopped or the decode engine refused the request.
     pub async fn next(&mut self) -> Result<Progress, QueueError> {
         match &mut self.inner {
-            Source::Engine { stream, then } => {
-                let Some(p) = stream.next().await else {
+            Source::Engine {
+                stream,
+                then,
+                cached_tokens,
+            } => {
+                let Some(mut p) = stream.next().await else {
                     return Err(QueueError::ShuttingDown);
                 };
+                // Set once, at the prompt's first admission; the decode engine reports 0.
+                *cached_tokens = p.cached_tokens.max(*cached_tokens);
+                p.cached_tokens = *cached_tokens;
                 if p.finished
                     && let Some((decode, new)) = then.take()
                 {
                     *stream = decode.submit(new, PrefixKey::none())?;
                     return Ok(Progress {
-                        generated: p.generated,
                         finished: false,
+                        ..p
                     });
                 }
                 Ok(p)
@@ -470,6 +486,7 @@ impl TokenSource {
                 Ok(Progress {
                     generated: n,
                     finished,
+                    cached_tokens: 0,
                 })
             }
         }

@@ -145,6 +145,12 @@ pub struct SimArgs {
     #[arg(long)]
     pub max_waiting: Option<usize>,
 
+    /// Report in each response's usage how many prompt tokens the prefix
+    /// cache served, as `prompt_tokens_details.cached_tokens` (vLLM's flag;
+    /// off by default, as in vLLM: `prompt_tokens_details` is then null).
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
+
     /// Output tokens when a request gives no max_tokens [default and
     /// vllm-cpu-ref profiles: 256; fast: 32].
     #[arg(long, help_heading = "Server profile")]
@@ -226,6 +232,7 @@ impl SimArgs {
             drift_time_ms: None,
             chat_template_tokens: None,
             max_waiting: None,
+            enable_prompt_tokens_details: false,
             default_max_tokens: None,
             seed: 0,
             time_scale: 1.0,

@@ -121,6 +121,9 @@ pub struct SeqEvent {
     pub generated: u32,
     /// The sequence completed with this step (its blocks are free).
     pub finished: bool,
+    /// Prompt tokens its first admission found in the prefix cache (what it
+    /// added to `vllm:prefix_cache_hits_total`; vLLM's `num_cached_tokens`).
+    pub cached_tokens: u32,
 }
 
 /// Why a sequence was refused at submission.
@@ -152,6 +155,9 @@ struct Seq {
     blocks: u32,
     /// Leading blocks of `prefix` found cached and shared, not computed.
     shared: usize,
+    /// Prompt tokens found cached at its first admission (a readmission
+    /// after a preemption looks nothing up): see [`SeqEvent::cached_tokens`].
+    cached_tokens: u32,
     /// Whether it was admitted before: a readmission after a preemption
     /// recomputes everything (see the module's doc).
     admitted: bool,
@@ -388,6 +394,7 @@ impl Engine {
                 computed,
                 blocks: 0,
                 shared: 0,
+                cached_tokens: 0,
                 admitted: false,
                 arrival: now,
                 first_scheduled: None,
@@ -499,9 +506,10 @@ impl Engine {
                     // vLLM counts a query per request, in prompt tokens (a
                     // transferred prompt is no query of this engine's cache).
                     if !s.admitted && self.pool.caching() && !s.new.kv_transferred {
+                        s.cached_tokens = plan.shared as u32 * self.cfg.block_size;
                         self.metrics.add_prefix_cache_query(
                             u64::from(s.new.prompt_tokens),
-                            u64::from(plan.shared as u32 * self.cfg.block_size),
+                            u64::from(s.cached_tokens),
                         );
                     }
                     s.admitted = true;
@@ -682,6 +690,7 @@ impl Engine {
                 id,
                 generated: s.generated,
                 finished: done,
+                cached_tokens: s.cached_tokens,
             });
             if done {
                 finished.push(id);

@@ -298,6 +298,7 @@ pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
         chat_template_tokens,
         default_max_tokens,
         prefix_block_size,
+        prompt_tokens_details: args.enable_prompt_tokens_details,
         seed: args.seed,
         created: record::unix_now() as u64,
         next: AtomicU64::new(0),

@@ -864,3 +864,106 @@ async fn fast_profile_serves_many_concurrent_streams() {
     assert_eq!(m.generation_tokens(), 1024 * 32);
     sim.shutdown().await;
 }
+
+/// `vllm:prefix_cache_hits_total` on the simulator's `/metrics`.
+async fn prefix_cache_hits(sim: &RunningSim) -> u64 {
+    let url = format!("http://{}/metrics", sim.endpoint());
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vllm:prefix_cache_hits_total{"))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+}
+
+/// The usage of one request: its stream's final usage chunk, or its answer's.
+async fn final_usage(sim: &RunningSim, path: &str, mut body: Value, streamed: bool) -> Value {
+    if streamed {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let text = post(sim, path, body).await.text().await.unwrap();
+    if streamed {
+        let events = sse_events(&text);
+        let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        last["usage"].clone()
+    } else {
+        serde_json::from_str::<Value>(&text).unwrap()["usage"].clone()
+    }
+}
+
+/// `--enable-prompt-tokens-details`: each response's usage says how many
+/// prompt tokens the prefix cache served (`prompt_tokens_details.cached_tokens`,
+/// in the final usage chunk of a stream and in a whole answer, chat and
+/// completions alike): 0 for a new prompt, then exactly what `/metrics`
+/// adds to `vllm:prefix_cache_hits_total`. Without the flag the usage is
+/// what it always was: no details in the stream, null in a whole answer.
+#[tokio::test]
+async fn prompt_tokens_details_report_the_prefix_cache_hits() {
+    // 256 characters: 64 tokens; the lookup stops before the last token,
+    // so a repeat finds 3 blocks of 16.
+    let question = "abcd".repeat(64);
+    let chat = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 4});
+    let completion = json!({"prompt": question, "max_tokens": 4});
+    let requests = [
+        ("/v1/chat/completions", chat.clone(), true),
+        ("/v1/chat/completions", chat, false),
+        ("/v1/completions", completion.clone(), true),
+        ("/v1/completions", completion, false),
+    ];
+    let sim = start(SimArgs {
+        enable_prompt_tokens_details: true,
+        jitter: Some(0.0),
+        ..SimArgs::for_tests()
+    })
+    .await
+    .unwrap();
+    let mut reported = Vec::new();
+    for (path, body, streamed) in requests.clone() {
+        let before = prefix_cache_hits(&sim).await;
+        let usage = final_usage(&sim, path, body, streamed).await;
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{path} (streamed: {streamed}): {usage}"));
+        assert_eq!(
+            cached,
+            prefix_cache_hits(&sim).await - before,
+            "{path} {streamed}"
+        );
+        reported.push(cached);
+    }
+    assert_eq!(
+        reported,
+        [0, 48, 48, 48],
+        "a new prompt, then 3 cached blocks"
+    );
+    assert_eq!(reported.iter().sum::<u64>(), prefix_cache_hits(&sim).await);
+    sim.shutdown().await;
+
+    let sim = start(SimArgs {
+        jitter: Some(0.0),
+        ..SimArgs::for_tests()
+    })
+    .await
+    .unwrap();
+    for (path, body, streamed) in requests {
+        let usage = final_usage(&sim, path, body, streamed).await;
+        if streamed {
+            let mut keys: Vec<&String> = usage.as_object().unwrap().keys().collect();
+            keys.sort();
+            assert_eq!(
+                keys,
+                ["completion_tokens", "prompt_tokens", "total_tokens"],
+                "{path}"
+            );
+        } else {
+            assert!(usage["prompt_tokens_details"].is_null(), "{path}: {usage}");
+            assert!(usage.get("prompt_tokens_details").is_some(), "{path}");
+        }
+    }
+    assert!(
+        prefix_cache_hits(&sim).await > 0,
+        "the cache is used, only not reported"
+    );
+    sim.shutdown().await;
+}

@@ -242,7 +242,8 @@ fn distinct_prompts_sweep_the_same_with_the_cache_on_and_off() {
 /// Over HTTP, disaggregated: a chat repeated with its reply as history hits
 /// the prefill engine's cache for its first prompt (its `/metrics` counts it); a different
 /// `cache_salt` shares nothing; the decode engine, whose prompts arrive as
-/// transferred KV, counts no queries.
+/// transferred KV, counts no queries. The answer's usage reports the prefill
+/// engine's hits (`--enable-prompt-tokens-details`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
     use nyann_sim::SimArgs;
@@ -250,6 +251,7 @@ async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
 
     let sim = nyann_sim::start(SimArgs {
         disaggregated: true,
+        enable_prompt_tokens_details: true,
         ..SimArgs::for_tests()
     })
     .await
@@ -262,10 +264,11 @@ async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
             .json(&body);
         async move {
             let reply: Value = request.send().await.unwrap().json().await.unwrap();
-            reply["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap()
-                .to_string()
+            let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
+            let content = reply["choices"][0]["message"]["content"].as_str();
+            (content.unwrap().to_string(), cached)
         }
     };
     let counter = |role: &str, name: &str| {
@@ -290,18 +293,19 @@ async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
     // 256 characters: 64 tokens, 4 blocks of 16.
     let question = "abcd".repeat(64);
     let first = json!([{"role": "user", "content": question}]);
-    let reply = chat(first.clone(), "s").await;
+    let (reply, cached) = chat(first.clone(), "s").await;
+    assert_eq!(cached, 0);
     let history = json!([
         {"role": "user", "content": question},
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "and then?"},
     ]);
-    chat(history.clone(), "other").await;
+    assert_eq!(chat(history.clone(), "other").await.1, 0);
     assert_eq!(
         counter("prefill", "vllm:prefix_cache_hits_total").await,
         0.0
     );
-    chat(history, "s").await;
+    assert_eq!(chat(history, "s").await.1, 64);
     // The question's 4 blocks: the prefill engine never computes the
     // reply's KV (the decode engine does), so it caches the prompt only.
     assert_eq!(

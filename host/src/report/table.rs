@@ -68,6 +68,10 @@ const HEADER: [&str; 22] = [
     "judged",
 ];
 
+/// The column shown after the client columns when some stage knows its
+/// share of prompt tokens served from the server's prefix cache.
+const CACHED: &str = "cached";
+
 /// What a server cell says for a signal no role had series of.
 const NO_DATA: &str = "no data";
 
@@ -164,7 +168,18 @@ impl StageTable {
             .iter()
             .map(|s| CongestionRecord::of(s).cloned())
             .collect();
-        let mut rows: Vec<Vec<String>> = vec![HEADER.iter().map(|s| s.to_string()).collect()];
+        let mut header: Vec<String> = HEADER.iter().map(|s| s.to_string()).collect();
+        // The 5 server columns close each row.
+        let server_columns_at = HEADER.len() - 5;
+        let show_cached = result.stages.iter().any(|s| {
+            s.detail
+                .as_ref()
+                .is_some_and(|d| d.cached_prompt_share.is_some())
+        });
+        if show_cached {
+            header.insert(server_columns_at, CACHED.into());
+        }
+        let mut rows = vec![header];
         for (stage, record) in result.stages.iter().zip(&records) {
             let mut row = vec![
                 stage.label.clone(),
@@ -188,7 +203,14 @@ impl StageTable {
                     ms(c.itl_p99_seconds),
                     format!("{}/{}", ms(c.e2e_p50_seconds), ms(c.e2e_p99_seconds)),
                 ]),
-                _ => row.extend(std::iter::repeat_n("-".to_string(), HEADER.len() - 8)),
+                _ => row.extend(std::iter::repeat_n(
+                    "-".to_string(),
+                    server_columns_at - StageTable::LEFT_ALIGNED,
+                )),
+            }
+            if show_cached {
+                let share = stage.detail.as_ref().and_then(|d| d.cached_prompt_share);
+                row.push(share.map_or("-".into(), |s| format!("{:.0}%", 100.0 * s)));
             }
             row.extend(server_cells(stage, record.as_ref()));
             rows.push(row);
@@ -198,7 +220,7 @@ impl StageTable {
         if judged().any(|r| r.roles.len() > 1) {
             notes.push("server columns (SRV ... preempt): the largest value across roles".into());
         }
-        let server_cells = || rows.iter().skip(1).flat_map(|r| &r[HEADER.len() - 5..]);
+        let server_cells = || rows.iter().skip(1).flat_map(|r| &r[r.len() - 5..]);
         if server_cells().any(|c| c.contains(NO_DATA)) {
             notes.push(
                 "no data: no series of that signal on any role (the policy saw 0); see coverage in stages.json"
@@ -207,6 +229,12 @@ impl StageTable {
         }
         if server_cells().any(|c| c.contains(">=")) {
             notes.push(">=: the quantile lies beyond the histogram's largest bucket bound".into());
+        }
+        if show_cached {
+            notes.push(
+                "cached: share of prompt tokens the server's prefix cache served, over the requests whose usage said (cached_tokens)"
+                    .into(),
+            );
         }
         if judged().any(|r| !r.signal_errors.is_empty()) {
             notes.push(
@@ -234,7 +262,7 @@ impl StageTable {
 /// The per-stage table as text, columns aligned, then its footnotes.
 pub fn stage_table(result: &RunResult) -> String {
     let table = StageTable::of(result);
-    let widths: Vec<usize> = (0..HEADER.len())
+    let widths: Vec<usize> = (0..table.rows[0].len())
         .map(|i| {
             table
                 .rows
@@ -352,6 +380,43 @@ mod tests {
             outcome_line(&run),
             "sweep stopped after stage #0 c=64: congested: KV cache"
         );
+    }
+
+    /// The cached column appears when a stage knows its share, after the
+    /// client columns; a stage without one shows `-`; no stage, no column.
+    #[test]
+    fn cached_share_gets_a_column_only_when_a_stage_has_one() {
+        let plain = stage_table(&run(
+            RunOutcome::Completed,
+            vec![measured("#0 c=64", ClientStats::default())],
+        ));
+        assert!(!plain.contains(CACHED), "{plain}");
+        let pool = StageResult {
+            detail: Some(StageDetail {
+                cached_prompt_share: Some(0.607),
+                ..StageDetail::default()
+            }),
+            ..measured("#0 c=4", ClientStats::default())
+        };
+        let mut record = judged(vec![role("aggregate", 1.0, 0.5)], vec![]);
+        record.verdict = None;
+        let unreported = StageResult {
+            annotation: Some(Judged { congestion: record }),
+            ..measured("#1 c=8", ClientStats::default())
+        };
+        let table = stage_table(&run(RunOutcome::Completed, vec![pool, unreported]));
+        let lines: Vec<&str> = table.lines().collect();
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        let at = header.iter().position(|h| *h == CACHED).unwrap();
+        assert_eq!(header[at - 1], "p50/p99", "after E2E p50/p99: {table}");
+        assert_eq!(header[at + 1], "SRV", "{table}");
+        assert!(lines[1].contains(" 61% "), "{table}");
+        assert!(lines[2].contains(" - "), "{table}");
+        assert!(
+            lines[2].trim_end().ends_with("policy error"),
+            "server cells: {table}"
+        );
+        assert!(table.contains("cached: share of prompt tokens"), "{table}");
     }
 
     fn role(name: &str, waiting: f64, kv: f64) -> RoleSignals {

@@ -186,6 +186,7 @@ fn make_record(
         itl_s: std::mem::take(&mut o.itl),
         chunk_tokens: std::mem::take(&mut o.chunk_tokens),
         prompt_tokens: o.usage.and_then(|u| u.prompt_tokens),
+        cached_tokens: o.usage.and_then(|u| u.cached_tokens()),
         output_tokens,
         output_tokens_source: source,
         prompt_chars,

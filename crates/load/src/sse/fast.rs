@@ -16,7 +16,7 @@
 
 use std::borrow::Cow;
 
-use super::{RawChoice, RawChunk, RawDelta, Usage};
+use super::{PromptTokensDetails, RawChoice, RawChunk, RawDelta, Usage};
 
 /// Deeper nesting in skipped values is left to serde_json.
 const MAX_DEPTH: u32 = 32;
@@ -286,7 +286,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// `null` or `{"prompt_tokens": n|null, "completion_tokens": n|null, ...}`.
+    /// `null` or `{"prompt_tokens": n|null, "completion_tokens": n|null,
+    /// "prompt_tokens_details": null|{"cached_tokens": n|null, ...}, ...}`.
     fn usage(&mut self) -> Option<Option<Usage>> {
         if self.null()? {
             return Some(None);
@@ -296,21 +297,49 @@ impl<'a> Reader<'a> {
         }
         let mut prompt = None;
         let mut completion = None;
+        let mut details = None;
         self.object(|r, key| match key {
-            b"prompt_tokens" => {
-                let value = if r.null()? { None } else { Some(r.u64()?) };
-                once(&mut prompt, value)
-            }
-            b"completion_tokens" => {
-                let value = if r.null()? { None } else { Some(r.u64()?) };
-                once(&mut completion, value)
+            b"prompt_tokens" => once(&mut prompt, r.opt_u64()?),
+            b"completion_tokens" => once(&mut completion, r.opt_u64()?),
+            b"prompt_tokens_details" => {
+                let value = if r.null()? {
+                    None
+                } else {
+                    Some(r.prompt_tokens_details()?)
+                };
+                once(&mut details, value)
             }
             _ => r.skip(2),
         })?;
         Some(Some(Usage {
             prompt_tokens: prompt.flatten(),
             completion_tokens: completion.flatten(),
+            prompt_tokens_details: details.flatten(),
         }))
+    }
+
+    /// `{"cached_tokens": n|null, ...}`.
+    fn prompt_tokens_details(&mut self) -> Option<PromptTokensDetails> {
+        if self.peek()? != b'{' {
+            return None;
+        }
+        let mut cached = None;
+        self.object(|r, key| match key {
+            b"cached_tokens" => once(&mut cached, r.opt_u64()?),
+            _ => r.skip(3),
+        })?;
+        Some(PromptTokensDetails {
+            cached_tokens: cached.flatten(),
+        })
+    }
+
+    /// `null` or a plain unsigned integer.
+    fn opt_u64(&mut self) -> Option<Option<u64>> {
+        if self.null()? {
+            Some(None)
+        } else {
+            self.u64().map(Some)
+        }
     }
 }
 
