@@ -14,6 +14,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::support::{nyann_bench, policy_wasm, scrape_flags, serial, simulator, sweep};
+use crate::sweep::STOPS_AT_16;
 
 /// A fleet's processes: index 0 leads.
 struct Fleet {
@@ -202,11 +203,9 @@ async fn fast_sim() -> RunningSim {
 async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
     let _serial = serial().await;
     let sim = simulator(false).await;
-    let stops_at_16 =
-        r#"waiting_requests_p50=8, ttft_p99="1s", kv_cache_usage=0.95, preemptions=1"#;
     let mut fleet = Fleet::start(
         &sim.base_url(),
-        &sweep(&[4, 8, 16, 32], stops_at_16),
+        &sweep(&[4, 8, 16, 32], STOPS_AT_16),
         3,
         &scrape_flags(&sim),
         &[],
