@@ -517,12 +517,8 @@ async fn generate(app: Arc<App>, g: Gen) -> Response {
     let cut_after = f.roll(n, 4, f.cut_rate).then_some(f.cut_after);
 
     let new = NewSeq {
-        id: n,
-        prompt_tokens: g.prompt_tokens,
-        max_tokens: g.max_tokens,
-        pre_generated: 0,
-        kv_transferred: false,
         finish: g.finish,
+        ..NewSeq::new(n, g.prompt_tokens, g.max_tokens)
     };
     let prefix = prefix_key(&app, &g, n);
     let source = match &app.backend {

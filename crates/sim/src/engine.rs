@@ -113,6 +113,20 @@ pub struct NewSeq {
     pub finish: FinishedReason,
 }
 
+impl NewSeq {
+    /// A request whose whole output this engine generates, ending by length.
+    pub fn new(id: SeqId, prompt_tokens: u32, max_tokens: u32) -> NewSeq {
+        NewSeq {
+            id,
+            prompt_tokens,
+            max_tokens,
+            pre_generated: 0,
+            kv_transferred: false,
+            finish: FinishedReason::Length,
+        }
+    }
+}
+
 /// A change a step made to one sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqEvent {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use nyann_model::{ClientStats, RoleSignals};
 
 use crate::engine::{Engine, EngineConfig, NewSeq, SeqId};
-use crate::metrics::{EngineMetrics, FinishedReason, Histogram, TTFT_BUCKETS};
+use crate::metrics::{EngineMetrics, Histogram, TTFT_BUCKETS};
 use crate::prefix::PrefixKey;
 use crate::tokens::mix;
 
@@ -103,14 +103,7 @@ impl Load {
     fn send(&mut self, stage: &SweepStage, at: f64, tag: Option<usize>) {
         let id = self.next_id;
         self.next_id += 1;
-        let new = NewSeq {
-            id,
-            prompt_tokens: stage.prompt_tokens,
-            max_tokens: stage.output_tokens,
-            pre_generated: 0,
-            kv_transferred: false,
-            finish: FinishedReason::Length,
-        };
+        let new = NewSeq::new(id, stage.prompt_tokens, stage.output_tokens);
         // Every prompt is its own (as a load generator's seeded ones are):
         // nothing is shared, but the prefix cache still keeps what a
         // preempted sequence computed, as on the real server.

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use nyann_sim::engine::{Engine, EngineConfig, NewSeq, TimeModel};
-use nyann_sim::metrics::{EngineMetrics, FinishedReason};
+use nyann_sim::metrics::EngineMetrics;
 use nyann_sim::prefix::PrefixKey;
 
 const BLOCK: u32 = 16;
@@ -43,17 +43,6 @@ fn engine(kv_blocks: u32, prefix_caching: bool) -> Engine {
     )
 }
 
-fn seq(id: u64, prompt_tokens: u32, max_tokens: u32) -> NewSeq {
-    NewSeq {
-        id,
-        prompt_tokens,
-        max_tokens,
-        pre_generated: 0,
-        kv_transferred: false,
-        finish: FinishedReason::Length,
-    }
-}
-
 /// A prompt of `tokens` ids, different for each `topic`.
 fn prompt(topic: u32, tokens: u32) -> Vec<u32> {
     (0..tokens).map(|i| topic * 100_000 + i).collect()
@@ -62,7 +51,7 @@ fn prompt(topic: u32, tokens: u32) -> Vec<u32> {
 /// Runs one request of `prompt` (2 output tokens) alone to its end from
 /// `now`; returns the length of its first step (its prefill) and the end.
 fn serve(e: &mut Engine, id: u64, prompt: &[u32], now: f64) -> (f64, f64) {
-    let new = seq(id, prompt.len() as u32, 2);
+    let new = NewSeq::new(id, prompt.len() as u32, 2);
     let output: Vec<u32> = (0..2).map(|i| 7_000_000 + i).collect();
     let key = PrefixKey::of_ids(prompt, &output, BLOCK, None);
     e.submit_with_prefix(new, key, now).unwrap();
@@ -138,7 +127,7 @@ fn a_running_sequence_holds_the_cached_blocks_it_shares() {
     let p = prompt(1, 100);
     let (_, now) = serve(&mut e, 1, &p, 0.0);
     e.submit_with_prefix(
-        seq(2, 100, 50),
+        NewSeq::new(2, 100, 50),
         PrefixKey::of_ids(&p, &[], BLOCK, None),
         now,
     )
@@ -199,7 +188,8 @@ fn different_cache_salts_share_nothing() {
     let mut now = 0.0;
     for (id, salt) in [(1, "a"), (2, "b")] {
         let key = PrefixKey::of_ids(&p, &[], BLOCK, Some(salt));
-        e.submit_with_prefix(seq(id, 100, 2), key, now).unwrap();
+        e.submit_with_prefix(NewSeq::new(id, 100, 2), key, now)
+            .unwrap();
         while let Some(d) = e.begin_step(now) {
             now += d;
             e.end_step(now);

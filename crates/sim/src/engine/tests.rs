@@ -57,14 +57,7 @@ impl Clients {
         self.next_id += 1;
         self.owner.insert(id, client);
         self.arrival.insert(id, now);
-        let new = NewSeq {
-            id,
-            prompt_tokens: self.prompt,
-            max_tokens: self.max_tokens,
-            pre_generated: 0,
-            kv_transferred: false,
-            finish: FinishedReason::Length,
-        };
+        let new = NewSeq::new(id, self.prompt, self.max_tokens);
         e.submit(new, now).unwrap();
     }
 }
@@ -136,18 +129,7 @@ fn at_or_below_max_num_seqs_nothing_waits() {
     assert_eq!(o.max_waiting, 0, "a request never waits past the next step");
     let mut e = Engine::new(cfg(8, 10_000), EngineMetrics::new("m", "0", 4096));
     for id in 0..8 {
-        e.submit(
-            NewSeq {
-                id,
-                prompt_tokens: 128,
-                max_tokens: 64,
-                pre_generated: 0,
-                kv_transferred: false,
-                finish: FinishedReason::Length,
-            },
-            0.0,
-        )
-        .unwrap();
+        e.submit(NewSeq::new(id, 128, 64), 0.0).unwrap();
     }
     e.begin_step(0.0).unwrap();
     assert_eq!(e.num_waiting(), 0, "all 8 admitted in the first step");
@@ -188,19 +170,7 @@ fn same_seed_same_timeline() {
 #[test]
 fn too_long_is_refused() {
     let mut e = Engine::new(cfg(4, 4), EngineMetrics::new("m", "0", 4096));
-    let err = e
-        .submit(
-            NewSeq {
-                id: 1,
-                prompt_tokens: 60,
-                max_tokens: 10,
-                pre_generated: 0,
-                kv_transferred: false,
-                finish: FinishedReason::Length,
-            },
-            0.0,
-        )
-        .unwrap_err();
+    let err = e.submit(NewSeq::new(1, 60, 10), 0.0).unwrap_err();
     assert!(matches!(
         err,
         SubmitError::TooLong {
@@ -215,12 +185,9 @@ fn decode_role_starts_decoding_with_transferred_kv() {
     let mut e = Engine::new(cfg(4, 100), EngineMetrics::new("m", "0", 4096));
     e.submit(
         NewSeq {
-            id: 1,
-            prompt_tokens: 100,
-            max_tokens: 5,
             pre_generated: 1,
             kv_transferred: true,
-            finish: FinishedReason::Length,
+            ..NewSeq::new(1, 100, 5)
         },
         0.0,
     )
@@ -245,35 +212,13 @@ fn decode_role_starts_decoding_with_transferred_kv() {
 #[test]
 fn abort_frees_blocks() {
     let mut e = Engine::new(cfg(4, 100), EngineMetrics::new("m", "0", 4096));
-    e.submit(
-        NewSeq {
-            id: 1,
-            prompt_tokens: 100,
-            max_tokens: 5,
-            pre_generated: 0,
-            kv_transferred: false,
-            finish: FinishedReason::Length,
-        },
-        0.0,
-    )
-    .unwrap();
+    e.submit(NewSeq::new(1, 100, 5), 0.0).unwrap();
     e.begin_step(0.0).unwrap();
     assert!(e.kv_usage() > 0.0);
     assert!(e.abort(1, 0.001));
     assert_eq!(e.kv_usage(), 0.0);
     assert!(e.end_step(0.002).is_empty());
     assert!(!e.has_work());
-}
-
-fn seq(id: SeqId, prompt_tokens: u32, max_tokens: u32) -> NewSeq {
-    NewSeq {
-        id,
-        prompt_tokens,
-        max_tokens,
-        pre_generated: 0,
-        kv_transferred: false,
-        finish: FinishedReason::Length,
-    }
 }
 
 /// `cfg` without jitter and with the given time model.
@@ -299,7 +244,7 @@ const NO_COST: TimeModel = TimeModel {
 fn each_cost_of_the_time_model_lengthens_the_step_it_applies_to() {
     let step = |time: TimeModel, prompt: u32, decoding: bool| {
         let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
-        e.submit(seq(1, prompt, 100), 0.0).unwrap();
+        e.submit(NewSeq::new(1, prompt, 100), 0.0).unwrap();
         let first = e.begin_step(0.0).unwrap();
         e.end_step(first);
         if decoding {
@@ -337,7 +282,7 @@ fn the_request_overhead_delays_the_queue_and_counts_in_ttft() {
         ..NO_COST
     };
     let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
-    e.submit(seq(1, 10, 2), 0.0).unwrap();
+    e.submit(NewSeq::new(1, 10, 2), 0.0).unwrap();
     assert!(
         !e.has_work() && e.num_waiting() == 0,
         "still in the API server"
@@ -366,7 +311,7 @@ fn a_time_model_of_no_cost_still_moves_time_on() {
         ..NO_COST
     };
     let mut e = Engine::new(timed(free), EngineMetrics::new("m", "0", 4096));
-    e.submit(seq(1, 10, 2), 0.0).unwrap();
+    e.submit(NewSeq::new(1, 10, 2), 0.0).unwrap();
     assert_eq!(e.begin_step(0.0), Some(MIN_STEP));
 }
 
@@ -385,7 +330,7 @@ fn drift_is_seeded_and_keeps_the_mean_step() {
             },
             EngineMetrics::new("m", "0", 4096),
         );
-        e.submit(seq(1, 10, 20_000), 0.0).unwrap();
+        e.submit(NewSeq::new(1, 10, 20_000), 0.0).unwrap();
         let (mut now, mut steps) = (0.0, Vec::new());
         while let Some(d) = e.begin_step(now) {
             now += d;
@@ -419,13 +364,13 @@ fn a_long_prompt_is_admitted_with_the_blocks_of_its_first_chunk() {
         },
         EngineMetrics::new("m", "0", 4096),
     );
-    e.submit(seq(1, 300, 50), 0.0).unwrap();
+    e.submit(NewSeq::new(1, 300, 50), 0.0).unwrap();
     let mut now = 0.0;
     while e.num_running() == 0 || e.seqs[&1].generated == 0 {
         now += e.begin_step(now).unwrap();
         e.end_step(now);
     }
-    e.submit(seq(2, 480, 10), now).unwrap();
+    e.submit(NewSeq::new(2, 480, 10), now).unwrap();
     now += e.begin_step(now).unwrap();
     assert_eq!(e.num_running(), 2, "B admitted with 21 blocks free");
     assert_eq!(e.seqs[&2].blocks, 4, "the first chunk's blocks only");
