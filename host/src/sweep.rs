@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use nyann_load::{FinishedStage, HookDecision, HookOutcome, StageHook};
 use nyann_model::{
-    Param, RoleCoverage, RoleSignals, Scenario, SeriesStatus, StageObservation, Step,
-    StopCondition, SweepRef, Verdict,
+    Param, RoleCoverage, RoleSignals, Scenario, StageObservation, Step, StopCondition, SweepRef,
+    Verdict,
 };
 use nyann_policy_host::{HostConfig, Policy, PolicyError, PolicyHost};
-use nyann_signals::{SignalOptions, SignalSource};
+use nyann_signals::{ClientEvidence, SignalOptions, SignalSource};
 use serde::{Deserialize, Serialize};
 
 /// How the verdicts are used.
@@ -93,8 +93,9 @@ pub struct SandboxArgs {
     pub policy_fuel: u64,
 
     /// Wall-clock limit of one policy `judge` call: a backstop well above
-    /// what the fuel takes (ten times as much for `describe`/`validate`).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = nyann_model::parse_duration)]
+    /// what the fuel takes even on a busy machine, so that the fuel is what
+    /// stops a runaway policy (ten times as much for `describe`/`validate`).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = nyann_model::parse_duration)]
     pub policy_timeout: Duration,
 
     /// Largest policy component accepted (e.g. `64MiB`, `100MB`), checked
@@ -327,7 +328,13 @@ impl CongestionCheck {
         let started = Instant::now();
         let signals = self
             .source
-            .stage_signals(done.start_unix, done.end_unix)
+            .stage_signals(
+                done.start_unix,
+                done.end_unix,
+                ClientEvidence {
+                    longest_first_token_wait_seconds: done.stats.longest_first_token_wait(),
+                },
+            )
             .await;
         let observation = StageObservation {
             index: u32::try_from(done.index).unwrap_or(u32::MAX),
@@ -481,7 +488,7 @@ fn sweep_of(index: u32, stop: &StopCondition) -> SweepRef {
 /// with `no data` for a signal without series and `>=` before a lower bound.
 fn describe_role(role: &RoleSignals, coverage: &RoleCoverage) -> String {
     let show = |signal: &str, text: String| match coverage.get(signal) {
-        Some(c) if c.status == SeriesStatus::Missing => "no data".to_string(),
+        Some(c) if c.status.no_data() => "no data".to_string(),
         Some(c) if c.lower_bound => format!(">={text}"),
         _ => text,
     };

@@ -242,3 +242,57 @@ async fn scenario_parameters_are_checked_against_a_policy_without_a_run() {
     let ir: Value = serde_json::from_str(&stdout).unwrap();
     assert!(ir["steps"].is_array());
 }
+
+/// What a policy says reaches the terminal escaped: its description
+/// (`policy describe` / `check`, which also bound the 70,000-byte default
+/// a format width overflowed on), its reasons in the stage table and the
+/// final line, its log lines. Nothing clears the screen, sets the window
+/// title or forges a line of the host's own output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_policy_says_reaches_the_terminal_escaped() {
+    let hostile = policy_wasm("hostile-policy");
+    let forged = |text: &str| {
+        text.lines().any(|l| {
+            l.trim_start()
+                .starts_with("sweep stopped after stage #0: forged")
+        })
+    };
+    let raw = |text: &str| text.chars().any(|c| c.is_control() && c != '\n');
+    for command in ["describe", "check"] {
+        let out = nyann_bench()
+            .args(["policy", command])
+            .arg(&hostile)
+            .output()
+            .await
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{command}: {stderr}");
+        assert!(!raw(&stdout) && !raw(&stderr), "{command}: {stdout:?}");
+        assert!(!forged(&stdout), "{command}: {stdout}");
+        assert!(
+            stdout.contains("\\u{1b}[2J") && stdout.contains("(70000 bytes)"),
+            "{command}: {stdout}"
+        );
+        assert!(stdout.len() < 20_000, "{command}: {} bytes", stdout.len());
+    }
+
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let mut args = scrape_flags(&sim);
+    args.extend(["--policy".into(), hostile.display().to_string()]);
+    let run = generate(&sim, &sweep(&[2, 2], r#"mode="escape""#), &args).await;
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(0), "{stderr}");
+    assert_eq!(run.stopped_at(), Some(0), "{stderr}");
+    assert!(!raw(&stderr), "{stderr:?}");
+    assert!(!forged(&stderr), "{stderr}");
+    assert!(
+        stderr.contains("sweep stopped after stage #0 c=2: congested: \\u{1b}[2J\\rreal reason\\nsweep stopped after stage #0: forged"),
+        "{stderr}"
+    );
+    // The log line, one line.
+    assert!(
+        stderr.contains("log line\\nstage #9: a forged log line\\u{1b}[2J"),
+        "{stderr}"
+    );
+}

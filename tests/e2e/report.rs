@@ -154,6 +154,57 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
         "one more timeline per run"
     );
     assert!(browser.console_errors().is_empty());
+
+    extreme_readings_are_reported(dir.path(), stop, &mut browser).await;
+}
+
+/// The run again with its congested stage's TTFT p99 read as `f64::MAX` (a
+/// `+Inf` quantile whose bucket bounds could not be read), on the client's
+/// side and the server's: `report DIR` ends (it used to spin forever in the
+/// chart code) and the page marks the values above the axis.
+async fn extreme_readings_are_reported(dir: &Path, stop: usize, browser: &mut Browser) {
+    for file in ["stages.json", "summary.json"] {
+        let path = dir.join(file);
+        let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let stages = if file == "stages.json" {
+            &mut json
+        } else {
+            &mut json["stages"]
+        };
+        let stage = &mut stages[stop];
+        stage["client"]["ttft_p99_seconds"] = Value::from(f64::MAX);
+        stage["annotation"]["congestion"]["roles"][0]["ttft_p99_seconds"] = Value::from(f64::MAX);
+        std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    }
+    let extreme = dir.join("extreme.html");
+    let report = nyann_bench()
+        .arg("report")
+        .arg(dir)
+        .arg("-o")
+        .arg(&extreme)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), report)
+        .await
+        .expect("`nyann-bench report` did not end within 2 minutes")
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    browser.open(&extreme);
+    assert!(browser.console_errors().is_empty());
+    let text = browser
+        .evaluate(
+            "Array.from(document.querySelectorAll('svg text')).map(t => t.textContent).join('|')",
+        )
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(text.contains("above the axis (value shown)"), "{text}");
+    assert!(text.contains("∞ ↑") || text.contains("e308 ↑"), "{text}");
 }
 
 fn charts_len(browser: &mut Browser) -> usize {

@@ -11,9 +11,9 @@
 //! memories and the table, then answers "not congested".
 
 use wasm_encoder::{
-    BlockType, CodeSection, ConstExpr, DataSection, ExportKind, ExportSection, Function,
-    FunctionSection, GlobalSection, GlobalType, HeapType, MemArg, MemorySection, MemoryType,
-    Module, RefType, TableSection, TableType, TypeSection, ValType,
+    BlockType, CodeSection, ConstExpr, DataSection, EntityType, ExportKind, ExportSection,
+    Function, FunctionSection, GlobalSection, GlobalType, HeapType, ImportSection, MemArg,
+    MemorySection, MemoryType, Module, RefType, TableSection, TableType, TypeSection, ValType,
 };
 use wit_component::{ComponentEncoder, StringEncoding};
 use wit_parser::Resolve;
@@ -31,6 +31,12 @@ pub struct Assembled {
     /// Bytes of code never called, to make the component large and slow to
     /// compile (rounded to whole 4 KiB functions).
     pub filler_bytes: usize,
+    /// Functions never called that do nothing (a few bytes each): many
+    /// functions in little code.
+    pub empty_functions: u32,
+    /// A function of the `host` interface to import (and call from
+    /// `judge`), of type `func()`: the WIT given must declare it.
+    pub host_import: Option<String>,
 }
 
 /// Where the fixed answers live in the main memory.
@@ -73,6 +79,16 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     types.ty().function(i32s(1), i32s(1)); // 3: judge(pointer to args) -> pointer
     types.ty().function(i32s(1), i32s(1)); // 4: filler
 
+    types.ty().function([], []); // 5: an empty function, the host import
+
+    // The host import comes first: defined functions start after it.
+    let mut imports = ImportSection::new();
+    let host = interface.replace("/policy@", "/host@");
+    if let Some(name) = &spec.host_import {
+        imports.import(&host, name, EntityType::Function(5));
+    }
+    let base = u32::from(spec.host_import.is_some());
+
     let filler_functions = spec.filler_bytes.div_ceil(FILLER_BYTES) as u32;
     let mut functions = FunctionSection::new();
     for ty in [0, 1, 2, 3] {
@@ -80,6 +96,9 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     }
     for _ in 0..filler_functions {
         functions.function(4);
+    }
+    for _ in 0..spec.empty_functions {
+        functions.function(5);
     }
 
     let mut memories = MemorySection::new();
@@ -116,10 +135,10 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
 
     let mut exports = ExportSection::new();
     exports.export("memory", ExportKind::Memory, 0);
-    exports.export("cabi_realloc", ExportKind::Func, 0);
-    exports.export(&format!("{interface}#describe"), ExportKind::Func, 1);
-    exports.export(&format!("{interface}#validate"), ExportKind::Func, 2);
-    exports.export(&format!("{interface}#judge"), ExportKind::Func, 3);
+    exports.export("cabi_realloc", ExportKind::Func, base);
+    exports.export(&format!("{interface}#describe"), ExportKind::Func, base + 1);
+    exports.export(&format!("{interface}#validate"), ExportKind::Func, base + 2);
+    exports.export(&format!("{interface}#judge"), ExportKind::Func, base + 3);
 
     let mut code = CodeSection::new();
     code.function(&realloc());
@@ -130,13 +149,21 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     for _ in 0..filler_functions {
         code.function(&filler);
     }
+    let mut empty = Function::new([]);
+    empty.instructions().end();
+    for _ in 0..spec.empty_functions {
+        code.function(&empty);
+    }
 
     let mut data = DataSection::new();
     data.active(0, &ConstExpr::i32_const(INFO_AREA), policy_info());
 
     let mut module = Module::new();
+    module.section(&types);
+    if !imports.is_empty() {
+        module.section(&imports);
+    }
     module
-        .section(&types)
         .section(&functions)
         .section(&tables)
         .section(&memories)
@@ -229,6 +256,9 @@ fn judge(spec: &Assembled) -> Function {
             .if_(BlockType::Empty)
             .unreachable()
             .end();
+    }
+    if spec.host_import.is_some() {
+        sink.call(0);
     }
     sink.i32_const(ZERO_AREA).end();
     f

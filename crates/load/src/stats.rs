@@ -93,6 +93,21 @@ pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<Stri
     None
 }
 
+/// How long `record` waited for its first token: its TTFT; without a first
+/// token, the time from sending to its end (a timeout, a cut stream, a
+/// request abandoned late or cancelled), unless the server answered with an
+/// error status or the failure was the client's own (no wait on the server).
+fn first_token_wait(record: &RequestRecord) -> Option<f64> {
+    if record.ttft_s.is_some() {
+        return record.ttft_s;
+    }
+    let answered_error = record.http_status.is_some_and(|s| s >= 400);
+    if answered_error || record.client_error || record.status == Status::Dropped {
+        return None;
+    }
+    record.e2e_s
+}
+
 /// Accumulates the records of one stage.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(into = "WireAccumulator", from = "WireAccumulator")]
@@ -113,6 +128,9 @@ pub struct StageAccumulator {
     itl: Histogram<u64>,
     e2e: Histogram<u64>,
     client_lag: Histogram<u64>,
+    /// The longest any request waited for its first token (µs), see
+    /// [`first_token_wait`].
+    longest_first_token_wait: u64,
 }
 
 impl Default for StageAccumulator {
@@ -177,6 +195,9 @@ struct WireAccumulator {
     /// Absent from messages of builds before it.
     #[serde(default)]
     cached: CachedTokens,
+    /// Microseconds; absent from messages of builds before it.
+    #[serde(default)]
+    longest_first_token_wait: u64,
 }
 
 fn buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
@@ -212,6 +233,7 @@ impl From<StageAccumulator> for WireAccumulator {
             client_lag: buckets(&a.client_lag),
             first_ttft: buckets(&a.first_ttft),
             later_ttft: buckets(&a.later_ttft),
+            longest_first_token_wait: a.longest_first_token_wait,
         }
     }
 }
@@ -234,6 +256,7 @@ impl From<WireAccumulator> for StageAccumulator {
             client_lag: from_buckets(&w.client_lag),
             first_ttft: from_buckets(&w.first_ttft),
             later_ttft: from_buckets(&w.later_ttft),
+            longest_first_token_wait: w.longest_first_token_wait,
         }
     }
 }
@@ -272,11 +295,15 @@ impl StageAccumulator {
             itl: histogram(),
             e2e: histogram(),
             client_lag: histogram(),
+            longest_first_token_wait: 0,
         }
     }
 
     /// Adds one record. Latencies count only for successful requests.
     pub fn add(&mut self, record: &RequestRecord) {
+        if let Some(wait) = first_token_wait(record) {
+            self.longest_first_token_wait = self.longest_first_token_wait.max(micros(wait));
+        }
         if let Some(lag) = record.client_lag_s {
             self.client_lag.saturating_record(micros(lag));
         }
@@ -330,6 +357,20 @@ impl StageAccumulator {
         let _ = self.itl.add(&other.itl);
         let _ = self.e2e.add(&other.e2e);
         let _ = self.client_lag.add(&other.client_lag);
+        self.longest_first_token_wait = self
+            .longest_first_token_wait
+            .max(other.longest_first_token_wait);
+    }
+
+    /// The longest any request of the stage waited for its first token, in
+    /// seconds (0 when none was sent): a server that produced no first token
+    /// while this was long was stalled, not idle.
+    pub fn longest_first_token_wait(&self) -> f64 {
+        if self.longest_first_token_wait == 0 {
+            0.0
+        } else {
+            self.longest_first_token_wait as f64 / 1e6
+        }
     }
 
     /// Current TTFT median, for live progress.
@@ -491,6 +532,40 @@ mod tests {
         assert_eq!(back.finish(1.0), acc.finish(1.0));
         let detail = serde_json::to_string(&StageAccumulator::new().finish(1.0).1).unwrap();
         assert!(!detail.contains("cached_prompt_share"), "{detail}");
+    }
+
+    /// A stalled server shows in what the client waited, answered or not;
+    /// an error the server answered, or the client's own failure, is no wait.
+    #[test]
+    fn the_longest_first_token_wait_counts_requests_never_answered() {
+        let unanswered = |status, e2e: f64| RequestRecord {
+            ttft_s: None,
+            e2e_s: Some(e2e),
+            ..record(status, 0.0, 0)
+        };
+        let mut acc = StageAccumulator::new();
+        assert_eq!(acc.longest_first_token_wait(), 0.0);
+        acc.add(&record(Status::Ok, 0.25, 1));
+        acc.add(&RequestRecord {
+            http_status: Some(500),
+            ..unanswered(Status::Failed, 40.0)
+        });
+        acc.add(&RequestRecord {
+            client_error: true,
+            ..unanswered(Status::Failed, 50.0)
+        });
+        assert_eq!(acc.longest_first_token_wait(), 0.25);
+        acc.add(&unanswered(Status::Late, 31.5));
+        assert_eq!(acc.longest_first_token_wait(), 31.5);
+        // A stream the server opened (200) and never wrote into is a wait.
+        let mut other = StageAccumulator::new();
+        other.add(&RequestRecord {
+            http_status: Some(200),
+            ..unanswered(Status::Failed, 45.0)
+        });
+        let wire = serde_json::to_string(&other).unwrap();
+        acc.merge(&serde_json::from_str(&wire).unwrap());
+        assert_eq!(acc.longest_first_token_wait(), 45.0);
     }
 
     #[test]

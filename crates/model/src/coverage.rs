@@ -20,6 +20,21 @@ pub enum SeriesStatus {
     /// The query or scrape failed (see the stage's signal errors): the value
     /// reads 0.
     Failed,
+    /// A latency histogram whose series exist but recorded nothing in the
+    /// window while the server was idle (nothing waiting or running, and no
+    /// request of the client kept waiting for its first token): there is no
+    /// latency to measure, so the value reads 0 and means "no data". (Had
+    /// the server been busy, no observation would mean a latency of at least
+    /// the window's length: that is recorded as found, with `lower_bound`.)
+    NoObservations,
+}
+
+impl SeriesStatus {
+    /// Nothing was measured: no series, or series that recorded nothing in
+    /// the window of an idle server. Shown as "no data", never as 0.
+    pub fn no_data(self) -> bool {
+        matches!(self, SeriesStatus::Missing | SeriesStatus::NoObservations)
+    }
 }
 
 /// One signal of one role over one stage.
@@ -31,8 +46,11 @@ pub struct SignalCoverage {
     /// The metric name the value was read from, when found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metric: Option<String>,
-    /// The quantile lies beyond the histogram's largest finite bucket bound:
-    /// the value is that bound, so the true quantile is at least the value.
+    /// The value is a lower bound: the true quantile is at least the value.
+    /// Either the quantile lies beyond the histogram's largest finite bucket
+    /// bound (the value is that bound), or the histogram recorded nothing in
+    /// the window although the server was busy (a stall: the value is the
+    /// window's length).
     #[serde(default, skip_serializing_if = "is_false")]
     pub lower_bound: bool,
 }

@@ -26,6 +26,17 @@ pub(crate) fn run<R: Send + 'static>(
     limit: Duration,
     work: impl FnOnce() -> R + Send + 'static,
 ) -> Result<R, Unfinished> {
+    run_noting_delay(name, limit, (limit, || {}), work)
+}
+
+/// [`run`], calling `notice` once when the work is still running after
+/// `after` (to say that something slow is going on).
+pub(crate) fn run_noting_delay<R: Send + 'static>(
+    name: &str,
+    limit: Duration,
+    (after, notice): (Duration, impl FnOnce()),
+    work: impl FnOnce() -> R + Send + 'static,
+) -> Result<R, Unfinished> {
     let (done, result) = mpsc::sync_channel(1);
     let started = Instant::now();
     std::thread::Builder::new()
@@ -35,7 +46,14 @@ pub(crate) fn run<R: Send + 'static>(
             let _ = done.send(work());
         })
         .map_err(|e| Unfinished::Failed(format!("cannot start a thread: {e}")))?;
-    match result.recv_timeout(limit) {
+    let waited = match result.recv_timeout(after.min(limit)) {
+        Err(mpsc::RecvTimeoutError::Timeout) if after < limit => {
+            notice();
+            result.recv_timeout(limit.saturating_sub(started.elapsed()))
+        }
+        waited => waited,
+    };
+    match waited {
         Ok(value) => Ok(value),
         Err(mpsc::RecvTimeoutError::Timeout) => Err(Unfinished::Abandoned {
             elapsed: started.elapsed(),
@@ -69,6 +87,25 @@ mod tests {
         assert!(elapsed >= Duration::from_millis(50), "{elapsed:?}");
         assert!(started.elapsed() < Duration::from_secs(10));
         drop(release);
+    }
+
+    #[test]
+    fn slow_work_is_noted_once_and_quick_work_never() {
+        let noted = std::cell::Cell::new(0);
+        let slow = run_noting_delay(
+            "t",
+            Duration::from_secs(10),
+            (Duration::from_millis(10), || noted.set(noted.get() + 1)),
+            || std::thread::sleep(Duration::from_millis(100)),
+        );
+        assert_eq!((slow, noted.get()), (Ok(()), 1));
+        let quick = run_noting_delay(
+            "t",
+            Duration::from_secs(10),
+            (Duration::from_secs(5), || noted.set(noted.get() + 1)),
+            || 3,
+        );
+        assert_eq!((quick, noted.get()), (Ok(3), 1));
     }
 
     #[test]

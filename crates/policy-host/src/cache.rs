@@ -62,12 +62,26 @@ pub(crate) fn load_or_compile(
     Ok(component)
 }
 
+/// Compiles taking longer than this say so while they run.
+const SLOW_COMPILE: Duration = Duration::from_secs(1);
+
 /// Compile on a thread of its own, abandoned past `timeout`.
 fn compile(engine: &Engine, bytes: &[u8], timeout: Duration) -> Result<Component, String> {
-    let (engine, bytes) = (engine.clone(), bytes.to_vec());
-    match bounded::run("nyann-policy-compile", timeout, move || {
-        Component::from_binary(&engine, &bytes)
-    }) {
+    let (engine, size) = (engine.clone(), bytes.len() as u64);
+    let bytes = bytes.to_vec();
+    let notice = move || {
+        tracing::info!(
+            "compiling the policy ({}) is taking more than {} s (once: the compiled code is cached)",
+            human_size(size),
+            SLOW_COMPILE.as_secs()
+        );
+    };
+    match bounded::run_noting_delay(
+        "nyann-policy-compile",
+        timeout,
+        (SLOW_COMPILE, notice),
+        move || Component::from_binary(&engine, &bytes),
+    ) {
         Ok(Ok(component)) => Ok(component),
         Ok(Err(e)) => Err(format!("is not a valid component: {e:#}")),
         Err(Unfinished::Abandoned { .. }) => Err(format!(

@@ -103,13 +103,16 @@ pub enum CallFailure {
     OversizedOutput(String),
     /// The policy returned `err(message)`.
     Rejected(String),
+    /// The policy called `exit` (WASI's `wasi:cli/exit`) with this status
+    /// instead of returning.
+    Exited(i32),
     /// Something else failed inside wasmtime.
     Internal(String),
 }
 
 impl CallFailure {
     /// A stable one-word kind for records: `crashed`, `fuel`, `deadline`,
-    /// `memory`, `blocked`, `output`, `rejected`, `internal`.
+    /// `memory`, `blocked`, `output`, `rejected`, `exited`, `internal`.
     pub fn kind(&self) -> &'static str {
         match self {
             CallFailure::Crashed { .. } => "crashed",
@@ -119,6 +122,7 @@ impl CallFailure {
             CallFailure::Blocked(_) => "blocked",
             CallFailure::OversizedOutput(_) => "output",
             CallFailure::Rejected(_) => "rejected",
+            CallFailure::Exited(_) => "exited",
             CallFailure::Internal(_) => "internal",
         }
     }
@@ -128,7 +132,10 @@ impl fmt::Display for CallFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CallFailure::Crashed { trap, stderr } => {
+                // Both carry the guest's words (its panic message, and
+                // function names from its name section in a backtrace).
                 let stderr = one_line(stderr);
+                let trap = printable(trap);
                 if let Some(pos) = stderr.find("panicked at") {
                     write!(f, "panicked ({})", &stderr[pos..])
                 } else if stderr.is_empty() {
@@ -144,7 +151,9 @@ impl fmt::Display for CallFailure {
             ),
             CallFailure::Deadline { limit, elapsed } => write!(
                 f,
-                "ran past its {} wall-clock limit and was stopped after {}",
+                "ran past its {} wall-clock limit and was stopped after {} (a backstop: its \
+                 fuel was not used up, so the machine was overloaded or the call was stuck \
+                 outside its code)",
                 human_duration(*limit),
                 human_duration(*elapsed)
             ),
@@ -164,22 +173,56 @@ impl fmt::Display for CallFailure {
             CallFailure::OversizedOutput(what) => {
                 write!(f, "returned an oversized output ({what})")
             }
-            CallFailure::Rejected(msg) => write!(f, "returned an error: {msg}"),
+            CallFailure::Rejected(msg) => write!(f, "returned an error: {}", printable(msg)),
+            CallFailure::Exited(status) => write!(
+                f,
+                "called exit (status {status}) instead of returning a result: a policy's \
+                 functions must return (exit ends only the call)"
+            ),
             CallFailure::Internal(msg) => write!(f, "failed in the host: {msg}"),
         }
     }
 }
 
-/// Collapse stderr to one bounded line for a message.
+/// Collapse stderr to one bounded, printable line for a message. Rust's
+/// panic hint to set `RUST_BACKTRACE` is left out: the variable is the
+/// host's, and it changes nothing in a policy.
 fn one_line(text: &str) -> String {
     const MAX: usize = 1000;
     let joined = text
         .split('\n')
         .map(str::trim)
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE=1`"))
         .collect::<Vec<_>>()
         .join(" | ");
-    truncate(&joined, MAX)
+    truncate(&printable(&joined), MAX)
+}
+
+/// `text` safe to print on a terminal or in a log: control characters
+/// (line breaks, carriage returns, escape sequences that clear the screen
+/// or set the window title, C1 controls) and the bidirectional overrides
+/// that reorder what a terminal shows are written as escapes (`\n`,
+/// `\u{1b}`), so a policy can neither forge a line of the host's output
+/// nor take over the terminal.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// At most `max` bytes of `text` (on a char boundary), with an ellipsis.
@@ -263,7 +306,9 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "policy slow: ran past its 1 s wall-clock limit and was stopped after 1.012 s at stage 3"
+            "policy slow: ran past its 1 s wall-clock limit and was stopped after 1.012 s (a \
+             backstop: its fuel was not used up, so the machine was overloaded or the call was \
+             stuck outside its code) at stage 3"
         );
         let e = PolicyError::Call {
             policy: "busy".into(),

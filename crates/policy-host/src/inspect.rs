@@ -38,11 +38,62 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
     ("wasi:random", &["random", "insecure", "insecure-seed"]),
 ];
 
+/// How much code a policy may ask the host to compile: compiling costs
+/// time and memory per function and per byte of code (900,000 empty
+/// functions took 2 minutes and 4 GB), so both are counted from the binary
+/// before anything is compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeLimits {
+    /// Functions defined by all the component's core modules.
+    pub max_functions: u64,
+    /// Bytes of their code sections together.
+    pub max_code_bytes: u64,
+}
+
+/// What the checks found out about a component.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Inspected {
+    /// The interface line it implements.
+    pub interface: Interface,
+    /// The newest `nyann:policy` version it names (in an export or import),
+    /// e.g. `0.2.1`: what it was built for.
+    pub built_for: String,
+}
+
 /// Check a policy's bytes and return the interface line it implements.
-pub(crate) fn inspect(bytes: &[u8]) -> Result<Interface, String> {
+pub(crate) fn inspect(bytes: &[u8], limits: CodeLimits) -> Result<Inspected, String> {
     check_header(bytes)?;
     let sections = read_sections(bytes)?;
+    if let Some(prerelease) = sections
+        .imports
+        .iter()
+        .chain(&sections.exports)
+        .filter_map(|n| nyann_version(n))
+        .find(|v| v.contains(['-', '+']))
+    {
+        return Err(format!(
+            "is built for {PACKAGE}@{prerelease}, a pre-release of the interface; this host runs \
+             the released {} (rebuild the policy against a released WIT, e.g. the one \
+             `nyann-bench policy wit` prints)",
+            supported_versions()
+        ));
+    }
     let interface = exported_interface(&sections.exports)?;
+    if sections.functions > limits.max_functions {
+        return Err(format!(
+            "defines {} functions; policies may define at most {} (compiling costs time and \
+             memory per function; a Rust policy has a few thousand)",
+            sections.functions, limits.max_functions
+        ));
+    }
+    if sections.code_bytes > limits.max_code_bytes {
+        return Err(format!(
+            "has {} of code; policies may have at most {} (compiling costs time and memory \
+             per byte of code; a Rust policy has well under 1 MiB)",
+            crate::error::human_size(sections.code_bytes),
+            crate::error::human_size(limits.max_code_bytes)
+        ));
+    }
     if let Some(name) = sections.imports.iter().find(|n| !import_allowed(n)) {
         return Err(format!(
             "imports `{name}`, which policies may not use (allowed: {PACKAGE}/host, and the \
@@ -57,7 +108,33 @@ pub(crate) fn inspect(bytes: &[u8]) -> Result<Interface, String> {
             sections.memories
         ));
     }
-    Ok(interface)
+    let built_for = sections
+        .imports
+        .iter()
+        .chain(&sections.exports)
+        .filter_map(|n| nyann_version(n))
+        .max_by_key(|v| semver(v))
+        .unwrap_or_default()
+        .to_string();
+    Ok(Inspected {
+        interface,
+        built_for,
+    })
+}
+
+/// The version of a `nyann:policy/...@VERSION` name.
+fn nyann_version(name: &str) -> Option<&str> {
+    let (path, version) = name.split_once('@')?;
+    path.starts_with(&format!("{PACKAGE}/")).then_some(version)
+}
+
+/// `0.2.1` as numbers, for ordering (missing or odd parts read 0).
+pub(crate) fn semver(version: &str) -> (u64, u64, u64) {
+    let mut parts = version
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let mut next = || parts.next().unwrap_or(0);
+    (next(), next(), next())
 }
 
 /// Refuse anything that is not a WebAssembly component, saying what it is.
@@ -93,6 +170,9 @@ struct Sections {
     exports: Vec<String>,
     /// Linear memories defined by all its core modules.
     memories: usize,
+    /// Functions defined by all its core modules, and their code's bytes.
+    functions: u64,
+    code_bytes: u64,
 }
 
 fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
@@ -100,6 +180,8 @@ fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
         imports: Vec::new(),
         exports: Vec::new(),
         memories: 0,
+        functions: 0,
+        code_bytes: 0,
     };
     // The parser walks nested modules and components in line; `depth` is
     // 0 in the outer component's own sections.
@@ -123,6 +205,12 @@ fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
             }
             Payload::MemorySection(reader) => {
                 sections.memories += usize::try_from(reader.count()).unwrap_or(usize::MAX);
+            }
+            Payload::FunctionSection(reader) => {
+                sections.functions += u64::from(reader.count());
+            }
+            Payload::CodeSectionStart { size, .. } => {
+                sections.code_bytes += u64::from(size);
             }
             _ => {}
         }
@@ -161,9 +249,16 @@ fn exported_interface(exports: &[String]) -> Result<Interface, String> {
         Some(v) if !v.is_empty() => format!("{PACKAGE}@{v}"),
         _ => "an unversioned interface".to_string(),
     };
+    let newer =
+        version.is_some_and(|v| semver(v) > semver(&format!("{}.0", Interface::NEWEST.line())));
+    let fix = if newer {
+        "a newer nyann-bench is needed, or rebuild the policy against the WIT printed by \
+         `nyann-bench policy wit`"
+    } else {
+        "rebuild the policy against the WIT printed by `nyann-bench policy wit`"
+    };
     Err(format!(
-        "is built for {shown}; this host supports {} (rebuild the policy against the WIT \
-         printed by `nyann-bench policy wit`)",
+        "is built for {shown}; this host supports {} ({fix})",
         supported_versions()
     ))
 }
@@ -215,11 +310,16 @@ mod tests {
             ])),
             Ok(Interface::V0_2)
         );
+        let newer = exported_interface(&names(&["nyann:policy/policy@0.9.0"])).unwrap_err();
         assert!(
-            exported_interface(&names(&["nyann:policy/policy@0.9.0"]))
-                .unwrap_err()
-                .starts_with("is built for nyann:policy@0.9.0; this host supports")
+            newer.starts_with("is built for nyann:policy@0.9.0; this host supports")
+                && newer.contains("a newer nyann-bench is needed"),
+            "{newer}"
         );
+        let older = exported_interface(&names(&["nyann:policy/policy@0.0.3"])).unwrap_err();
+        assert!(!older.contains("newer nyann-bench"), "{older}");
+        assert_eq!(semver("0.2.1-rc.1"), (0, 2, 1));
+        assert!(semver("0.10.0") > semver("0.9.7"));
         assert!(
             exported_interface(&names(&["nyann:policy/policy-extra@0.2.0"]))
                 .unwrap_err()

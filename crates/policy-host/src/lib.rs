@@ -51,7 +51,8 @@ use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store};
 
 pub use cache::default_cache_dir;
-pub use error::{CallFailure, PolicyError};
+pub use error::{CallFailure, PolicyError, printable};
+pub use inspect::CodeLimits;
 pub use versions::{Interface, supported_versions};
 
 use bounded::Unfinished;
@@ -75,8 +76,10 @@ pub struct HostConfig {
     /// run (the primary budget: it counts work, not time, so it never trips
     /// because the machine is busy). Default 500 million.
     pub judge_fuel: u64,
-    /// Wall-clock backstop of one `judge` call (`--policy-timeout`), well
-    /// above what its fuel takes. Default 1 s.
+    /// Wall-clock backstop of one `judge` call (`--policy-timeout`): well
+    /// above what its fuel takes (500 million instructions take 0.2-0.6 s,
+    /// longer on a busy machine), so that fuel, which counts work and not
+    /// time, is what normally stops a runaway call. Default 10 s.
     pub call_timeout: Duration,
     /// `describe` and `validate`, which run once at load, get this many
     /// times the judge's fuel and wall-clock budgets. Default 10.
@@ -97,8 +100,11 @@ pub struct HostConfig {
     /// (`--policy-max-size`). Default 64 MiB (componentize-py output is
     /// 18-40 MB).
     pub max_component_bytes: u64,
-    /// Longest compile of a component before its load is refused.
-    /// Default 2 min.
+    /// Most functions and bytes of code a component may ask to compile,
+    /// counted before compiling. Default 50,000 functions, 16 MiB of code.
+    pub code_limits: CodeLimits,
+    /// Longest compile of a component before its load is refused (a
+    /// backstop: the code limits bound what compiling costs). Default 2 min.
     pub compile_timeout: Duration,
     /// Where compiled code is cached; `None` compiles on every load.
     /// Default: [`default_cache_dir`].
@@ -111,7 +117,7 @@ impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
             judge_fuel: 500_000_000,
-            call_timeout: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(10),
             load_call_factor: 10,
             memory_limit_bytes: 64 << 20,
             max_reasons: 32,
@@ -119,6 +125,10 @@ impl Default for HostConfig {
             max_log_bytes: 64 << 10,
             max_stderr_bytes: 64 << 10,
             max_component_bytes: 64 << 20,
+            code_limits: CodeLimits {
+                max_functions: 50_000,
+                max_code_bytes: 16 << 20,
+            },
             compile_timeout: Duration::from_secs(120),
             cache_dir: default_cache_dir(),
             cache_max_bytes: 512 << 20,
@@ -235,7 +245,8 @@ impl PolicyHost {
                 limit: config.max_component_bytes,
             });
         }
-        let interface = inspect::inspect(bytes).map_err(load_err)?;
+        let inspected = inspect::inspect(bytes, config.code_limits).map_err(load_err)?;
+        let interface = inspected.interface;
         let cache = cache::CacheConfig {
             dir: config.cache_dir.clone(),
             max_bytes: config.cache_max_bytes,
@@ -246,7 +257,7 @@ impl PolicyHost {
         let instance_pre = inner
             .linker
             .instantiate_pre(&component)
-            .map_err(|e| load_err(format!("cannot be linked: {e:#}")))?;
+            .map_err(|e| load_err(link_error(&inspected.built_for, &e)))?;
         let pre = Pre::new(interface, instance_pre).map_err(|e| {
             load_err(format!(
                 "does not implement {interface} as this host knows it: {e:#}"
@@ -290,6 +301,7 @@ impl PolicyHost {
             })?;
         check_info(&info, config.max_reason_bytes)
             .map_err(|m| load_err(format!("describe() returned {m}")))?;
+        let info = printable_info(info);
         Ok(Policy {
             name: Arc::from(info.name.as_str()),
             info: Arc::new(info),
@@ -376,7 +388,10 @@ impl Policy {
         );
         match result {
             Ok(Ok(())) => Ok(params),
-            Ok(Err(msg)) => Err(params_err(truncate(&msg, self.inner.max_reason_bytes))),
+            Ok(Err(msg)) => Err(params_err(truncate(
+                &printable(&msg),
+                self.inner.max_reason_bytes,
+            ))),
             Err(err) => Err(params_err(format!(
                 "the policy's validate() {}",
                 err.failure().map(ToString::to_string).unwrap_or_default()
@@ -440,7 +455,15 @@ impl Policy {
             })?;
         self.check_verdict(&verdict)
             .map_err(|what| self.call_error(index, CallFailure::OversizedOutput(what)))?;
-        Ok(verdict)
+        // Reasons reach the stage table, the log and the stop line.
+        Ok(Verdict {
+            reasons: verdict
+                .reasons
+                .into_iter()
+                .map(|r| printable(&r).into_owned())
+                .collect(),
+            ..verdict
+        })
     }
 
     fn check_verdict(&self, verdict: &Verdict) -> Result<(), String> {
@@ -583,7 +606,7 @@ impl PolicyInner {
                     tracing::debug!(
                         policy = &*policy,
                         "{function} wrote to stderr: {}",
-                        truncate(stderr.trim(), 4096)
+                        truncate(&printable(stderr.trim()), 4096)
                     );
                 }
                 tracing::trace!(
@@ -612,6 +635,46 @@ fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), PolicyError> {
         })
         .map(|_| ())
         .map_err(|e| PolicyError::Host(format!("cannot start the epoch ticker thread: {e}")))
+}
+
+/// Why a component that passed the checks cannot be linked: most likely it
+/// was built for a newer patch of its line that added a host function
+/// (a line may add host functions; older guests never import them).
+fn link_error(built_for: &str, err: &wasmtime::Error) -> String {
+    let host_version = format!("{}.0", Interface::NEWEST.line());
+    let ours = versions::Interface::of_version(built_for)
+        .map(|i| format!("{}.0", i.line()))
+        .unwrap_or(host_version);
+    if inspect::semver(built_for) > inspect::semver(&ours) {
+        format!(
+            "is built for {}@{built_for}, newer than this host's {}@{ours}, and imports what \
+             this host does not have: a newer nyann-bench is needed ({err:#})",
+            versions::PACKAGE,
+            versions::PACKAGE
+        )
+    } else {
+        format!("cannot be linked: {err:#}")
+    }
+}
+
+/// The description with its prose (version, summary, parameter docs) made
+/// [`printable`]: `policy describe` and the logs print it. Names are
+/// identifiers already; default values are data, escaped where printed.
+fn printable_info(info: PolicyInfo) -> PolicyInfo {
+    let text = |t: String| printable(&t).into_owned();
+    PolicyInfo {
+        version: text(info.version),
+        summary: text(info.summary),
+        params: info
+            .params
+            .into_iter()
+            .map(|p| nyann_model::observation::ParamSpec {
+                doc: text(p.doc),
+                ..p
+            })
+            .collect(),
+        ..info
+    }
 }
 
 /// Refuse a `describe()` result the host cannot use or print.

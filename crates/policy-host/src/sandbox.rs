@@ -116,7 +116,8 @@ impl HostState {
             return;
         }
         sink.budget -= msg.len();
-        let msg = truncate(msg, MAX_LINE);
+        // One line of the host's log: no line breaks or escape sequences.
+        let msg = truncate(&crate::error::printable(msg), MAX_LINE);
         let policy = &*sink.policy;
         match level {
             LogLevel::Debug => tracing::debug!(policy, "{msg}"),
@@ -430,6 +431,9 @@ impl CallStore {
         }
         if let Some(wanted) = state.clock.waited {
             return CallFailure::Blocked(wanted);
+        }
+        if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            return CallFailure::Exited(exit.0);
         }
         let trap = err.downcast_ref::<wasmtime::Trap>();
         match trap {

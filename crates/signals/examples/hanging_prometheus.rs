@@ -57,7 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("no source")?;
     let roles = source.roles().len();
     let started = Instant::now();
-    let signals = source.stage_signals(1_000.0, 1_060.0).await;
+    let signals = source
+        .stage_signals(1_000.0, 1_060.0, Default::default())
+        .await;
     let took = started.elapsed().as_secs_f64();
     println!(
         "roles {roles}  signal errors {}  timeout {}  queries sent {}  check {took:.1} s",

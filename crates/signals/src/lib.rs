@@ -35,7 +35,7 @@
 //!     tracing::info!("server signals: {source}");
 //!     // ... run a stage from `start` to `end` (unix seconds) ...
 //!     # let (start, end) = (0.0, 60.0);
-//!     let signals = source.stage_signals(start, end).await;
+//!     let signals = source.stage_signals(start, end, Default::default()).await;
 //!     for e in &signals.errors { tracing::warn!("signal: {e}"); }
 //! }
 //! # Ok(()) }
@@ -60,6 +60,7 @@ pub use config::{RoleSelector, ScrapeTarget, SignalOptions};
 pub use http::{ClientCertError, ClientCertFile};
 pub use preflight::{BlindRole, Hint, NothingFound, PreflightWarning, SourceKind, Suggestion};
 pub use profile::{MetricNames, Server};
+pub use spec::ClientEvidence;
 
 use http::Tls;
 use prometheus::{PromClient, PrometheusSource};
@@ -235,10 +236,20 @@ impl SignalSource {
     /// (unix seconds). Waits first (bounded by `--settle-wait`, plus
     /// `--settle`) for data covering the stage end. Never fails: see
     /// [`StageSignals::errors`].
-    pub async fn stage_signals(&self, start_unix: f64, end_unix: f64) -> StageSignals {
+    ///
+    /// `client` is what the client saw of the stage: with the server's own
+    /// waiting and running requests, it tells a stalled server (no first
+    /// token in the window: TTFT at least the window's length) from an idle
+    /// one (no data), see [`spec::resolve_empty_quantiles`].
+    pub async fn stage_signals(
+        &self,
+        start_unix: f64,
+        end_unix: f64,
+        client: ClientEvidence,
+    ) -> StageSignals {
         match &self.inner {
-            Inner::Prometheus(p) => p.stage_signals(start_unix, end_unix).await,
-            Inner::Scrape(s) => s.stage_signals(start_unix, end_unix).await,
+            Inner::Prometheus(p) => p.stage_signals(start_unix, end_unix, client).await,
+            Inner::Scrape(s) => s.stage_signals(start_unix, end_unix, client).await,
         }
     }
 

@@ -305,13 +305,21 @@ pub(crate) fn prometheus_hints(
                         promql_string(&regex_literal(pod_stem(pod)))
                     ),
                 }),
+                // Series without a label to select them by: a selector of
+                // no matcher would match everything, so none is suggested.
+                None if t.is_empty() => {}
                 None => fix.push(Suggestion::Selector {
                     role: role.role.clone(),
                     matchers: labels.clone(),
                 }),
             }
+            let found = if t.is_empty() {
+                format!("found {metric} without a job, namespace, pod or instance label")
+            } else {
+                format!("found {labels} ({metric})")
+            };
             Hint {
-                found: format!("found {labels} ({metric})"),
+                found,
                 suggestions: fix,
             }
         })

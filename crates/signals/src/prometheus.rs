@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use tokio::sync::watch;
 
 use crate::config::{RoleSelector, promql_string};
@@ -17,7 +18,7 @@ use crate::http::Tls;
 use crate::math::{self, Window};
 use crate::preflight::{self, Candidate, RoleFinding, SourceKind};
 use crate::profile::{Family, MetricNames, Server};
-use crate::spec::{self, Reading, SPECS, Spec, Stat};
+use crate::spec::{self, ClientEvidence, Reading, SPECS, Spec, Stat};
 use crate::{SignalError, StageSignals, excerpt, unix_now};
 
 /// Queries in flight at once against Prometheus.
@@ -49,6 +50,18 @@ pub enum QueryError {
     /// A sample value that is NaN or infinite where a number was expected.
     #[error("prometheus returned a non-finite value {0}")]
     NonFinite(String),
+    /// A counter's increase or rate below zero: the store mishandles
+    /// counter resets (read as 0, recorded as this fault).
+    #[error(
+        "prometheus answered a negative counter increase ({0}): the store mishandles counter resets; read as 0"
+    )]
+    NegativeIncrease(f64),
+    /// A series of a range query with more points than Prometheus itself
+    /// ever answers: the store ignored the query's step.
+    #[error(
+        "prometheus answered a series of {points} points, more than the {MAX_POINTS_PER_SERIES} a range query can have (the store ignored the query's step); read none of it"
+    )]
+    TooManyPoints { points: usize },
     /// Not sent: an earlier query of the same check got no answer in time,
     /// so this one would most likely only wait out the same timeout.
     #[error(
@@ -64,11 +77,13 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// The API envelope, its `data` skipped: read first, so that an error
+/// answer is reported as such whatever its `data` holds.
 #[derive(Deserialize)]
 struct Envelope {
     status: String,
     #[serde(default)]
-    data: Option<Data>,
+    data: Option<IgnoredAny>,
     #[serde(default, rename = "errorType")]
     error_type: Option<String>,
     #[serde(default)]
@@ -77,11 +92,18 @@ struct Envelope {
     warnings: Vec<String>,
 }
 
+/// The `data` of a successful answer.
 #[derive(Deserialize)]
-struct Data {
-    #[serde(rename = "resultType")]
-    result_type: String,
-    result: serde_json::Value,
+struct Answer {
+    data: Data,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+enum Data {
+    Matrix(Vec<MatrixItem>),
+    Vector(Vec<VectorItem>),
+    Scalar((f64, String)),
 }
 
 #[derive(Deserialize)]
@@ -95,7 +117,50 @@ struct VectorItem {
 struct MatrixItem {
     #[serde(default)]
     metric: BTreeMap<String, String>,
-    values: Vec<(f64, String)>,
+    values: BoundedPoints,
+}
+
+/// Most points of one series a range query can answer: Prometheus refuses
+/// queries that would give more (its "maximum resolution"). The queries
+/// here ask for about 200.
+pub const MAX_POINTS_PER_SERIES: usize = 11_000;
+
+/// A series' `[time, "value"]` points: at most [`MAX_POINTS_PER_SERIES`]
+/// are kept (the rest are skipped unparsed), `total` counts them all.
+struct BoundedPoints {
+    kept: Vec<(f64, String)>,
+    total: usize,
+}
+
+impl<'de> Deserialize<'de> for BoundedPoints {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Points;
+        impl<'de> serde::de::Visitor<'de> for Points {
+            type Value = BoundedPoints;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of [time, \"value\"] points")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<BoundedPoints, A::Error> {
+                let mut kept = Vec::new();
+                let mut total = 0;
+                loop {
+                    let more = if total < MAX_POINTS_PER_SERIES {
+                        seq.next_element::<(f64, String)>()?.map(|p| kept.push(p))
+                    } else {
+                        seq.next_element::<IgnoredAny>()?.map(|_| ())
+                    };
+                    if more.is_none() {
+                        return Ok(BoundedPoints { kept, total });
+                    }
+                    total += 1;
+                }
+            }
+        }
+        d.deserialize_seq(Points)
+    }
 }
 
 /// A thin client for `/api/v1/query` and `/api/v1/query_range`.
@@ -238,14 +303,28 @@ impl PromClient {
                 }
                 body.extend_from_slice(&chunk);
             }
-            decode(status, &body)
+            Ok((status, body))
         };
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(QueryError::Timeout(
-                humantime::format_duration(self.timeout).to_string(),
-            )),
-        }
+        // The timeout is Prometheus' to answer in. Decoding (up to 32 MiB of
+        // JSON) runs on a blocking thread after it: never on the runtime,
+        // where it would hold up the check's other queries until their own
+        // timeouts fired on answers that had arrived.
+        let (status, body) = match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(QueryError::Timeout(
+                    humantime::format_duration(self.timeout).to_string(),
+                ));
+            }
+        };
+        tokio::task::spawn_blocking(move || decode(status, &body))
+            .await
+            .unwrap_or_else(|e| {
+                Err(QueryError::Malformed {
+                    why: format!("decoding the answer failed: {e}"),
+                    excerpt: String::new(),
+                })
+            })
     }
 
     fn transport(&self, url: &str, e: &reqwest::Error) -> QueryError {
@@ -297,14 +376,16 @@ fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
             excerpt: text(),
         });
     }
-    let data = env.data.ok_or_else(|| QueryError::Malformed {
-        why: "success without data".into(),
+    if env.data.is_none() {
+        return Err(QueryError::Malformed {
+            why: "success without data".into(),
+            excerpt: text(),
+        });
+    }
+    let answer: Answer = serde_json::from_slice(body).map_err(|e| QueryError::Malformed {
+        why: format!("bad result: {e}"),
         excerpt: text(),
     })?;
-    let malformed = |e: serde_json::Error| QueryError::Malformed {
-        why: format!("bad {} result: {e}", data.result_type),
-        excerpt: text(),
-    };
     let parse_points = |pts: Vec<(f64, String)>| -> Result<Vec<(f64, f64)>, QueryError> {
         pts.into_iter()
             .map(|(t, v)| {
@@ -317,45 +398,27 @@ fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
             })
             .collect()
     };
-    match data.result_type.as_str() {
-        "matrix" => {
-            let items: Vec<MatrixItem> =
-                serde_json::from_value(data.result.clone()).map_err(malformed)?;
-            items
-                .into_iter()
-                .map(|i| {
-                    parse_points(i.values).map(|points| Series {
-                        labels: i.metric,
-                        points,
-                    })
-                })
-                .collect()
-        }
-        "vector" => {
-            let items: Vec<VectorItem> =
-                serde_json::from_value(data.result.clone()).map_err(malformed)?;
-            items
-                .into_iter()
-                .map(|i| {
-                    parse_points(vec![i.value]).map(|points| Series {
-                        labels: i.metric,
-                        points,
-                    })
-                })
-                .collect()
-        }
-        "scalar" => {
-            let point: (f64, String) =
-                serde_json::from_value(data.result.clone()).map_err(malformed)?;
-            Ok(vec![Series {
-                labels: BTreeMap::new(),
-                points: parse_points(vec![point])?,
-            }])
-        }
-        other => Err(QueryError::Malformed {
-            why: format!("unexpected result type {other:?}"),
-            excerpt: text(),
-        }),
+    let series = |metric, points| Series {
+        labels: metric,
+        points,
+    };
+    match answer.data {
+        Data::Matrix(items) => items
+            .into_iter()
+            .map(|i| {
+                if i.values.total > MAX_POINTS_PER_SERIES {
+                    return Err(QueryError::TooManyPoints {
+                        points: i.values.total,
+                    });
+                }
+                Ok(series(i.metric, parse_points(i.values.kept)?))
+            })
+            .collect(),
+        Data::Vector(items) => items
+            .into_iter()
+            .map(|i| Ok(series(i.metric, parse_points(vec![i.value])?)))
+            .collect(),
+        Data::Scalar(point) => Ok(vec![series(BTreeMap::new(), parse_points(vec![point])?)]),
     }
 }
 
@@ -430,21 +493,26 @@ enum Evaluated {
     /// rule or a Prometheus-compatible store may answer `+Inf`, which must
     /// read as "very slow", never as an error that reads 0.
     BeyondLargestBound,
+    /// A latency quantile of NaN at every point: the histogram recorded
+    /// nothing in the window (idle, or stalled: see
+    /// [`spec::resolve_empty_quantiles`]).
+    NoObservations,
 }
 
 /// Reduces a query result to the signal value. `Ok(None)`: no series.
+///
+/// Linear in the number of points (they are grouped by timestamp through a
+/// sort), so that an oversized answer costs its parsing, not its square.
 fn evaluate(spec: &Spec, series: &[Series]) -> Result<Option<Evaluated>, QueryError> {
     if series.is_empty() {
         return Ok(None);
     }
-    // Combine series per timestamp (the queries aggregate to one series, but
-    // a custom selector or a federated setup may still return several).
-    let mut by_time: Vec<(f64, f64)> = Vec::new();
+    let mut points: Vec<(f64, f64)> =
+        Vec::with_capacity(series.iter().map(|s| s.points.len()).sum());
     for s in series {
         for &(t, v) in &s.points {
             if let Quantile(_) = spec.stat {
-                // histogram_quantile gives NaN when there were no observations
-                // (an idle server): no value, which reads as zero.
+                // histogram_quantile gives NaN when there were no observations.
                 if v.is_nan() {
                     continue;
                 }
@@ -455,19 +523,36 @@ fn evaluate(spec: &Spec, series: &[Series]) -> Result<Option<Evaluated>, QueryEr
             if !v.is_finite() {
                 return Err(QueryError::NonFinite(format_value(v)));
             }
-            match by_time.iter_mut().find(|(bt, _)| *bt == t) {
-                Some((_, acc)) => {
-                    *acc = match spec.stat {
-                        Stat::Max | Quantile(_) => acc.max(v),
-                        Stat::Min => acc.min(v),
-                        _ => *acc + v,
-                    }
-                }
-                None => by_time.push((t, v)),
+            if v < 0.0 && matches!(spec.stat, Stat::StageIncrease | Stat::RatePerSecond) {
+                // increase() and rate() of a counter cannot be negative: the
+                // store mishandles counter resets. Read as 0 would hide a
+                // rule's input behind a plausible number; fail it instead.
+                return Err(QueryError::NegativeIncrease(v));
             }
+            points.push((t, v));
         }
     }
-    let values: Vec<f64> = by_time.iter().map(|(_, v)| *v).collect();
+    if points.is_empty() && matches!(spec.stat, Quantile(_)) {
+        return Ok(Some(Evaluated::NoObservations));
+    }
+    // Combine series per timestamp (the queries aggregate to one series, but
+    // a custom selector or a federated setup may still return several).
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut values: Vec<f64> = Vec::new();
+    let mut last_time = None;
+    for (t, v) in points {
+        match values.last_mut() {
+            Some(acc) if last_time == Some(t) => {
+                *acc = match spec.stat {
+                    Stat::Max | Quantile(_) => acc.max(v),
+                    Stat::Min => acc.min(v),
+                    _ => *acc + v,
+                }
+            }
+            _ => values.push(v),
+        }
+        last_time = Some(t);
+    }
     let value = match spec.stat {
         Stat::P50OfSum => math::quantile(&values, 0.5),
         Stat::Max | Quantile(_) | Stat::RatePerSecond | Stat::StageIncrease => {
@@ -670,6 +755,11 @@ impl PrometheusSource {
             match evaluate(spec, &series).map_err(described)? {
                 None => continue,
                 Some(Evaluated::Value(v)) => return Ok(Reading::found(v, metric)),
+                Some(Evaluated::NoObservations) => {
+                    return Ok(Reading::NoObservations {
+                        metric: metric.clone(),
+                    });
+                }
                 Some(Evaluated::BeyondLargestBound) => {
                     let bound = self
                         .largest_bound(metric, role, spec.window(stage).end, breaker)
@@ -772,7 +862,12 @@ impl PrometheusSource {
         (errors, None)
     }
 
-    pub(crate) async fn stage_signals(&self, start: f64, end: f64) -> StageSignals {
+    pub(crate) async fn stage_signals(
+        &self,
+        start: f64,
+        end: f64,
+        client: ClientEvidence,
+    ) -> StageSignals {
         let stage = Window::new(start, end);
         let (mut errors, unreachable) = self.settle(end).await;
         let mut readings: Vec<[Reading; SPECS.len()]> = self
@@ -810,6 +905,9 @@ impl PrometheusSource {
                     }
                 }
             }
+        }
+        for r in &mut readings {
+            spec::resolve_empty_quantiles(r, stage, client);
         }
         let (roles, coverage) = self
             .roles
@@ -856,6 +954,43 @@ mod tests {
         assert!(e.contains("malformed"), "{e}");
         let scalar = br#"{"status":"success","data":{"resultType":"scalar","result":[3,"+Inf"]}}"#;
         assert_eq!(decode(200, scalar).unwrap()[0].points[0].1, f64::INFINITY);
+        let e = decode(200, br#"{"status":"success"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("success without data"), "{e}");
+        let e = decode(
+            200,
+            br#"{"status":"success","data":{"resultType":"string","result":[1,"x"]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("malformed") && e.contains("string"), "{e}");
+        // An error answer is reported as such whatever its data holds.
+        let e = decode(
+            422,
+            br#"{"status":"error","errorType":"execution","error":"too many samples","data":7}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "prometheus: execution: too many samples (HTTP 422)");
+    }
+
+    /// A range-query series longer than Prometheus ever answers is refused
+    /// (its points past the limit are skipped unparsed), saying how long.
+    #[test]
+    fn a_series_beyond_the_resolution_limit_is_refused() {
+        let answer = |n: usize| {
+            let points: Vec<String> = (0..n).map(|i| format!("[{i},\"1\"]")).collect();
+            format!(
+                r#"{{"status":"success","data":{{"resultType":"matrix","result":[{{"metric":{{}},"values":[{}]}}]}}}}"#,
+                points.join(",")
+            )
+        };
+        let ok = decode(200, answer(MAX_POINTS_PER_SERIES).as_bytes()).unwrap();
+        assert_eq!(ok[0].points.len(), MAX_POINTS_PER_SERIES);
+        let e = decode(200, answer(400_000).as_bytes()).unwrap_err();
+        assert_eq!(e, QueryError::TooManyPoints { points: 400_000 });
+        assert!(e.to_string().contains("400000 points"), "{e}");
     }
 
     #[test]
@@ -873,10 +1008,31 @@ mod tests {
         assert!(evaluate(waiting, &[s(&[(1.0, f64::NAN)])]).is_err());
         assert!(evaluate(waiting, &[s(&[(1.0, f64::INFINITY)])]).is_err());
         let ttft = &SPECS[1];
+        // NaN at every point: the histogram recorded nothing in the window.
         assert_eq!(
-            evaluate(ttft, &[s(&[(1.0, f64::NAN)])]).unwrap(),
+            evaluate(ttft, &[s(&[(1.0, f64::NAN), (2.0, f64::NAN)])]).unwrap(),
+            Some(Evaluated::NoObservations)
+        );
+        assert_eq!(
+            evaluate(ttft, &[s(&[(1.0, f64::NAN), (2.0, 0.5)])]).unwrap(),
+            value(0.5)
+        );
+        // A counter's increase below zero is a fault of the store, not a 0.
+        let preemptions = &SPECS[3];
+        assert_eq!(
+            evaluate(preemptions, &[s(&[(1.0, -40.0)])]).unwrap_err(),
+            QueryError::NegativeIncrease(-40.0)
+        );
+        assert_eq!(
+            evaluate(preemptions, &[s(&[(1.0, 0.0)])]).unwrap(),
             value(0.0)
         );
+        // Series summed per timestamp, whatever order the points come in.
+        let v = evaluate(
+            preemptions,
+            &[s(&[(2.0, 1.0), (1.0, 3.0)]), s(&[(2.0, 4.0)])],
+        );
+        assert_eq!(v.unwrap(), value(5.0));
         // A quantile of +Inf is the slowest reading there is, not an error.
         assert_eq!(
             evaluate(ttft, &[s(&[(1.0, f64::INFINITY)])]).unwrap(),

@@ -17,7 +17,7 @@ use crate::exposition;
 use crate::math::{self, Bucket, Window};
 use crate::preflight::{self, RoleFinding, SourceKind};
 use crate::profile::{Family, MetricNames};
-use crate::spec::{self, Reading, SPECS, Stat};
+use crate::spec::{self, ClientEvidence, Reading, SPECS, Stat};
 use crate::{SignalError, StageSignals, unix_now};
 
 /// At most this many samples are kept per URL (the oldest are dropped), so a
@@ -314,7 +314,12 @@ impl ScrapeSource {
         }
     }
 
-    pub(crate) async fn stage_signals(&self, start: f64, end: f64) -> StageSignals {
+    pub(crate) async fn stage_signals(
+        &self,
+        start: f64,
+        end: f64,
+        client: ClientEvidence,
+    ) -> StageSignals {
         self.settle(end).await;
         let stage = Window::new(start, end);
         let mut out = StageSignals::default();
@@ -362,6 +367,7 @@ impl ScrapeSource {
                 }
             }
             let mut readings = compute_readings(&pods, stage, self.interval, &self.names);
+            spec::resolve_empty_quantiles(&mut readings, stage, client);
             if out.errors.len() > errors_before || !started {
                 // Nothing read because the scrapes failed: not an absence.
                 for reading in &mut readings {
@@ -483,6 +489,7 @@ pub(crate) fn compute_readings(
         let window = spec.window(stage);
         let fi = family_index(spec.family);
         let mut lower_bound = false;
+        let mut no_observations = false;
         let v = match spec.stat {
             Stat::P50OfSum | Stat::Max | Stat::Min => {
                 // Evaluate on the same grid a range query would use.
@@ -512,11 +519,17 @@ pub(crate) fn compute_readings(
                 for pod in pods {
                     all.extend(bucket_increase(pod, window, fi));
                 }
-                (!all.is_empty()).then(|| {
+                if all.is_empty() {
+                    None
+                } else if all.iter().all(|b| b.count == 0.0) {
+                    // Series, but not one observation in the window.
+                    no_observations = true;
+                    None
+                } else {
                     let (value, bound) = math::histogram_quantile_with_bound(q, &all);
                     lower_bound = bound;
-                    value
-                })
+                    Some(value)
+                }
             }
             Stat::RatePerSecond => {
                 let mut total = None;
@@ -550,13 +563,15 @@ pub(crate) fn compute_readings(
                 total
             }
         };
-        // NaN (no observations) and infinities read as zero (Reading::value).
+        // Infinities read as zero (Reading::value).
+        let metric = || matched_name(pods, window, spec.family, names).unwrap_or_default();
         match v {
             Some(value) => Reading::Found {
                 value,
-                metric: matched_name(pods, window, spec.family, names).unwrap_or_default(),
+                metric: metric(),
                 lower_bound,
             },
+            None if no_observations => Reading::NoObservations { metric: metric() },
             None => Reading::Missing,
         }
     })
@@ -746,6 +761,42 @@ mod tests {
         assert_eq!(r.extra("kv_cache_usage_min"), Some(0.3));
         assert_eq!(r.ttft_p99_seconds, 0.0);
         assert_eq!(r.preemptions, 0.0);
+    }
+
+    /// A TTFT histogram that does not move over the window recorded nothing:
+    /// idle with nothing waiting, a stall (TTFT >= the window) with 50 waiting.
+    #[test]
+    fn a_histogram_without_observations_is_idle_or_a_stall() {
+        let stage = Window::new(0.0, 30.0);
+        let pod = |waiting: f64| -> Vec<PodSample> {
+            let ttft = [(0.1, 7.0), (f64::INFINITY, 7.0)];
+            (0..=30)
+                .map(|t| sample(t as f64, &body(waiting, 0.5, 0.0, &ttft)))
+                .collect()
+        };
+        let interval = Duration::from_secs(1);
+        let names = MetricNames::default();
+        // `body` adds an engine with 1 waiting: -1 makes the sum 0.
+        let mut idle = compute_readings(&[pod(-1.0)], stage, interval, &names);
+        assert_eq!(
+            idle[1],
+            Reading::NoObservations {
+                metric: "vllm:time_to_first_token_seconds".into()
+            }
+        );
+        spec::resolve_empty_quantiles(&mut idle, stage, ClientEvidence::default());
+        assert_eq!(idle[1].value(), 0.0);
+        let mut stalled = compute_readings(&[pod(49.0)], stage, interval, &names);
+        spec::resolve_empty_quantiles(&mut stalled, stage, ClientEvidence::default());
+        // The steady window of a 30 s stage: 6..28.5 s.
+        assert_eq!(
+            stalled[1],
+            Reading::Found {
+                value: 22.5,
+                metric: "vllm:time_to_first_token_seconds".into(),
+                lower_bound: true,
+            }
+        );
     }
 
     #[test]

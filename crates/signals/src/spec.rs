@@ -112,6 +112,11 @@ pub enum Reading {
     },
     /// No series of any name of the signal's family: reads 0.
     Missing,
+    /// A latency quantile whose histogram (of `metric`) recorded nothing in
+    /// the window: an idle server, or one so stalled that nothing came out.
+    /// [`resolve_empty_quantiles`] tells the two apart; what stays idle
+    /// reads 0 and is recorded as no data.
+    NoObservations { metric: String },
     /// The query or scrape failed (its error is recorded apart): reads 0.
     Failed,
 }
@@ -143,6 +148,9 @@ impl Reading {
                 ..
             } => (SeriesStatus::Found, Some(metric.clone()), *lower_bound),
             Reading::Missing => (SeriesStatus::Missing, None, false),
+            Reading::NoObservations { metric } => {
+                (SeriesStatus::NoObservations, Some(metric.clone()), false)
+            }
             Reading::Failed => (SeriesStatus::Failed, None, false),
         };
         SignalCoverage {
@@ -150,6 +158,56 @@ impl Reading {
             status,
             metric,
             lower_bound,
+        }
+    }
+}
+
+/// What the client saw of a stage that the server's series may not show.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClientEvidence {
+    /// The longest any request of the stage waited for its first token, in
+    /// seconds: until it came, or until the request ended or was abandoned
+    /// without one (an error status the server answered is not a wait).
+    pub longest_first_token_wait_seconds: f64,
+}
+
+fn index_of(name: &str) -> Option<usize> {
+    SPECS.iter().position(|s| s.name == name)
+}
+
+/// Tells a stalled server from an idle one where a latency histogram
+/// recorded nothing in its window ([`Reading::NoObservations`]).
+///
+/// No first token in the window of a server that had requests waiting or
+/// running (their p50 over the steady window above 0), or while a request
+/// of the client waited at least the window's length for its first token,
+/// means that TTFT was at least the window's length: the reading becomes
+/// that length, marked as a lower bound, so that a stall reads as the worst
+/// latency rather than as none. Otherwise the server was idle and the
+/// reading stays "no observations" (reads 0, recorded as no data).
+/// Inter-token latency is left as it is: a prefill engine runs requests
+/// and never observes one.
+pub fn resolve_empty_quantiles(
+    readings: &mut [Reading; SPECS.len()],
+    stage: Window,
+    client: ClientEvidence,
+) {
+    let p50 = |name: &str| index_of(name).map_or(0.0, |i| readings[i].value());
+    let running = p50("running_requests_p50") > 0.0;
+    let waiting = p50("waiting_requests_p50") > 0.0;
+    for (spec, reading) in SPECS.iter().zip(readings.iter_mut()) {
+        let Reading::NoObservations { metric } = reading else {
+            continue;
+        };
+        let window = spec.window(stage).seconds();
+        let stalled = spec.family == Family::Ttft
+            && (running || waiting || client.longest_first_token_wait_seconds >= window);
+        if stalled && window > 0.0 {
+            *reading = Reading::Found {
+                value: window,
+                metric: std::mem::take(metric),
+                lower_bound: true,
+            };
         }
     }
 }
@@ -229,6 +287,69 @@ mod tests {
         assert_eq!(step_seconds(Window::new(0.0, 5.0)), 0.2);
         assert_eq!(grid(Window::new(0.0, 5.0)).len(), 26);
         assert_eq!(step_seconds(Window::new(0.0, 3600.0)), 18.0);
+    }
+
+    /// No first token in the window: a lower bound of the window's length
+    /// when the server or the client shows work, no data when idle.
+    #[test]
+    fn empty_quantiles_are_a_stall_when_busy_and_no_data_when_idle() {
+        let stage = Window::new(0.0, 60.0); // steady window 12..57: 45 s
+        let empty = || Reading::NoObservations {
+            metric: "vllm:time_to_first_token_seconds".into(),
+        };
+        let at = |name: &str| index_of(name).unwrap();
+        let idle = || -> [Reading; SPECS.len()] {
+            std::array::from_fn(|i| match SPECS[i].stat {
+                Stat::Quantile(_) => empty(),
+                _ => Reading::found(0.0, "m"),
+            })
+        };
+        let stalled = Reading::Found {
+            value: 45.0,
+            metric: "vllm:time_to_first_token_seconds".into(),
+            lower_bound: true,
+        };
+
+        let mut readings = idle();
+        resolve_empty_quantiles(&mut readings, stage, ClientEvidence::default());
+        assert_eq!(readings[at("ttft_p99_seconds")], empty());
+        let (signals, coverage) = role_result("aggregate", &readings);
+        assert_eq!(signals.ttft_p99_seconds, 0.0);
+        let ttft = coverage.get("ttft_p99_seconds").unwrap();
+        assert_eq!(ttft.status, SeriesStatus::NoObservations);
+        assert!(ttft.status.no_data() && !ttft.lower_bound);
+
+        // 50 requests waiting, none got a first token: TTFT >= 45 s.
+        let mut readings = idle();
+        readings[at("waiting_requests_p50")] = Reading::found(50.0, "m");
+        resolve_empty_quantiles(&mut readings, stage, ClientEvidence::default());
+        assert_eq!(readings[at("ttft_p99_seconds")], stalled);
+        assert_eq!(readings[at("ttft_p50_seconds")], stalled);
+        // Inter-token latency stays no data (a prefill engine has none).
+        assert!(matches!(
+            readings[at("itl_p99_seconds")],
+            Reading::NoObservations { .. }
+        ));
+        let (signals, coverage) = role_result("aggregate", &readings);
+        assert_eq!(signals.ttft_p99_seconds, 45.0);
+        assert!(coverage.get("ttft_p99_seconds").unwrap().lower_bound);
+
+        // Running sequences and no first token: a stall too.
+        let mut readings = idle();
+        readings[at("running_requests_p50")] = Reading::found(8.0, "m");
+        resolve_empty_quantiles(&mut readings, stage, ClientEvidence::default());
+        assert_eq!(readings[at("ttft_p99_seconds")], stalled);
+        assert_eq!(readings[at("itl_p99_seconds")].value(), 0.0);
+
+        // The client's own evidence: a request kept waiting the window's length.
+        let client = |wait| ClientEvidence {
+            longest_first_token_wait_seconds: wait,
+        };
+        let mut readings = idle();
+        resolve_empty_quantiles(&mut readings, stage, client(44.9));
+        assert_eq!(readings[at("ttft_p99_seconds")], empty());
+        resolve_empty_quantiles(&mut readings, stage, client(45.0));
+        assert_eq!(readings[at("ttft_p99_seconds")], stalled);
     }
 
     #[test]

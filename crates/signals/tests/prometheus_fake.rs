@@ -30,7 +30,7 @@ fn args(url: &str, deploy: &str) -> SignalOptions {
 
 async fn signals(args: &SignalOptions, start: f64, end: f64) -> StageSignals {
     let source = SignalSource::from_options(args).await.unwrap().unwrap();
-    source.stage_signals(start, end).await
+    source.stage_signals(start, end, Default::default()).await
 }
 
 /// The primary (first-name) queries of one role for stage 100..160:
@@ -125,7 +125,7 @@ async fn go_case_queueing_on_decode_with_prefill_ttft() {
             format!(
                 "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{DECODE}[45s])))"
             ),
-            vector(157.0, "NaN"), // no observations on decode: no value
+            vector(157.0, "NaN"), // no first token on decode in the window
         ),
     ]))
     .await;
@@ -134,7 +134,10 @@ async fn go_case_queueing_on_decode_with_prefill_ttft() {
     let roles: Vec<&str> = out.roles.iter().map(|r| r.role.as_str()).collect();
     assert_eq!(roles, ["prefill", "decode"]);
     assert_eq!(out.roles[1].waiting_requests_p50, 50.0);
-    assert_eq!(out.roles[1].ttft_p99_seconds, 0.0);
+    // No first token on decode while 50 requests waited there: a stall,
+    // TTFT at least the steady window's 45 s.
+    assert_eq!(out.roles[1].ttft_p99_seconds, 45.0);
+    assert!(out.coverage[1].get("ttft_p99_seconds").unwrap().lower_bound);
     assert_eq!(out.roles[0].ttft_p99_seconds, 2.5);
     assert_eq!(out.roles[0].waiting_requests_p50, 0.0);
 
@@ -285,7 +288,7 @@ async fn custom_selector_and_auth_headers_are_sent() {
         described.contains(r#"decode {namespace="ns",pod=~"isvc-predictor-.*"}"#),
         "{described}"
     );
-    let _ = source.stage_signals(100.0, 160.0).await;
+    let _ = source.stage_signals(100.0, 160.0, Default::default()).await;
     let reqs = fake.requests();
     assert!(reqs.iter().any(|r| r.query()
         == r#"sum(vllm:num_requests_waiting{namespace="ns",pod=~"isvc-predictor-.*"})"#));
@@ -546,8 +549,9 @@ async fn fault_nan_and_inf_values() {
         assert_eq!(r.kv_cache_usage_max, 0.0);
         assert_eq!(r.preemptions, 0.0);
         // Gauges and counters: a non-finite value is an error. Quantiles:
-        // NaN means "no observations" (idle), +Inf means "beyond the largest
-        // bucket" (here the buckets cannot be read: the largest number).
+        // NaN means "no observations" (idle here: nothing was seen waiting
+        // or running), +Inf means "beyond the largest bucket" (here the
+        // buckets cannot be read: the largest number).
         let errors: Vec<&String> = out
             .errors
             .iter()
@@ -559,9 +563,150 @@ async fn fault_nan_and_inf_values() {
         assert_eq!(r.ttft_p99_seconds, expected_ttft);
         assert_eq!(r.extra("itl_p50_seconds"), Some(expected_ttft));
         let ttft = out.coverage[0].get("ttft_p99_seconds").unwrap();
-        assert_eq!(ttft.status, SeriesStatus::Found);
+        let status = if v == "NaN" {
+            SeriesStatus::NoObservations
+        } else {
+            SeriesStatus::Found
+        };
+        assert_eq!(ttft.status, status);
         assert_eq!(ttft.lower_bound, v == "+Inf");
     }
+}
+
+/// Answers the waiting requests and the TTFT quantiles of every stage with
+/// `waiting` and NaN (no first token in the window), the rest empty.
+fn no_first_token(waiting: &'static str) -> impl Fn(&Req) -> Answer + Send + Sync {
+    move |req: &Req| {
+        let q = req.query();
+        let body = if q.starts_with("sum(vllm:num_requests_waiting{") {
+            matrix(&[(112.0, waiting), (130.0, waiting), (157.0, waiting)])
+        } else if q.starts_with("histogram_quantile(") {
+            vector(157.0, "NaN")
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    }
+}
+
+/// A server so stalled that no request got its first token in the window
+/// reads as the worst TTFT (at least the window's length, a lower bound),
+/// never as an idle 0: 50 waiting requests and a NaN TTFT quantile.
+#[tokio::test]
+async fn no_first_token_while_requests_wait_is_a_stall_not_an_idle_server() {
+    let fake = FakeProm::start(no_first_token("50")).await;
+    let out = signals(&args(&fake.url(), "m"), 100.0, 160.0).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let r = &out.roles[0];
+    assert_eq!(r.waiting_requests_p50, 50.0);
+    assert_eq!(r.ttft_p99_seconds, 45.0, "the steady window's length");
+    assert_eq!(r.extra("ttft_p50_seconds"), Some(45.0));
+    let ttft = out.coverage[0].get("ttft_p99_seconds").unwrap();
+    assert_eq!(ttft.status, SeriesStatus::Found);
+    assert!(ttft.lower_bound);
+    // With the rule's thresholds (32 waiting, TTFT 2 s) the stage is congested.
+    assert!(common::congested(&out.roles));
+    // Inter-token latency is never read as a stall (prefill has none).
+    assert_eq!(
+        out.coverage[0].status("itl_p99_seconds"),
+        SeriesStatus::NoObservations
+    );
+
+    // Idle: nothing waiting, nothing running, the client waited for nothing.
+    let fake = FakeProm::start(no_first_token("0")).await;
+    let out = signals(&args(&fake.url(), "m"), 100.0, 160.0).await;
+    assert_eq!(out.roles[0].ttft_p99_seconds, 0.0);
+    let ttft = out.coverage[0].get("ttft_p99_seconds").unwrap();
+    assert_eq!(ttft.status, SeriesStatus::NoObservations);
+    assert!(ttft.status.no_data() && !ttft.lower_bound);
+
+    // Idle on the server's side, but a request of the client waited the
+    // whole window for its first token (a server without queue metrics).
+    let source = SignalSource::from_options(&args(&fake.url(), "m"))
+        .await
+        .unwrap()
+        .unwrap();
+    let client = nyann_signals::ClientEvidence {
+        longest_first_token_wait_seconds: 50.0,
+    };
+    let out = source.stage_signals(100.0, 160.0, client).await;
+    assert_eq!(out.roles[0].ttft_p99_seconds, 45.0);
+    assert!(out.coverage[0].get("ttft_p99_seconds").unwrap().lower_bound);
+}
+
+/// A store that mishandles counter resets answers a negative increase: it
+/// reads 0 like any fault, and is recorded as one (never silently).
+#[tokio::test]
+async fn a_negative_counter_increase_is_a_recorded_fault() {
+    let fake = FakeProm::start(|req: &Req| {
+        let q = req.query();
+        let body = if q.starts_with("sum(increase(vllm:num_preemptions_total{") {
+            vector(160.0, "-40")
+        } else if q.starts_with("max(vllm:kv_cache_usage_perc{") {
+            matrix(&[(112.0, "0.99"), (157.0, "0.99")])
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    })
+    .await;
+    let out = signals(&args(&fake.url(), "m"), 100.0, 160.0).await;
+    assert_eq!(out.roles[0].kv_cache_usage_max, 0.99);
+    assert_eq!(out.roles[0].preemptions, 0.0);
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    let e = &out.errors[0];
+    assert!(
+        e.starts_with("aggregate: preemptions: ")
+            && e.contains("negative counter increase (-40)")
+            && e.contains("mishandles counter resets"),
+        "{e}"
+    );
+    assert_eq!(out.coverage[0].status("preemptions"), SeriesStatus::Failed);
+}
+
+/// A 10 MB answer of 400,000 points for one query: refused as beyond what a
+/// range query can answer, in linear time, off the runtime, so that the
+/// check's other queries, answered at once, are read (the quadratic reading
+/// took about a minute per check, and the other queries were recorded as
+/// unanswered within the timeout although they had been answered).
+#[tokio::test]
+async fn an_oversized_answer_is_refused_and_the_other_queries_are_read() {
+    let huge = {
+        let points: Vec<String> = (0..400_000)
+            .map(|i| format!("[{:.3},\"7\"]", 1_700_000_000.0 + i as f64 * 0.001))
+            .collect();
+        format!(
+            r#"{{"status":"success","data":{{"resultType":"matrix","result":[{{"metric":{{}},"values":[{}]}}]}}}}"#,
+            points.join(",")
+        )
+    };
+    assert!(huge.len() > 8_000_000, "{}", huge.len());
+    let fake = FakeProm::start(move |req: &Req| {
+        let q = req.query();
+        let body = if q.starts_with("sum(vllm:num_requests_waiting{") {
+            huge.clone()
+        } else if q.starts_with("max(vllm:kv_cache_usage_perc{") {
+            matrix(&[(112.0, "0.99"), (157.0, "0.99")])
+        } else if q.starts_with("sum(increase(vllm:num_preemptions_total{") {
+            vector(160.0, "12")
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    })
+    .await;
+    let mut a = args(&fake.url(), "m");
+    a.prometheus_timeout = Duration::from_secs(30);
+    let out = signals(&a, 100.0, 160.0).await;
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert!(
+        out.errors[0].starts_with("aggregate: waiting_requests_p50: ")
+            && out.errors[0].contains("400000 points"),
+        "{:?}",
+        out.errors
+    );
+    assert_eq!(out.roles[0].kv_cache_usage_max, 0.99);
+    assert_eq!(out.roles[0].preemptions, 12.0);
 }
 
 /// A store answering `histogram_quantile` with +Inf (Prometheus answers the
@@ -770,6 +915,47 @@ async fn preflight_refuses_a_role_that_finds_nothing_and_says_what_exists() {
             .starts_with("role decode: no series of any signal")
     );
     assert!(warnings[0].to_string().contains("starting anyway"));
+}
+
+/// The server's series carry no label at all (a Prometheus scraping one
+/// server under a relabelling that drops them): nothing can select them
+/// apart, so no selector is suggested (`{}` would match everything).
+#[tokio::test]
+async fn preflight_suggests_no_selector_for_series_without_labels() {
+    let fake = FakeProm::start(|req: &Req| {
+        let body = if req
+            .query()
+            .starts_with("count by (__name__, job, namespace, pod, instance) (")
+        {
+            labelled(&[(&[("__name__", "vllm:num_requests_waiting")], "1")])
+        } else {
+            empty(req)
+        };
+        Answer::json(200, body)
+    })
+    .await;
+    let source = SignalSource::from_options(&args(&fake.url(), "m"))
+        .await
+        .unwrap()
+        .unwrap();
+    let e = source.preflight().await.unwrap_err();
+    let SignalError::NothingFound(nothing) = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        nothing.roles[0].hints,
+        [Hint {
+            found:
+                "found vllm:num_requests_waiting without a job, namespace, pod or instance label"
+                    .into(),
+            suggestions: vec![],
+        }]
+    );
+    let text = e.to_string();
+    assert!(
+        !text.contains("'{}'") && !text.contains("did you mean"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -185,8 +185,8 @@ async fn prometheus_and_scrape_sources_agree_idle_and_overloaded() {
                     "idle"
                 }
             );
-            let ps = p.stage_signals(start, end).await;
-            let ss = s.stage_signals(start, end).await;
+            let ps = p.stage_signals(start, end, Default::default()).await;
+            let ss = s.stage_signals(start, end, Default::default()).await;
             agree(&label, &ps, &ss);
             assert_eq!(congested(&ps.roles), phase_overloaded, "{label} prometheus");
             assert_eq!(congested(&ss.roles), phase_overloaded, "{label} scrape");
@@ -246,7 +246,9 @@ async fn https_prometheus_with_a_private_ca_and_client_certificates() {
     let source = SignalSource::from_options(&trusted).await.unwrap().unwrap();
     assert_eq!(source.preflight().await.unwrap(), Vec::new());
     let end = now();
-    let out = source.stage_signals(end - 5.0, end).await;
+    let out = source
+        .stage_signals(end - 5.0, end, Default::default())
+        .await;
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     assert_eq!(out.roles[0].waiting_requests_p50, 5.0);
 

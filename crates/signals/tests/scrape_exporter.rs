@@ -46,7 +46,7 @@ async fn stage(source: &SignalSource, secs: f64) -> nyann_signals::StageSignals 
     tokio::time::sleep(Duration::from_millis(300)).await; // a baseline sample
     let start = now();
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    source.stage_signals(start, now()).await
+    source.stage_signals(start, now(), Default::default()).await
 }
 
 #[tokio::test]
@@ -94,6 +94,42 @@ async fn exact_signals_from_a_scripted_exporter() {
     assert!(tps > 50.0 && tps < 400.0, "{tps}");
 }
 
+/// A stalled server, scraped: 50 requests waiting, and a TTFT histogram
+/// that has series but does not move over the stage. TTFT reads as at
+/// least the stage's length (a lower bound), not as an idle 0; with
+/// nothing waiting it is no data.
+#[tokio::test]
+async fn a_histogram_that_does_not_move_is_a_stall_or_no_data() {
+    for waiting in [50.0, 0.0] {
+        let mut e = Engine::new();
+        e.waiting = waiting;
+        e.observe_ttft(0.3); // the series exist, from before the stage
+        let exporter = Exporter::start(e).await;
+        let source = SignalSource::from_options(&scrape_args(&[exporter.url()]))
+            .await
+            .unwrap()
+            .unwrap();
+        source.start();
+        let out = stage(&source, 2.0).await;
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        let r = &out.roles[0];
+        let ttft = out.coverage[0].get("ttft_p99_seconds").unwrap();
+        if waiting > 0.0 {
+            // The whole stage (shorter than 5 s): about 2 s.
+            assert!(
+                r.ttft_p99_seconds >= 1.9 && r.ttft_p99_seconds < 10.0,
+                "{}",
+                r.ttft_p99_seconds
+            );
+            assert_eq!(ttft.status, SeriesStatus::Found);
+            assert!(ttft.lower_bound);
+        } else {
+            assert_eq!(r.ttft_p99_seconds, 0.0);
+            assert_eq!(ttft.status, SeriesStatus::NoObservations);
+        }
+    }
+}
+
 #[tokio::test]
 async fn urls_of_one_role_are_combined_like_pods() {
     let mk = |w: f64, kv: f64| {
@@ -124,8 +160,11 @@ async fn urls_of_one_role_are_combined_like_pods() {
     assert_eq!(out.roles[1].waiting_requests_p50, 8.0);
     assert_eq!(out.roles[1].kv_cache_usage_max, 0.75);
     assert_eq!(out.roles[1].extra("kv_cache_usage_min"), Some(0.25));
-    // Idle histograms: no observations, no value, zero.
-    assert_eq!(out.roles[1].ttft_p99_seconds, 0.0);
+    // Histograms without observations while requests wait: a stall, TTFT
+    // at least the stage's length (the whole 1.5 s stage), a lower bound.
+    let ttft = out.roles[1].ttft_p99_seconds;
+    assert!((1.4..10.0).contains(&ttft), "{ttft}");
+    assert!(out.coverage[1].get("ttft_p99_seconds").unwrap().lower_bound);
 }
 
 #[tokio::test]
@@ -150,9 +189,16 @@ async fn real_vllm_exposition_is_read() {
     assert_eq!(r.waiting_requests_p50, 50.0);
     assert_eq!(r.kv_cache_usage_max, 0.9682539682539683);
     assert_eq!(r.extra("running_requests_p50"), Some(14.0));
-    // A frozen snapshot: counters do not move, histograms have no new observations.
+    // A frozen snapshot: counters do not move, histograms have no new
+    // observations, while 50 requests wait and 14 run: a stall, TTFT at
+    // least the (whole, 1 s) stage.
     assert_eq!(r.preemptions, 0.0);
-    assert_eq!(r.ttft_p99_seconds, 0.0);
+    assert!(
+        (0.9..10.0).contains(&r.ttft_p99_seconds),
+        "{}",
+        r.ttft_p99_seconds
+    );
+    assert!(out.coverage[0].get("ttft_p99_seconds").unwrap().lower_bound);
 }
 
 #[tokio::test]
@@ -272,7 +318,9 @@ async fn not_started_is_reported() {
         .await
         .unwrap()
         .unwrap();
-    let out = source.stage_signals(now() - 2.0, now()).await;
+    let out = source
+        .stage_signals(now() - 2.0, now(), Default::default())
+        .await;
     assert_eq!(out.roles.len(), 1);
     assert!(out.errors[0].contains("never started"), "{:?}", out.errors);
 }

@@ -159,8 +159,8 @@ async fn run(disaggregated: bool) {
     tokio::time::sleep(Duration::from_secs(6)).await;
     let end = now();
     let (ps, ss) = (
-        p.stage_signals(start, end).await,
-        s.stage_signals(start, end).await,
+        p.stage_signals(start, end, Default::default()).await,
+        s.stage_signals(start, end, Default::default()).await,
     );
     agree(&format!("{mode} idle"), &ps, &ss);
     assert!(!congested(&ps.roles), "{mode} idle prometheus: {ps:?}");
@@ -175,8 +175,8 @@ async fn run(disaggregated: bool) {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let end = now();
     let (ps, ss) = (
-        p.stage_signals(start, end).await,
-        s.stage_signals(start, end).await,
+        p.stage_signals(start, end, Default::default()).await,
+        s.stage_signals(start, end, Default::default()).await,
     );
     agree(&format!("{mode} overloaded"), &ps, &ss);
     assert!(congested(&ps.roles), "{mode} overloaded prometheus: {ps:?}");

@@ -135,7 +135,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         // A fixed line (not a log line): scripts and tests read the port from it.
         eprintln!("coordinator listening on {addr}");
     }
-    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     if let Some(check) = &check {
         check.start();
     }
@@ -198,7 +198,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
             lost.worker, lost.step, lost.reason
         );
     }
-    save_report(dir, &merged.result, &scenario, source.as_deref());
+    save_report(dir, &merged.result, &scenario, source.as_deref(), &signals).await;
     report_result(&merged.result, &merged.summary, Some(dir), ui)?;
     Ok(ExitCode::from(exit_code(&merged.result)))
 }

@@ -14,7 +14,7 @@ use nyann_signals::SignalOptions;
 
 use super::Ui;
 use super::client::ClientArgs;
-use super::interrupt::cancel_on_signals;
+use super::interrupt::{Signals, cancel_on_signals};
 use super::progress::Progress;
 use super::signals::SignalArgs;
 use crate::report;
@@ -213,7 +213,7 @@ pub async fn run_scenario(
             .with_context(|| format!("serving --metrics on {addr}"))?;
         tracing::info!("client metrics: http://{bound}/metrics");
     }
-    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     tracing::info!("seed {}", options.seed);
     if let Some(check) = &check {
         check.start();
@@ -234,7 +234,7 @@ pub async fn run_scenario(
     };
 
     if let Some(dir) = &args.output_dir {
-        save_report(dir, &result, scenario, source);
+        save_report(dir, &result, scenario, source, &signals).await;
     }
     if ui.quiet {
         eprintln!("{}", report::outcome_line(&result));
@@ -254,16 +254,63 @@ pub async fn run_scenario(
     Ok(ExitCode::from(exit_code(&result)))
 }
 
+/// Longest the HTML report may take to build after a run: charts are drawn
+/// in bounded time whatever the values, so this is a backstop.
+const REPORT_TIME_LIMIT: Duration = Duration::from_secs(60);
+
 /// Saves the scenario beside the run's results and writes `report.html`.
-/// The results are already on disk: a failure here is a warning.
-pub(super) fn save_report(
+/// The results are already on disk: a failure here is a warning, and so is
+/// a report that takes longer than [`REPORT_TIME_LIMIT`] or is interrupted
+/// (Ctrl-C or SIGTERM): it never keeps the run from ending. The report is
+/// built on a thread of its own, left behind if it does not finish.
+pub(super) async fn save_report(
     dir: &std::path::Path,
     result: &RunResult,
     scenario: &Scenario,
     source: Option<&str>,
+    signals: &Signals,
 ) {
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let work = {
+        let (dir, result, scenario) = (dir.to_owned(), result.clone(), scenario.clone());
+        let source = source.map(str::to_owned);
+        move || {
+            let _ = done.send(write_report(&dir, &result, &scenario, source.as_deref()));
+        }
+    };
+    let saved = match std::thread::Builder::new()
+        .name("report".into())
+        .spawn(work)
+    {
+        Err(err) => Err(anyhow::anyhow!("cannot start its thread: {err}")),
+        Ok(_) => tokio::select! {
+            written = finished => written.unwrap_or_else(|_| {
+                Err(anyhow::anyhow!("building it failed (its thread panicked)"))
+            }),
+            () = tokio::time::sleep(REPORT_TIME_LIMIT) => Err(anyhow::anyhow!(
+                "building it took longer than {}; the results are saved",
+                humantime::format_duration(REPORT_TIME_LIMIT)
+            )),
+            () = signals.next() => Err(anyhow::anyhow!("interrupted; the results are saved")),
+        },
+    };
+    if let Err(err) = saved {
+        tracing::warn!(
+            "the HTML report was not written: {err:#} (`nyann-bench report {}` builds it)",
+            dir.display()
+        );
+    }
+}
+
+/// Writes the scenario files and `report.html` of a run into `dir`.
+fn write_report(
+    dir: &std::path::Path,
+    result: &RunResult,
+    scenario: &Scenario,
+    source: Option<&str>,
+) -> anyhow::Result<()> {
     use report::saved::{REPORT_FILE, SCENARIO_FILE, SOURCE_FILE, SavedRun};
-    let saved = (|| -> anyhow::Result<()> {
+    {
         let ir = serde_json::to_vec_pretty(scenario).context("encoding the scenario")?;
         std::fs::write(dir.join(SCENARIO_FILE), ir).context(SCENARIO_FILE)?;
         if let Some(source) = source {
@@ -282,9 +329,6 @@ pub(super) fn save_report(
         run.read_requests(&dir.join("requests.jsonl"))?;
         super::report::write(std::slice::from_ref(&run), &dir.join(REPORT_FILE))?;
         Ok(())
-    })();
-    if let Err(err) = saved {
-        tracing::warn!("the HTML report was not written: {err:#}");
     }
 }
 

@@ -6,6 +6,26 @@
 
 use nyann_load::CancellationToken;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+/// The signal listener of a run. It listens until the process ends (once
+/// tokio handles a signal, its default action never comes back).
+pub struct Signals {
+    received: watch::Receiver<u32>,
+}
+
+impl Signals {
+    /// Resolves at the next Ctrl-C or SIGTERM from now on (whatever came
+    /// before): what comes after the load (the report) gives way to it.
+    pub async fn next(&self) {
+        let mut received = self.received.clone();
+        let seen = *received.borrow_and_update();
+        // The listener never ends while it lives: an error means never.
+        if received.wait_for(|n| *n > seen).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
 
 /// Cancels `interrupt` on the first Ctrl-C (SIGINT) or SIGTERM and
 /// `interrupt_now` on the second (the runner's `RunOptions` tokens of the
@@ -13,7 +33,8 @@ use tokio::signal::unix::{SignalKind, signal};
 pub fn cancel_on_signals(
     interrupt: CancellationToken,
     interrupt_now: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
+) -> Signals {
+    let (count, received) = watch::channel(0u32);
     tokio::spawn(async move {
         let mut term = signal(SignalKind::terminate()).ok();
         let mut int = signal(SignalKind::interrupt()).ok();
@@ -23,6 +44,7 @@ pub fn cancel_on_signals(
                 Some(()) = recv(&mut term) => {}
                 else => return,
             }
+            count.send_replace(signals);
             match signals {
                 1 => {
                     tracing::warn!(
@@ -46,7 +68,8 @@ pub fn cancel_on_signals(
                 }
             }
         }
-    })
+    });
+    Signals { received }
 }
 
 /// The next delivery of a signal, never if it could not be listened to.

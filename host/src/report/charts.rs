@@ -9,8 +9,11 @@
 //!   shaded behind it (the gaps between them are the checks, when the load
 //!   holds the finished stage's level).
 //!
-//! Non-finite values are left out of every series, so a chart never carries
-//! a broken path.
+//! Every value is drawn in bounded time, whatever it is: NaN is left out,
+//! so a chart never carries a broken path; the y axis is scaled to the
+//! measured values, and values above it (a reading of `f64::MAX` or `+Inf`
+//! standing for "beyond the histogram", a threshold set far above the data)
+//! sit on its top edge, marked with their value on level charts.
 
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
@@ -61,14 +64,62 @@ pub enum Unit {
 }
 
 impl Unit {
-    fn format(self, v: f64) -> String {
-        match self {
-            Unit::Count if v.abs() >= 1000.0 => format!("{:.0}", v),
-            Unit::Count if v.fract() == 0.0 => format!("{v:.0}"),
-            Unit::Count => format!("{v:.1}"),
-            Unit::Millis => format!("{:.0}", v * 1000.0),
-            Unit::Percent => format!("{:.0}%", v * 100.0),
-        }
+    /// A value as the axis reads it; beyond a billion (an off-scale reading,
+    /// up to `f64::MAX`) in scientific notation, never a 300-digit number.
+    pub fn format(self, v: f64) -> String {
+        let (shown, suffix) = match self {
+            Unit::Count => (v, ""),
+            Unit::Millis => (v * 1000.0, ""),
+            Unit::Percent => (v * 100.0, "%"),
+        };
+        let text = if !shown.is_finite() {
+            if shown > 0.0 { "∞" } else { "-∞" }.to_string()
+        } else if shown.abs() >= 1e9 {
+            format!("{shown:.2e}")
+        } else if self != Unit::Count || shown.abs() >= 1000.0 || shown.fract() == 0.0 {
+            format!("{shown:.0}")
+        } else {
+            format!("{shown:.1}")
+        };
+        format!("{text}{suffix}")
+    }
+}
+
+/// Largest magnitude a chart's axis is scaled to: beyond it a value (a
+/// reading of `f64::MAX` standing for "beyond the histogram", say) is not a
+/// measurement to draw to scale, and is marked off-scale at the top.
+const LARGEST_SCALED: f64 = 1e12;
+/// A threshold up to this many times the largest measured value is drawn
+/// on the axis; a larger one (set high to switch a rule off) would flatten
+/// the data, so it is marked off-scale at the top with its value.
+const THRESHOLD_REACH: f64 = 4.0;
+
+/// The y axis: 0 up to a little above the measured values and the
+/// thresholds near them (1 when there is nothing).
+fn y_range(measured: &[f64], thresholds: &[f64]) -> std::ops::Range<f64> {
+    let scaled = |v: &f64| v.is_finite() && v.abs() <= LARGEST_SCALED;
+    let data_top = measured.iter().copied().filter(scaled).fold(0.0, f64::max);
+    let near = |t: &f64| data_top <= 0.0 || *t <= data_top * THRESHOLD_REACH;
+    let top = thresholds
+        .iter()
+        .copied()
+        .filter(scaled)
+        .filter(near)
+        .fold(data_top, f64::max);
+    if top > 0.0 { 0.0..top * 1.12 } else { 0.0..1.0 }
+}
+
+/// A point on an axis that ends at `top`: values above it sit on the top
+/// edge (returned apart, to be marked with their value), negative ones on
+/// zero, NaN nowhere.
+fn on_axis((x, y): (f64, f64), top: f64) -> Option<((f64, f64), Option<f64>)> {
+    if !x.is_finite() || y.is_nan() {
+        return None;
+    }
+    if y > top {
+        Some(((x, top), Some(y)))
+    } else {
+        Some(((x, y.max(0.0)), None))
     }
 }
 
@@ -197,20 +248,6 @@ fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing a chart: {e}")
 }
 
-fn finite(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    points
-        .iter()
-        .copied()
-        .filter(|(x, y)| x.is_finite() && y.is_finite())
-        .collect()
-}
-
-/// 0 up to a little above the largest value (1 when there is none).
-fn y_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
-    let top = values.filter(|v| v.is_finite()).fold(0.0, f64::max);
-    if top > 0.0 { 0.0..top * 1.12 } else { 0.0..1.0 }
-}
-
 fn line_style(color: RGBColor, dashed: bool) -> ShapeStyle {
     if dashed {
         color.stroke_width(1)
@@ -225,6 +262,7 @@ enum Glyph {
     Line(RGBColor, bool),
     Band(RGBColor),
     Mark(MarkKind),
+    OffScale,
 }
 
 /// Draws the legend in the room kept on the right of the plotting area
@@ -245,6 +283,7 @@ fn draw_legend(
                 [(x, y - 4), (x + 16, y + 4)],
                 color.mix(0.35).filled(),
             )),
+            Glyph::OffScale => root.draw(&TriangleMarker::new((x + 8, y), 5, MUTED.filled())),
             Glyph::Mark(kind) => {
                 let (color, width) = mark_style(kind);
                 match kind {
@@ -274,17 +313,25 @@ fn mark_style(kind: MarkKind) -> (RGBColor, u32) {
     }
 }
 
-/// Draws a level figure as an SVG document.
+/// Draws a level figure as an SVG document. Every value ends on the chart
+/// in bounded time: the axis is scaled to the measured values (and the
+/// thresholds near them), and what lies above it sits on the top edge,
+/// marked with its value.
 pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
     let axis = &figure.x;
     let at = |(x, y): (f64, f64)| Some((axis.position(x)?, y));
-    let y = y_range(
-        figure
-            .lines
-            .iter()
-            .flat_map(|l| l.points.iter().map(|p| p.1))
-            .chain(figure.marks.iter().filter_map(|m| m.y)),
-    );
+    let ys = |dashed: bool| -> Vec<f64> {
+        let lines = figure.lines.iter().filter(|l| l.dashed == dashed);
+        let values = lines.flat_map(|l| l.points.iter().map(|p| p.1));
+        if dashed {
+            values.collect()
+        } else {
+            values
+                .chain(figure.marks.iter().filter_map(|m| m.y))
+                .collect()
+        }
+    };
+    let y = y_range(&ys(false), &ys(true));
     // A segmented range 0..n has n + 1 slots: one per level is 0..levels - 1.
     let last = i32::try_from(axis.levels.len().saturating_sub(1)).unwrap_or(i32::MAX);
 
@@ -314,8 +361,23 @@ pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
             .map_err(plot_error)?;
 
         let mut legend = Vec::new();
+        // Points above the axis: where they sit on its edge, and their label.
+        let mut off_scale = Vec::new();
         for line in &figure.lines {
-            let points: Vec<_> = finite(&line.points).into_iter().filter_map(at).collect();
+            let mut points = Vec::new();
+            for &point in &line.points {
+                let Some((on, above)) = on_axis(point, y.end) else {
+                    continue;
+                };
+                let Some(position) = at(on) else { continue };
+                points.push(position.clone());
+                if let Some(value) = above {
+                    // A threshold is one value: labelled once, at its first level.
+                    if !line.dashed || !off_scale.iter().any(|(_, _, name)| name == &line.name) {
+                        off_scale.push((position, value, line.name.clone()));
+                    }
+                }
+            }
             if points.is_empty() {
                 continue;
             }
@@ -328,13 +390,35 @@ pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
             .map_err(plot_error)?;
             legend.push((line.name.clone(), Glyph::Line(line.color, line.dashed)));
         }
+        if !off_scale.is_empty() {
+            let font = (FONT, 10).into_font().color(&BLACK);
+            for (position, value, name) in off_scale {
+                let text = match figure.lines.iter().find(|l| l.name == name) {
+                    Some(line) if line.dashed => format!("{name} {} ↑", unit.format(value)),
+                    _ => format!("{} ↑", unit.format(value)),
+                };
+                chart
+                    .draw_series([EmptyElement::at(position.clone())
+                        + TriangleMarker::new((0, 0), 5, MUTED.filled())])
+                    .map_err(plot_error)?;
+                chart
+                    .draw_series([
+                        EmptyElement::at(position) + Text::new(text, (6, 2), font.clone())
+                    ])
+                    .map_err(plot_error)?;
+            }
+            legend.push(("above the axis (value shown)".to_owned(), Glyph::OffScale));
+        }
 
         for kind in [MarkKind::Skipped, MarkKind::NoData, MarkKind::Congested] {
             let points: Vec<_> = figure
                 .marks
                 .iter()
                 .filter(|m| m.kind == kind)
-                .filter_map(|m| at((m.x, m.y.filter(|y| y.is_finite()).unwrap_or(y.start))))
+                .filter_map(|m| {
+                    let y_at = m.y.filter(|v| !v.is_nan()).unwrap_or(y.start);
+                    at(on_axis((m.x, y_at), y.end)?.0)
+                })
                 .collect();
             if points.is_empty() {
                 continue;
@@ -373,18 +457,21 @@ pub fn timeline_chart(figure: &TimelineFigure) -> anyhow::Result<String> {
     } else {
         1.0
     };
-    let y = y_range(
-        figure
-            .lines
-            .iter()
-            .flat_map(|l| l.points.iter().map(|p| p.1))
-            .chain(
-                figure
-                    .band
-                    .iter()
-                    .flat_map(|band| band.points.iter().map(|p| p.2)),
-            ),
-    );
+    let measured: Vec<f64> = figure
+        .lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .chain(
+            figure
+                .band
+                .iter()
+                .flat_map(|band| band.points.iter().map(|p| p.2)),
+        )
+        .collect();
+    let y = y_range(&measured, &[]);
+    // Above the axis: on its top edge (a timeline shows the shape over time;
+    // the values are in the table).
+    let clamp = |v: f64| v.clamp(0.0, y.end);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (SIZE.0 * 2, SIZE.1)).into_drawing_area();
@@ -441,8 +528,8 @@ pub fn timeline_chart(figure: &TimelineFigure) -> anyhow::Result<String> {
         {
             let points: Vec<(f64, f64, f64)> = points
                 .iter()
-                .copied()
-                .filter(|(x, lo, hi)| x.is_finite() && lo.is_finite() && hi.is_finite())
+                .filter(|(x, lo, hi)| x.is_finite() && !lo.is_nan() && !hi.is_nan())
+                .map(|&(x, lo, hi)| (x, clamp(lo), clamp(hi)))
                 .collect();
             if !points.is_empty() {
                 let outline: Vec<(f64, f64)> = points
@@ -460,7 +547,12 @@ pub fn timeline_chart(figure: &TimelineFigure) -> anyhow::Result<String> {
             }
         }
         for line in &figure.lines {
-            let points = finite(&line.points);
+            let points: Vec<(f64, f64)> = line
+                .points
+                .iter()
+                .filter_map(|&p| on_axis(p, y.end))
+                .map(|(p, _)| p)
+                .collect();
             if points.is_empty() {
                 continue;
             }
@@ -546,6 +638,67 @@ mod tests {
             assert!(svg.contains(text), "{text} missing");
         }
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
+    }
+
+    /// Extreme readings (a quantile of `f64::MAX` or `+Inf`: "beyond the
+    /// histogram") and a threshold far above the data are drawn, in bounded
+    /// time, on the top edge with their values; the axis keeps the data's
+    /// scale. (With the axis scaled to `f64::MAX`, drawing never ended.)
+    #[test]
+    fn extreme_values_sit_on_the_top_edge_with_their_value() {
+        for extreme in [f64::MAX, f64::INFINITY, 1e300, 5e12] {
+            let mut f = figure(
+                vec![(4.0, 9.0), (8.0, 14.0), (16.0, extreme)],
+                vec![Mark {
+                    kind: MarkKind::Congested,
+                    x: 16.0,
+                    y: Some(extreme),
+                }],
+            );
+            f.lines.push(Line {
+                name: "threshold".into(),
+                color: CONGESTED,
+                points: vec![(4.0, 1e6), (8.0, 1e6), (16.0, 1e6), (32.0, 1e6)],
+                dashed: true,
+            });
+            let svg = level_chart(&f).unwrap();
+            assert!(svg.contains("above the axis (value shown)"), "{extreme}");
+            assert!(svg.contains("threshold 1000000 ↑"), "{extreme}");
+            assert_eq!(svg.matches("threshold 1000000").count(), 1, "labelled once");
+            let label = Unit::Count.format(extreme);
+            assert!(svg.contains(&format!("{label} ↑")), "{label}");
+            // The axis is the data's: 14 is its top measured value.
+            assert!(
+                svg.contains(">\n14\n<") || svg.contains(">14<"),
+                "{extreme}"
+            );
+            assert!(!svg.contains("NaN"));
+            let timeline = timeline_chart(&TimelineFigure {
+                title: "TTFT".into(),
+                y_label: "ms".into(),
+                unit: Unit::Millis,
+                end_s: 30.0,
+                spans: vec![],
+                band: Some(Band {
+                    name: "TTFT".into(),
+                    color: RUN_SHADES[0][1],
+                    points: vec![(1.0, 0.1, 0.2), (2.0, 0.1, extreme)],
+                }),
+                lines: vec![Line {
+                    name: "p50".into(),
+                    color: RUN_SHADES[0][0],
+                    points: vec![(1.0, 0.15), (2.0, extreme), (3.0, f64::NEG_INFINITY)],
+                    dashed: false,
+                }],
+            })
+            .unwrap();
+            assert!(!timeline.contains("NaN") && !timeline.contains("inf"));
+        }
+        assert_eq!(Unit::Count.format(f64::MAX), "1.80e308");
+        assert_eq!(Unit::Millis.format(f64::MAX), "∞");
+        assert_eq!(Unit::Millis.format(2.5), "2500");
+        assert_eq!(Unit::Percent.format(0.95), "95%");
+        assert_eq!(Unit::Count.format(17.25), "17.2");
     }
 
     #[test]

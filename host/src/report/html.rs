@@ -1037,6 +1037,27 @@ mod tests {
         assert!(page.contains("2 runs compared"));
     }
 
+    /// A run whose readings are as extreme as a float gets (a TTFT of
+    /// `f64::MAX`: a `+Inf` quantile whose bucket bounds could not be read)
+    /// gives a page, in bounded time, that marks them off the axis.
+    /// (Scaling the axis to them made the chart code spin forever.)
+    #[test]
+    fn extreme_readings_give_a_page() {
+        for extreme in [f64::MAX, 1e300, f64::INFINITY] {
+            let mut run = sweep();
+            let judged = run.result.stages[1].annotation.as_mut().unwrap();
+            judged.congestion.roles[0].ttft_p99_seconds = extreme;
+            judged.congestion.roles[0].waiting_requests_p50 = extreme;
+            let client = run.result.stages[1].client.as_mut().unwrap();
+            client.ttft_p99_seconds = extreme;
+            client.requests_per_second = extreme;
+            run.records[1] = CongestionRecord::of(&run.result.stages[1]).cloned();
+            let page = page(std::slice::from_ref(&run)).unwrap();
+            assert!(page.contains("above the axis (value shown)"), "{extreme}");
+            assert!(!page.contains("NaN"), "{extreme}");
+        }
+    }
+
     #[test]
     fn text_is_escaped() {
         assert_eq!(

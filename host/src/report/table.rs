@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use nyann_load::{RunOutcome, StageStatus};
-use nyann_model::{ClientStats, RoleSignals, SeriesStatus};
+use nyann_model::{ClientStats, RoleSignals};
 
 use crate::sweep::{CongestionRecord, RunResult, StageResult};
 
@@ -95,7 +95,7 @@ fn server_cells(stage: &StageResult, record: Option<&CongestionRecord>) -> [Stri
                 let coverage = record.coverage.iter().find(|c| c.role == role.role);
                 let entry = coverage.and_then(|c| c.get(signal));
                 match entry {
-                    Some(e) if e.status == SeriesStatus::Missing => None,
+                    Some(e) if e.status.no_data() => None,
                     _ => Some((value(role), entry.is_some_and(|e| e.lower_bound))),
                 }
             })
@@ -223,12 +223,16 @@ impl StageTable {
         let server_cells = || rows.iter().skip(1).flat_map(|r| &r[r.len() - 5..]);
         if server_cells().any(|c| c.contains(NO_DATA)) {
             notes.push(
-                "no data: no series of that signal on any role (the policy saw 0); see coverage in stages.json"
+                "no data: no series of that signal on any role, or a latency histogram with no observation while the server was idle (the policy saw 0); see coverage in stages.json"
                     .into(),
             );
         }
         if server_cells().any(|c| c.contains(">=")) {
-            notes.push(">=: the quantile lies beyond the histogram's largest bucket bound".into());
+            notes.push(
+                ">=: a lower bound: the quantile lies beyond the histogram's largest bucket bound, \
+                 or no first token came in the window while requests waited (a stall)"
+                    .into(),
+            );
         }
         if show_cached {
             notes.push(
@@ -542,7 +546,7 @@ mod tests {
             metric: None,
             lower_bound,
         };
-        use SeriesStatus::{Found, Missing};
+        use nyann_model::SeriesStatus::{self, Found, Missing};
         let coverage = vec![
             RoleCoverage {
                 role: "prefill".into(),
@@ -576,6 +580,9 @@ mod tests {
             table.contains("no data: no series of that signal on any role"),
             "{table}"
         );
-        assert!(table.contains(">=: the quantile lies beyond"), "{table}");
+        assert!(
+            table.contains(">=: a lower bound: the quantile lies beyond"),
+            "{table}"
+        );
     }
 }

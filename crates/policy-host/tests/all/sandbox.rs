@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nyann_guests::assembled::Assembled;
 use nyann_model::observation::{RoleSignals, StageObservation};
 use nyann_model::scenario::{Param, StopCondition, Value};
-use nyann_policy_host::{CallFailure, HostConfig, PolicyError};
+use nyann_policy_host::{CallFailure, HostConfig, Interface, PolicyError};
 
 use crate::common;
 
@@ -356,6 +356,117 @@ fn compiling_is_bounded_in_time() {
     );
 }
 
+/// Compiling costs time and memory per function and per byte of code (a
+/// component of 900,000 empty functions took 2 minutes and 4 GB before the
+/// timeout refused it): both are counted from the binary and a component
+/// beyond the limits is refused before anything is compiled.
+#[test]
+fn code_beyond_the_limits_is_refused_before_compiling() {
+    let host = common::host();
+    let many = Assembled {
+        empty_functions: 60_000,
+        ..Assembled::default()
+    };
+    let err = host
+        .load_bytes(
+            "many.wasm",
+            &common::assembled("0.2", &many, str::to_string),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cannot load policy many.wasm: defines 60004 functions; policies may define at most \
+         50000 (compiling costs time and memory per function; a Rust policy has a few thousand)"
+    );
+    let big = Assembled {
+        filler_bytes: 17 << 20,
+        ..Assembled::default()
+    };
+    let err = host
+        .load_bytes("big.wasm", &common::assembled("0.2", &big, str::to_string))
+        .unwrap_err();
+    let err = err.to_string();
+    assert!(
+        err.starts_with("cannot load policy big.wasm: has ")
+            && err.contains(" MiB of code; policies may have at most 16 MiB"),
+        "{err}"
+    );
+    // Within the limits, many functions load.
+    let fine = Assembled {
+        empty_functions: 1_000,
+        ..Assembled::default()
+    };
+    host.load_bytes(
+        "fine.wasm",
+        &common::assembled("0.2", &fine, str::to_string),
+    )
+    .unwrap();
+}
+
+/// A component built for a pre-release of the interface is named as such
+/// (wasmtime matches none of them), and one built for a newer patch that
+/// imports a host function this host lacks says a newer nyann-bench is
+/// needed (rather than a raw linker error).
+#[test]
+fn versions_this_host_cannot_run_are_named() {
+    let host = common::host();
+    let spec = Assembled::default();
+    let prerelease = nyann_guests::assembled::component(
+        &Interface::V0_2.wit().replace(
+            "package nyann:policy@0.2.0;",
+            "package nyann:policy@0.2.1-rc.1;",
+        ),
+        "0.2.1-rc.1",
+        &spec,
+    )
+    .unwrap();
+    let err = host
+        .load_bytes("rc.wasm", &prerelease)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "cannot load policy rc.wasm: is built for nyann:policy@0.2.1-rc.1, a pre-release of the \
+         interface; this host runs the released nyann:policy@0.1.x, nyann:policy@0.2.x (rebuild \
+         the policy against a released WIT, e.g. the one `nyann-bench policy wit` prints)"
+    );
+    let newer_wit = Interface::V0_2
+        .wit()
+        .replace("package nyann:policy@0.2.0;", "package nyann:policy@0.2.1;")
+        .replace("log: func(", "probe: func();\n    log: func(");
+    let newer = nyann_guests::assembled::component(
+        &newer_wit,
+        "0.2.1",
+        &Assembled {
+            host_import: Some("probe".into()),
+            ..Assembled::default()
+        },
+    )
+    .unwrap();
+    let err = host
+        .load_bytes("newer.wasm", &newer)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(
+            "cannot load policy newer.wasm: is built for nyann:policy@0.2.1, newer than this \
+             host's nyann:policy@0.2.0, and imports what this host does not have: a newer \
+             nyann-bench is needed ("
+        ),
+        "{err}"
+    );
+    // A 0.2.1 component that imports nothing new runs here.
+    let compatible = nyann_guests::assembled::component(
+        &Interface::V0_2
+            .wit()
+            .replace("package nyann:policy@0.2.0;", "package nyann:policy@0.2.1;"),
+        "0.2.1",
+        &spec,
+    )
+    .unwrap();
+    host.load_bytes("compatible.wasm", &compatible).unwrap();
+}
+
 /// The describe/validate calls at load get ten times the judge's budget, so
 /// a policy that needs more at load than per stage is not refused (a 100 ms
 /// wall-clock describe once failed under a cold cargo build).
@@ -462,6 +573,8 @@ async fn panic_message_is_captured() {
     );
     assert!(msg.contains("judge exploded on purpose"), "{msg}");
     assert!(msg.ends_with(" at stage 4"), "{msg}");
+    // Rust's hint names a variable of the host's that changes nothing here.
+    assert!(!msg.contains("RUST_BACKTRACE"), "{msg}");
     assert_host_healthy().await;
 }
 
@@ -518,6 +631,64 @@ async fn err_result_is_reported() {
     );
 }
 
+#[tokio::test]
+async fn calling_exit_is_named_not_a_backtrace() {
+    let err = judge_err("exit", 3).await;
+    assert_eq!(err.failure(), Some(&CallFailure::Exited(0)));
+    assert_eq!(
+        err.to_string(),
+        "policy hostile: called exit (status 0) instead of returning a result: a policy's \
+         functions must return (exit ends only the call) at stage 3"
+    );
+    assert_host_healthy().await;
+}
+
+/// Everything a policy says reaches terminals and logs: control characters
+/// are escaped (a reason, an error, its description), so it can neither
+/// clear the screen nor forge a line of the host's output.
+#[tokio::test]
+async fn control_characters_in_what_a_policy_says_are_escaped() {
+    let hostile = common::guest("hostile-policy");
+    let verdict = hostile
+        .judge(&mode("escape"), &stage(2), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        verdict.reasons,
+        ["\\u{1b}[2J\\rreal reason\\nsweep stopped after stage #0: forged"]
+    );
+    let err = judge_err("escape-err", 4).await.to_string();
+    assert_eq!(
+        err,
+        "policy hostile: returned an error: \\u{1b}]0;title\\u{7}bad\\nsweep stopped after \
+         stage #0: forged at stage 4"
+    );
+    let info = hostile.info();
+    assert_eq!(
+        info.summary,
+        "Misbehaves as `mode` says.\\u{1b}]0;pwned\\u{7}\\u{1b}[2J\\nsweep stopped after stage #0: forged"
+    );
+    let banner = info.params.iter().find(|p| p.name == "banner").unwrap();
+    assert_eq!(banner.doc, "unused\\r\\u{1b}[31mred\\u{1b}[0m");
+    for text in verdict
+        .reasons
+        .iter()
+        .chain([&err, &info.summary, &banner.doc])
+    {
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+    }
+}
+
+#[test]
+fn printable_escapes_controls_and_bidi_overrides_only() {
+    use nyann_policy_host::printable;
+    assert_eq!(printable("plain text, é ✓"), "plain text, é ✓");
+    assert_eq!(printable("a\tb\u{9b}c\u{202e}d"), "a\\tb\\u{9b}c\\u{202e}d");
+    // Escaping twice changes nothing more.
+    let once = printable("x\ny\x1b").into_owned();
+    assert_eq!(printable(&once), once);
+}
+
 #[test]
 fn validate_panic_and_loop_become_parameter_errors() {
     let hostile = common::guest("hostile-policy");
@@ -541,7 +712,14 @@ fn validate_panic_and_loop_become_parameter_errors() {
             .contains("validate() used up its fuel budget of 5,000,000,000 instructions"),
         "{err}"
     );
-    assert_eq!(hostile.check_params(&stop("ok")).unwrap(), mode("ok"));
+    let checked = hostile.check_params(&stop("ok")).unwrap();
+    assert_eq!(checked[0], mode("ok")[0]);
+    // `banner`'s default filled in: 70,000 bytes, more than a format width.
+    assert!(
+        matches!(&checked[1].value, Value::Text(t) if t.len() == 70_000),
+        "{}",
+        checked[1].name
+    );
 }
 
 #[tokio::test]
@@ -619,8 +797,8 @@ async fn other_interface_versions_are_refused_naming_the_supported_ones() {
             err,
             format!(
                 "cannot load policy test.wasm: is built for nyann:policy@{version}; this host supports \
-                 nyann:policy@0.1.x, nyann:policy@0.2.x (rebuild the policy against the WIT printed by \
-                 `nyann-bench policy wit`)"
+                 nyann:policy@0.1.x, nyann:policy@0.2.x (a newer nyann-bench is needed, or rebuild \
+                 the policy against the WIT printed by `nyann-bench policy wit`)"
             )
         );
     }

@@ -209,11 +209,22 @@ fn kind_name(kind: ParamKind) -> &'static str {
     }
 }
 
+/// Longest text default shown whole by `policy describe`.
+const MAX_SHOWN_TEXT: usize = 80;
+
 fn show_value(v: &Value, kind: ParamKind) -> String {
     match (v, kind) {
         (Value::Number(n), ParamKind::Duration) => format!("{n}s"),
         (Value::Number(n), _) => format!("{n}"),
         (Value::Integer(i), _) => format!("{i}"),
+        // Escaped (Debug) and bounded: a policy's default is its own text.
+        (Value::Text(t), _) if t.len() > MAX_SHOWN_TEXT => {
+            let mut end = MAX_SHOWN_TEXT;
+            while !t.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{:?}... ({} bytes)", &t[..end], t.len())
+        }
         (Value::Text(t), _) => format!("{t:?}"),
         (Value::Flag(b), _) => if *b { "True" } else { "False" }.to_string(),
     }

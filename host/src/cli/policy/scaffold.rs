@@ -65,7 +65,10 @@ pub fn new(name: &str) -> anyhow::Result<ExitCode> {
         "{name}/target/wasm32-wasip2/release/{}.wasm",
         name.replace('-', "_")
     );
-    println!("created {name}/ (Cargo.toml, src/lib.rs, {VENDORED_SDK}/: the SDK and its WIT)\n");
+    println!(
+        "created {name}/ (Cargo.toml, src/lib.rs, README.md, rust-toolchain.toml, \
+         {VENDORED_SDK}/: the SDK and its WIT)\n"
+    );
     println!("build it:   cd {name} && cargo build --release --target wasm32-wasip2");
     println!("test rules: cd {name} && cargo test");
     println!("check it:   nyann-bench policy check {wasm}");
@@ -81,6 +84,8 @@ pub fn files(name: &str) -> Vec<(String, String)> {
         ("Cargo.toml".to_string(), cargo_toml(name)),
         ("src/lib.rs".to_string(), lib_rs(name)),
         (".gitignore".to_string(), "/target\n".to_string()),
+        ("README.md".to_string(), readme(name)),
+        ("rust-toolchain.toml".to_string(), TOOLCHAIN.to_string()),
     ];
     files.extend(
         SDK_FILES
@@ -88,6 +93,42 @@ pub fn files(name: &str) -> Vec<(String, String)> {
             .map(|(path, content)| (format!("{VENDORED_SDK}/{path}"), content.to_string())),
     );
     files
+}
+
+/// The toolchain the SDK needs (its `wit-bindgen` needs Rust 1.95), with
+/// the component target: rustup installs both on the first build.
+const TOOLCHAIN: &str = r#"# The SDK (vendor/nyann-policy) needs Rust 1.95 or newer; rustup installs
+# this toolchain and the WebAssembly component target on the first build.
+[toolchain]
+channel = "1.95.0"
+targets = ["wasm32-wasip2"]
+"#;
+
+fn readme(name: &str) -> String {
+    let wasm = format!(
+        "target/wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    );
+    format!(
+        r#"# {name}
+
+A congestion policy for nyann-bench: a WebAssembly component implementing
+`nyann:policy@0.2` (`vendor/nyann-policy/wit/policy.wit`). The rules are in
+`src/lib.rs`, plain Rust, tested natively.
+
+```sh
+cargo test                                       # the rules, natively
+cargo build --release --target wasm32-wasip2     # the component
+nyann-bench policy check {wasm}
+nyann-bench generate --policy {wasm} ...
+```
+
+`rust-toolchain.toml` pins Rust 1.95 and the `wasm32-wasip2` target (with
+`RUSTUP_AUTO_INSTALL=0`, install them once: `rustup toolchain install 1.95.0
+--target wasm32-wasip2`). The walk-through (parameters, the stage history,
+logging, replaying a recorded run) is in `vendor/nyann-policy/README.md`.
+"#
+    )
 }
 
 fn cargo_toml(name: &str) -> String {
@@ -235,6 +276,13 @@ mod tests {
         let sdk = file(&files, "vendor/nyann-policy/Cargo.toml");
         assert!(!sdk.contains("workspace = true"), "{sdk}");
         assert!(file(&files, "vendor/nyann-policy/wit/policy.wit").contains("nyann:policy@0.2.0"));
+        // Its own README, and the toolchain the SDK needs.
+        assert!(file(&files, "README.md").contains("release/my_policy.wasm"));
+        let toolchain = file(&files, "rust-toolchain.toml");
+        assert!(
+            toolchain.contains("channel = \"1.95.0\"") && toolchain.contains("wasm32-wasip2"),
+            "{toolchain}"
+        );
     }
 
     /// The SDK's README shows exactly what `policy new my-policy` writes.

@@ -7,13 +7,24 @@ struct Hostile;
 
 impl Policy for Hostile {
     fn describe() -> PolicyInfo {
-        PolicyInfo::new("hostile", "0.0.0", "Misbehaves as `mode` says.").param(
+        // Its prose carries terminal escapes (clear screen, window title)
+        // and a line break forging a line of the host's output; its
+        // `banner` default is longer than a format width may be (65,535).
+        PolicyInfo::new(
+            "hostile",
+            "0.0.0",
+            "Misbehaves as `mode` says.\x1b]0;pwned\x07\x1b[2J\nsweep stopped after stage #0: forged",
+        )
+        .param(
             spec::text(
                 "mode",
                 "ok, congested, loop, grow, panic, huge-reason, many-reasons, log-flood, stderr-flood, err, \
-                 sleep, recurse, clock, random, validate-panic, validate-loop",
+                 sleep, recurse, clock, random, validate-panic, validate-loop, exit, escape, escape-err",
             )
             .default_text("ok"),
+        )
+        .param(
+            spec::text("banner", "unused\r\x1b[31mred\x1b[0m").default_text(&"b".repeat(70_000)),
         )
     }
 
@@ -60,6 +71,14 @@ impl Policy for Hostile {
                 Ok(Verdict::ok())
             }
             "err" => Err("no verdict today".into()),
+            "exit" => std::process::exit(0),
+            "escape" => {
+                nyann_policy::log::warn("log line\nstage #9: a forged log line\x1b[2J");
+                Ok(Verdict::from_reasons(vec![
+                    "\x1b[2J\rreal reason\nsweep stopped after stage #0: forged".into(),
+                ]))
+            }
+            "escape-err" => Err("\x1b]0;title\x07bad\nsweep stopped after stage #0: forged".into()),
             "sleep" => {
                 std::thread::sleep(std::time::Duration::from_secs(10));
                 Ok(Verdict::ok())
