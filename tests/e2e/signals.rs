@@ -2,8 +2,9 @@
 //! that finds nothing is refused before any load (with what does exist),
 //! `--allow-missing-signals` runs and records "no data", a missing signal
 //! warns at start, a Prometheus that is down stops the run before load,
-//! SGLang's names stop a sweep through `--server sglang` as vLLM's do, and
-//! an https Prometheus behind a private CA is read with `--ca-cert`.
+//! SGLang's names stop a sweep through `--server sglang` as vLLM's do, a
+//! stalled server stops it in both sources, and an https Prometheus behind
+//! a private CA is read with `--ca-cert`.
 //!
 //! The scripted exporters report exactly known signals; the load goes to
 //! the simulator, whose own metrics play no part here.
@@ -190,6 +191,42 @@ async fn a_prometheus_down_at_start_exits_1_before_load() {
         )),
         "{stderr}"
     );
+}
+
+/// A server so stalled that no request gets its first token: 50 requests
+/// wait, the TTFT histogram does not move, so Prometheus answers NaN for
+/// its quantile. That reads as TTFT of at least the window (a lower bound),
+/// and the queueing rule stops the sweep at its first stage, through a real
+/// Prometheus and through `--scrape` alike. (It read as an idle 0 and the
+/// sweep ran to its end, exit 0.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_stops_the_sweep_in_both_sources() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let exporter = Exporter::start(Engine {
+        waiting: 50.0,
+        ..Engine::new()
+    })
+    .await;
+    let prom = prometheus("vllm-aggregate", &exporter, "sim-0").await;
+    let queueing = r#"waiting_requests_p50=32, ttft_p99="1s", kv_cache_usage=1.0, preemptions=1000000"#;
+    let scrape = vec!["--scrape".to_string(), exporter.url()];
+    for args in [prometheus_args(&prom, "sim"), scrape] {
+        let run = generate(&sim, &sweep(&[2, 2, 2], queueing), &args).await;
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        assert_eq!(run.stopped_at(), Some(0), "{}", run.stderr());
+        let role = &run.congestion(0)["roles"][0];
+        assert!(
+            role["ttft_p99_seconds"].as_f64().unwrap() >= 1.0,
+            "{}",
+            run.congestion(0)
+        );
+        let ttft = coverage(&run, 0, "ttft_p99_seconds");
+        assert_eq!(ttft["status"], "found", "{ttft}");
+        assert_eq!(ttft["lower_bound"], true, "{ttft}");
+        assert!(run.stderr().contains("CONGESTED"), "{}", run.stderr());
+        assert_eq!(run.status(1), "skipped");
+    }
 }
 
 /// The same scripted congestion (KV at 99% with preemptions) under vLLM's
