@@ -209,7 +209,8 @@ async fn a_stalled_server_stops_the_sweep_in_both_sources() {
     })
     .await;
     let prom = prometheus("vllm-aggregate", &exporter, "sim-0").await;
-    let queueing = r#"waiting_requests_p50=32, ttft_p99="1s", kv_cache_usage=1.0, preemptions=1000000"#;
+    let queueing =
+        r#"waiting_requests_p50=32, ttft_p99="1s", kv_cache_usage=1.0, preemptions=1000000"#;
     let scrape = vec!["--scrape".to_string(), exporter.url()];
     for args in [prometheus_args(&prom, "sim"), scrape] {
         let run = generate(&sim, &sweep(&[2, 2, 2], queueing), &args).await;

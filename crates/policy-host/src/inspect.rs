@@ -82,14 +82,14 @@ pub(crate) fn inspect(bytes: &[u8], limits: CodeLimits) -> Result<Inspected, Str
     if sections.functions > limits.max_functions {
         return Err(format!(
             "defines {} functions; policies may define at most {} (compiling costs time and \
-             memory per function; a Rust policy has a few thousand)",
+             memory per function; a Rust policy has a few hundred, a Python one about 13,000)",
             sections.functions, limits.max_functions
         ));
     }
     if sections.code_bytes > limits.max_code_bytes {
         return Err(format!(
             "has {} of code; policies may have at most {} (compiling costs time and memory \
-             per byte of code; a Rust policy has well under 1 MiB)",
+             per byte of code; a Rust policy has well under 1 MiB, a Python one about 6 MiB)",
             crate::error::human_size(sections.code_bytes),
             crate::error::human_size(limits.max_code_bytes)
         ));

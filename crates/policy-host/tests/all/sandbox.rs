@@ -376,7 +376,8 @@ fn code_beyond_the_limits_is_refused_before_compiling() {
     assert_eq!(
         err.to_string(),
         "cannot load policy many.wasm: defines 60004 functions; policies may define at most \
-         50000 (compiling costs time and memory per function; a Rust policy has a few thousand)"
+         30000 (compiling costs time and memory per function; a Rust policy has a few hundred, \
+         a Python one about 13,000)"
     );
     let big = Assembled {
         filler_bytes: 17 << 20,
