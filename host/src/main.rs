@@ -5,6 +5,7 @@
 //! to an exit code; each command lives in its own file under `cli/`.
 
 mod cli;
+mod conclusion;
 mod recorded;
 mod replay;
 mod report;

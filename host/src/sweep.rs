@@ -256,6 +256,14 @@ impl CongestionCheck {
             })
             .collect();
         let Some(&(_, _, first)) = stops.first() else {
+            if signal_options.prometheus_url.is_some() || !signal_options.scrape.is_empty() {
+                tracing::warn!(
+                    "no stage of the scenario is judged (no until_congested(...)): the server \
+                     signals of --scrape/--prometheus-url are not read; wrap the stages in \
+                     until_congested(...) to judge them (with --policy-mode monitor to record \
+                     the verdicts without stopping)"
+                );
+            }
             return Ok(None);
         };
         let Some(source) = SignalSource::from_options(signal_options)

@@ -173,3 +173,188 @@ fn completions_are_valid_scripts() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+/// bash completes the flags of subcommands, nested ones too, driven the way
+/// bash drives it (`COMP_WORDS`, `COMP_CWORD`, the function's arguments).
+/// (clap_complete's script selected no subcommand case for a hyphenated
+/// binary name: below the top level nothing completed.)
+#[test]
+fn bash_completes_the_flags_of_subcommands() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nyann-bench.bash");
+    let out = nyann_bench()
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    std::fs::write(&file, &out.stdout).unwrap();
+    let complete = |words: &[&str]| -> Vec<String> {
+        let cword = words.len() - 1;
+        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let script = format!(
+            "source '{}'\nCOMP_WORDS=({})\nCOMP_CWORD={cword}\n_nyann__bench nyann-bench '{}' '{}'\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+            file.display(),
+            quoted.join(" "),
+            words[cword],
+            words[cword - 1],
+        );
+        let out = Command::new("bash").arg("-c").arg(script).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let generate = complete(&["nyann-bench", "generate", "--scr"]);
+    assert!(
+        generate.contains(&"--scrape".to_string())
+            && generate.contains(&"--scrape-interval".to_string()),
+        "{generate:?}"
+    );
+    let replay = complete(&["nyann-bench", "policy", "replay", "--pa"]);
+    assert_eq!(replay, ["--param"], "{replay:?}");
+    let top = complete(&["nyann-bench", "gen"]);
+    assert_eq!(top, ["generate"]);
+}
+
+/// On a terminal a run ends with the table and the answer, not with the
+/// JSON summary (95 lines for two stages, which scrolled the answer away):
+/// the knee and the load not sent close stderr, and stdout holds nothing.
+/// Piped, stdout is the summary, with its `conclusion`; `--json` prints it
+/// on a terminal too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_ends_with_the_answer_and_a_pipe_gets_the_json() {
+    let _serial = crate::support::serial().await;
+    let sim = crate::support::simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sweep.star");
+    std::fs::write(
+        &config,
+        crate::support::sweep(&[2, 16, 64, 128], crate::sweep::STOPS_AT_16),
+    )
+    .unwrap();
+    let metrics = crate::support::scrape_flags(&sim).join(" ");
+    let command = |out: &str, extra: &str| {
+        format!(
+            "{} generate --config {} --target {} {metrics} --seed 1 --output-dir {} {extra} 2>{}",
+            env!("CARGO_BIN_EXE_nyann-bench"),
+            config.display(),
+            sim.base_url(),
+            dir.path().join(out).display(),
+            dir.path().join(format!("{out}.stderr")).display(),
+        )
+    };
+    let under_a_terminal = |command: String| {
+        let out = Command::new("script")
+            .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("util-linux `script` runs (Debian's bsdutils)");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, stdout) = under_a_terminal(command("tty", ""));
+    let stderr = std::fs::read_to_string(dir.path().join("tty.stderr")).unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stdout.contains('{'), "JSON on a terminal:\n{stdout}");
+    let ending: Vec<&str> = stderr.lines().rev().take(4).collect();
+    assert!(
+        ending[0].starts_with("results: ")
+            && ending[1].starts_with("load not sent: 2 stages skipped, 6s"),
+        "{stderr}"
+    );
+    assert!(
+        ending[2].starts_with("knee (congested from #1 c=16): #0 c=2 (concurrency=2): ")
+            && ending[2].contains("req/s")
+            && ending[2].contains("TTFT p50/p99"),
+        "{stderr}"
+    );
+    assert!(
+        ending[3].starts_with("sweep stopped after stage #1 c=16"),
+        "{stderr}"
+    );
+
+    let (_, stdout) = under_a_terminal(command("json", "--json"));
+    assert!(stdout.contains("\"conclusion\""), "{stdout}");
+
+    let piped = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(command("pipe", ""))
+        .output()
+        .await
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&piped.stdout).unwrap();
+    let knee = &summary["conclusion"]["sweeps"][0]["knee"];
+    assert_eq!(knee["concurrency"], 2, "{summary}");
+    assert!(knee["requests_per_second"].as_f64().unwrap() > 0.0);
+    assert_eq!(summary["conclusion"]["load_not_sent"]["stages"], 2);
+    // summary.json says the same.
+    let written: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("pipe").join("summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(written["conclusion"], summary["conclusion"]);
+}
+
+/// A directory that holds a run is not overwritten by mistake (668 KB of
+/// results became 6 KB): refused with the fix before any load, replaced
+/// with --overwrite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_dir_that_holds_a_run_is_refused_unless_told_to_overwrite() {
+    let _serial = crate::support::serial().await;
+    let sim = crate::support::simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        nyann_bench()
+            .args(["generate", "--target", &sim.base_url(), "--duration", "1s"])
+            .arg("--output-dir")
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(run(&[]).status.code(), Some(0));
+    let again = run(&[]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("already holds a run (summary.json, written ")
+            && stderr.contains("--overwrite to replace it"),
+        "{stderr}"
+    );
+    assert_eq!(run(&["--overwrite"]).status.code(), Some(0));
+}
+
+/// Load flags that contradict each other are refused, as the scenario
+/// language refuses them (`--rate 5 --concurrency 32` ran at 5/s).
+#[test]
+fn contradictory_load_flags_are_refused() {
+    for (flags, expected) in [
+        (
+            &["--rate", "5", "--concurrency", "32"][..],
+            "--rate 5 and --concurrency 32 are two kinds of load",
+        ),
+        (
+            &["--mode", "concurrent", "--rate", "5"][..],
+            "--mode concurrent runs closed-loop streams",
+        ),
+        (
+            &["--mode", "poisson", "--concurrency", "3"][..],
+            "--mode poisson is an open loop",
+        ),
+    ] {
+        let out = nyann_bench()
+            .args(["generate", "--target", "http://127.0.0.1:9/v1"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+}

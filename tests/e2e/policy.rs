@@ -195,13 +195,14 @@ async fn replay_reproduces_a_recorded_sweep_and_moves_the_stop_with_the_threshol
     );
 }
 
-/// `nyann-bench scenario --policy builtin` on a scenario sweeping `levels`
-/// with `params`: the exit code, stdout and stderr.
+/// `nyann-bench scenario` (the built-in policy by default, as `generate`)
+/// on a scenario sweeping `levels` with `params`: the exit code, stdout and
+/// stderr. (Without `--policy` it once checked nothing.)
 async fn scenario_check(dir: &Path, levels: &[u32], params: &str) -> (Option<i32>, String, String) {
     let file = dir.join("s.star");
     std::fs::write(&file, sweep(levels, params)).unwrap();
     let out = nyann_bench()
-        .args(["scenario", "--policy", "builtin"])
+        .arg("scenario")
         .arg(&file)
         .output()
         .await

@@ -133,7 +133,10 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     let text = page_text(&mut browser);
     for label in ["before", "after"] {
         assert!(
-            text.contains(&format!("{label}: sweep stopped after stage #3")),
+            text.contains(&format!(
+                "{label}: sweep stopped after stage {}",
+                summary["stages"][stop]["label"].as_str().unwrap()
+            )),
             "{text}"
         );
     }

@@ -111,6 +111,21 @@ pub enum ClientError {
     /// The caller says how to name the model.
     #[error("GET {url} lists no model")]
     NoModel { url: String },
+    /// The model asked for is not among those the server lists: every
+    /// request would fail (404), so nothing is sent.
+    #[error("model {model:?} is not served at {url} (it serves {})", served.join(", "))]
+    UnknownModel {
+        model: String,
+        url: String,
+        served: Vec<String>,
+    },
+    /// The server's certificate is not trusted: waiting cannot fix that.
+    #[error("the server at {url} presented a certificate this client does not trust: {why}")]
+    Certificate { url: String, why: String },
+    /// `BASE/models` is not found but `BASE/v1/models` answers: the target
+    /// lacks the API's `/v1`.
+    #[error("{url} is not found (HTTP 404), but {suggested}/models answers")]
+    MissingV1 { url: String, suggested: String },
 }
 
 /// A user or assistant message of a conversation.
@@ -289,7 +304,20 @@ impl Client {
             let attempt = left.clamp(READY_POLL, FETCH_TIMEOUT);
             match self.models(target, attempt).await {
                 Ok(models) => return Ok(models),
-                Err(err) => last = err,
+                Err((Some(404), err)) => {
+                    // Not a server still starting: a path that does not exist.
+                    // Most often the API's `/v1` is missing from the target.
+                    if let Some(suggested) = self.with_v1(target, attempt).await {
+                        return Err(ClientError::MissingV1 { url, suggested });
+                    }
+                    last = err;
+                }
+                Err((None, err))
+                    if err.contains("TLS handshake failed") && err.contains("certificate") =>
+                {
+                    return Err(ClientError::Certificate { url, why: err });
+                }
+                Err((_, err)) => last = err,
             }
             if Instant::now() >= deadline {
                 return Err(ClientError::NotReady {
@@ -303,7 +331,27 @@ impl Client {
         }
     }
 
-    async fn models(&self, target: &Target, timeout: Duration) -> Result<Vec<String>, String> {
+    /// `target`'s base with `/v1` added, when its `/models` answers there.
+    async fn with_v1(&self, target: &Target, timeout: Duration) -> Option<String> {
+        let base = &target.base;
+        if base.ends_with("/v1") {
+            return None;
+        }
+        let suggested = format!("{base}/v1");
+        let alternative = self.target(&suggested).ok()?;
+        self.models(&alternative, timeout)
+            .await
+            .ok()
+            .map(|_| suggested)
+    }
+
+    /// The model ids `GET base/models` lists; the error carries the HTTP
+    /// status when the server answered.
+    async fn models(
+        &self,
+        target: &Target,
+        timeout: Duration,
+    ) -> Result<Vec<String>, (Option<u16>, String)> {
         #[derive(Deserialize)]
         struct Models {
             data: Vec<ModelEntry>,
@@ -312,16 +360,18 @@ impl Client {
         struct ModelEntry {
             id: String,
         }
-        let (status, body) = self.fetch(target, "GET", "models", b"", timeout).await?;
+        let (status, body) = self
+            .fetch(target, "GET", "models", b"", timeout)
+            .await
+            .map_err(|e| (None, e))?;
         if !(200..300).contains(&status) {
-            return Err(format!(
-                "{}: {}",
-                status_line(status),
-                sse::excerpt(&body, 200)
+            return Err((
+                Some(status),
+                format!("{}: {}", status_line(status), sse::excerpt(&body, 200)),
             ));
         }
-        let models: Models =
-            serde_json::from_slice(&body).map_err(|e| format!("unreadable model list: {e}"))?;
+        let models: Models = serde_json::from_slice(&body)
+            .map_err(|e| (Some(status), format!("unreadable model list: {e}")))?;
         Ok(models.data.into_iter().map(|m| m.id).collect())
     }
 

@@ -69,8 +69,11 @@ pub struct StageDetail {
     pub cached_prompt_share: Option<f64>,
 }
 
-/// Client lag p99 above which a stage warns that the client fell behind.
+/// Client lag p99 above which a stage may warn that the client fell behind
+/// (when it is also more than [`CLIENT_LAG_SHARE`] of a request's E2E p50).
 pub const CLIENT_LAG_WARNING: Duration = Duration::from_millis(10);
+/// The share of a request's E2E p50 a lag must exceed to be warned about.
+pub const CLIENT_LAG_SHARE: f64 = 0.1;
 
 /// Why a stage's figures may say more about the client than the server.
 pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<String> {
@@ -82,12 +85,20 @@ pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<Stri
             detail.client_errors, client.requests_failed
         ));
     }
-    if detail.client_lag_p99_seconds > CLIENT_LAG_WARNING.as_secs_f64() {
+    // A late read costs a closed-loop stream that long before its next
+    // request: it matters against what a request takes, not in itself (a
+    // busy box reads a few ms late, kernel timestamps keep the latencies
+    // right). Warn when it is both long and a real share of a request.
+    let lag = detail.client_lag_p99_seconds;
+    let request = client.e2e_p50_seconds;
+    if lag > CLIENT_LAG_WARNING.as_secs_f64() && lag > CLIENT_LAG_SHARE * request {
         return Some(format!(
-            "the client is falling behind (it read responses up to {:.0} ms after they \
-             arrived, p99): its latencies are still right, but it cannot hold the configured \
-             load: use more workers or cores",
-            detail.client_lag_p99_seconds * 1000.0
+            "the client is falling behind: it read responses up to {:.0} ms after they arrived \
+             (p99), {:.0}% of a request's E2E p50 ({:.0} ms), so it may not have held the \
+             configured load (its latencies are still right): use more workers or cores",
+            lag * 1000.0,
+            100.0 * lag / request.max(f64::MIN_POSITIVE),
+            request * 1000.0
         ));
     }
     None
@@ -566,6 +577,37 @@ mod tests {
         let wire = serde_json::to_string(&other).unwrap();
         acc.merge(&serde_json::from_str(&wire).unwrap());
         assert_eq!(acc.longest_first_token_wait(), 45.0);
+    }
+
+    /// A few ms of late reading on a busy box is no alarm: it is warned
+    /// about when it is also a real share of a request (what a closed-loop
+    /// stream loses before its next one), with the figures that triggered it.
+    #[test]
+    fn the_client_lag_warning_weighs_the_lag_against_a_request() {
+        let stage = |lag: f64, e2e: f64| {
+            let client = ClientStats {
+                e2e_p50_seconds: e2e,
+                ..ClientStats::default()
+            };
+            let detail = StageDetail {
+                client_lag_p99_seconds: lag,
+                ..StageDetail::default()
+            };
+            client_warning(&client, &detail)
+        };
+        // 25 ms late against requests of 400 ms (the simulator at c=4), 12 ms
+        // against 3 s (a real vLLM): the load was held.
+        assert_eq!(stage(0.025, 0.4), None);
+        assert_eq!(stage(0.012, 3.0), None);
+        // 5 ms is never a reason, whatever the requests.
+        assert_eq!(stage(0.005, 0.01), None);
+        let warning = stage(0.2, 0.5).unwrap();
+        assert!(
+            warning.contains(
+                "up to 200 ms after they arrived (p99), 40% of a request's E2E p50 (500 ms)"
+            ),
+            "{warning}"
+        );
     }
 
     #[test]

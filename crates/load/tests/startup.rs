@@ -146,3 +146,66 @@ async fn the_output_directory_is_checked_before_waiting_for_the_server() {
     assert!(matches!(err, nyann_load::RunError::Output { .. }), "{err}");
     assert!(err.to_string().contains("a-file/results"), "{err}");
 }
+
+/// A model the server does not list would only collect 404s: refused
+/// before any request, naming what the server serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_the_server_does_not_serve_is_refused_before_load() {
+    let server = common::TestServer::start(common::Behaviour::default()).await;
+    let sc = scenario(vec![concurrent(1.0, 1)]);
+    let opts = RunOptions {
+        target: Some(server.base.clone()),
+        model: Some("llama-typo".into()),
+        ..RunOptions::default()
+    };
+    let err = nyann_load::run(&sc, opts, NoHook).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            nyann_load::RunError::Client(nyann_load::client::ClientError::UnknownModel { served, .. })
+                if served == &["test-model".to_string()]
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "model \"llama-typo\" is not served at {}/models (it serves test-model)",
+            server.base
+        )
+    );
+    assert_eq!(
+        server
+            .state
+            .received
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+}
+
+/// A target without the API's `/v1`: its `/models` is not found, and that
+/// is said at once with the fix, instead of retrying 404s for the whole
+/// readiness wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_without_v1_is_told_at_once() {
+    let server = common::TestServer::start(common::Behaviour::default()).await;
+    let sc = scenario(vec![concurrent(1.0, 1)]);
+    let root = format!("http://{}", server.addr);
+    let opts = RunOptions {
+        target: Some(root.clone()),
+        ready_timeout: Duration::from_secs(120),
+        ..RunOptions::default()
+    };
+    let err = tokio::time::timeout(Duration::from_secs(60), nyann_load::run(&sc, opts, NoHook))
+        .await
+        .expect("said before the readiness wait ends")
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            nyann_load::RunError::Client(nyann_load::client::ClientError::MissingV1 { suggested, .. })
+                if suggested == &server.base
+        ),
+        "{err}"
+    );
+}

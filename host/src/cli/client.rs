@@ -165,6 +165,16 @@ pub fn explain(err: RunError) -> anyhow::Error {
             anyhow!("{err}; start it, check --target, or raise --ready-timeout")
         }
         RunError::Client(ClientError::NoModel { .. }) => anyhow!("{err}: pass --model"),
+        RunError::Client(ClientError::UnknownModel { .. }) => {
+            anyhow!("{err}: pass one of them with --model (or model= in the scenario)")
+        }
+        RunError::Client(ClientError::Certificate { .. }) => anyhow!(
+            "{err}; for a private CA or a self-signed server certificate, give it with \
+             --ca-cert FILE (PEM)"
+        ),
+        RunError::Client(ClientError::MissingV1 { suggested, .. }) => {
+            anyhow!("{err}: did you mean --target {suggested}?")
+        }
         RunError::Client(ClientError::Target {
             reason: TargetError::Credentials,
             ..
@@ -225,6 +235,34 @@ mod tests {
         assert_eq!(
             explain(no_model).to_string(),
             "GET http://h/v1/models lists no model: pass --model"
+        );
+        let certificate = RunError::Client(ClientError::Certificate {
+            url: "https://h/v1/models".into(),
+            why: "cannot connect to h:443: TLS handshake failed: invalid peer certificate: UnknownIssuer".into(),
+        });
+        assert!(
+            explain(certificate)
+                .to_string()
+                .ends_with("give it with --ca-cert FILE (PEM)")
+        );
+        let typo = RunError::Client(ClientError::UnknownModel {
+            model: "lama".into(),
+            url: "http://h/v1/models".into(),
+            served: vec!["llama".into(), "qwen".into()],
+        });
+        assert_eq!(
+            explain(typo).to_string(),
+            "model \"lama\" is not served at http://h/v1/models (it serves llama, qwen): pass \
+             one of them with --model (or model= in the scenario)"
+        );
+        let no_v1 = RunError::Client(ClientError::MissingV1 {
+            url: "http://h:8000/models".into(),
+            suggested: "http://h:8000/v1".into(),
+        });
+        assert_eq!(
+            explain(no_v1).to_string(),
+            "http://h:8000/models is not found (HTTP 404), but http://h:8000/v1/models answers: \
+             did you mean --target http://h:8000/v1?"
         );
         let credentials = RunError::Client(ClientError::Target {
             base: "http://u:p@h/v1".into(),

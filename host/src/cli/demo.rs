@@ -27,6 +27,10 @@ pub struct Args {
     /// Seed of the simulator and of the prompts (same seed, same run shape).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+
+    /// Replace the run --output-dir already holds.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 /// `generate`'s flags, parsed from the argument list the demo builds.
@@ -75,6 +79,9 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &args.output_dir {
         argv.extend(["--output-dir".into(), dir.display().to_string()]);
     }
+    if args.overwrite {
+        argv.push("--overwrite".into());
+    }
     let generate = GenerateCommand::try_parse_from(argv).context("the demo's generate flags")?;
     let code = generate::run_scenario(
         &scenario,
@@ -86,11 +93,53 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     .await;
     sim.shutdown().await;
     if code.is_ok() && !ui.quiet {
-        eprintln!(
-            "\nNext: run the same kind of sweep against your own server with\n  \
-             nyann-bench generate --config examples/scenarios/balanced.star --target http://HOST:8000/v1 \\\n    \
-             --scrape http://HOST:8000/metrics     (or --prometheus-url URL --deploy-name NAME)"
-        );
+        eprintln!("{}", next_steps(args.output_dir.as_deref()));
     }
     code
+}
+
+/// A sweep to run against a real server, written out whole: it must work
+/// from any directory (the examples are only in a checkout).
+const YOUR_SWEEP: &str = r#"scenario(
+    workload = workload("faker", isl=128, osl=256),
+    stages = until_congested(
+        [stage("1m", concurrency=c) for c in [8, 16, 32, 64, 128, 256]],
+        waiting_requests_p50=8,
+        ttft_p99="2s",
+    ),
+)
+"#;
+
+/// What to do after the demo: a runnable scenario for one's own server
+/// (written beside the demo's results when there is an output directory).
+fn next_steps(dir: Option<&std::path::Path>) -> String {
+    let written = dir
+        .map(|d| d.join("your-sweep.star"))
+        .filter(|path| std::fs::write(path, YOUR_SWEEP).is_ok());
+    let (file, shown) = match &written {
+        Some(path) => (path.display().to_string(), String::new()),
+        None => (
+            "sweep.star".to_string(),
+            format!("\nSave this as sweep.star:\n\n{YOUR_SWEEP}"),
+        ),
+    };
+    format!(
+        "{shown}\nNext: the same kind of sweep against your own server (set the thresholds to \
+         your latency goals):\n  nyann-bench generate --config {file} --target http://HOST:8000/v1 \\\n    \
+         --scrape http://HOST:8000/metrics --output-dir results/     (or --prometheus-url URL --deploy-name NAME)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_sweep_it_suggests_compiles_with_a_stop_condition() {
+        let scenario = nyann_scenario::compile_str("your-sweep.star", super::YOUR_SWEEP).unwrap();
+        let stops = scenario
+            .steps
+            .iter()
+            .filter(|s| matches!(s, nyann_model::Step::Stage(stage) if stage.stop.is_some()))
+            .count();
+        assert_eq!(stops, 6);
+    }
 }

@@ -1,7 +1,9 @@
 //! `nyann-bench generate`: run a scenario (or a single stage described by
-//! flags) against an OpenAI-compatible server, print the per-stage table on
-//! stderr and the JSON summary on stdout, and write `--output-dir` files.
+//! flags) against an OpenAI-compatible server, print the per-stage table and
+//! the conclusion on stderr, the JSON summary on stdout when it is not a
+//! terminal (or with `--json`), and write `--output-dir` files.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use super::client::ClientArgs;
 use super::interrupt::{Signals, cancel_on_signals};
 use super::progress::Progress;
 use super::signals::SignalArgs;
+use crate::conclusion::{self, Conclusion};
 use crate::report;
 use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs, RunResult};
 
@@ -30,6 +33,16 @@ pub struct Args {
     /// Directory for requests.jsonl (streamed), stages.json and summary.json.
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
+
+    /// Replace the run an --output-dir already holds (by default such a
+    /// directory is refused, so that no result is lost by mistake).
+    #[arg(long)]
+    pub overwrite: bool,
+
+    /// Print the summary (summary.json) on stdout even on a terminal; it is
+    /// printed whenever stdout is a pipe or a file.
+    #[arg(long)]
+    pub json: bool,
 
     #[command(flatten)]
     pub client: Box<ClientArgs>,
@@ -102,6 +115,24 @@ impl SingleStageArgs {
     }
 
     fn scenario(&self) -> anyhow::Result<Scenario> {
+        // The scenario language refuses these too: a stage is a closed loop
+        // of streams or an open loop at a rate, never both.
+        match (self.mode.as_deref(), self.rate, self.concurrency) {
+            (_, Some(rate), Some(c)) => anyhow::bail!(
+                "--rate {rate} and --concurrency {c} are two kinds of load: --concurrency runs \
+                 closed-loop streams, --rate an open loop of arrivals per second; give one \
+                 (an open loop caps its requests in flight with --max-inflight)"
+            ),
+            (Some("concurrent"), Some(_), None) => anyhow::bail!(
+                "--mode concurrent runs closed-loop streams: give --concurrency, or --mode \
+                 constant/poisson with --rate"
+            ),
+            (Some(mode @ ("constant" | "poisson")), None, Some(_)) => anyhow::bail!(
+                "--mode {mode} is an open loop at --rate arrivals per second: give --rate, or \
+                 --mode concurrent with --concurrency"
+            ),
+            _ => {}
+        }
         let mode = match (self.mode.as_deref(), self.rate) {
             (Some("constant"), _) | (None, Some(_)) => Mode::Constant,
             (Some("poisson"), _) => Mode::Poisson,
@@ -198,6 +229,9 @@ pub async fn run_scenario(
     summary: Summary,
     ui: Ui,
 ) -> anyhow::Result<ExitCode> {
+    if let Some(dir) = &args.output_dir {
+        refuse_a_previous_run(dir, args.overwrite)?;
+    }
     let mut options = args.client.to_options()?;
     options.output_dir = args.output_dir.clone();
     let signals = signal_options(args, &options);
@@ -233,25 +267,68 @@ pub async fn run_scenario(
         Err(err) => return Err(super::client::explain(err)),
     };
 
+    let conclusion = Conclusion::of(&result, 1);
     if let Some(dir) = &args.output_dir {
+        if let Err(err) = conclusion::write_summary(dir, &result, &conclusion) {
+            tracing::warn!("summary.json was not rewritten with the conclusion: {err}");
+        }
         save_report(dir, &result, scenario, source, &signals).await;
     }
-    if ui.quiet {
-        eprintln!("{}", report::outcome_line(&result));
-    } else {
-        eprint!("{}", report::stage_table(&result));
-        eprintln!("{}", report::outcome_line(&result));
-        if let Some(dir) = &args.output_dir {
-            eprintln!("results: {}", dir.display());
-        }
-    }
-    if summary == Summary::Stdout {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&result).context("encoding the summary")?
-        );
+    show_ending(&result, &conclusion, args.output_dir.as_deref(), ui);
+    if summary == Summary::Stdout && (args.json || !std::io::stdout().is_terminal()) {
+        let json =
+            conclusion::summary_json(&result, &conclusion).context("encoding the summary")?;
+        println!("{json}");
     }
     Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// Refuses an output directory that holds a run already (its results would
+/// be overwritten), unless asked to overwrite it.
+pub(super) fn refuse_a_previous_run(dir: &std::path::Path, overwrite: bool) -> anyhow::Result<()> {
+    let held = ["summary.json", "stages.json", "requests.jsonl"]
+        .into_iter()
+        .find(|file| dir.join(file).exists());
+    match held {
+        Some(file) if !overwrite => {
+            let when = std::fs::metadata(dir.join(file))
+                .and_then(|m| m.modified())
+                .ok()
+                .map(|t| format!(", written {}", humantime::format_rfc3339_seconds(t)))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "--output-dir {} already holds a run ({file}{when}): give a new directory \
+                 (e.g. {}/$(date +%Y%m%d-%H%M%S)), or --overwrite to replace it",
+                dir.display(),
+                dir.display()
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The end of a run on stderr: the stage table, how the run ended, the
+/// knee and the load not sent, and where the results are (`-q`: only how
+/// it ended).
+pub(super) fn show_ending(
+    result: &RunResult,
+    conclusion: &Conclusion,
+    dir: Option<&std::path::Path>,
+    ui: Ui,
+) {
+    if ui.quiet {
+        eprintln!("{}", report::outcome_line(result));
+        return;
+    }
+    eprint!("{}", report::stage_table(result));
+    eprintln!("{}", report::outcome_line(result));
+    eprint!("{}", conclusion.lines());
+    if let Some(dir) = dir {
+        eprintln!(
+            "results: {} (summary.json, stages.json, requests.jsonl, report.html)",
+            dir.display()
+        );
+    }
 }
 
 /// Longest the HTML report may take to build after a run: charts are drawn

@@ -158,15 +158,28 @@ impl Command {
             Command::Policy(command) => policy::run(command).await,
             Command::Kube(command) => kube::run(command).await,
             Command::Completions { shell } => {
-                clap_complete::generate(
-                    shell,
-                    &mut Cli::command(),
-                    "nyann-bench",
-                    &mut std::io::stdout(),
-                );
+                use std::io::Write;
+                std::io::stdout()
+                    .write_all(completion_script(shell).as_bytes())
+                    .map_err(|e| anyhow::anyhow!("cannot write the script: {e}"))?;
                 Ok(ExitCode::SUCCESS)
             }
         }
+    }
+}
+
+/// The completion script for `shell`. clap_complete 4.6 writes bash's
+/// per-subcommand cases for a hyphenated binary under a name that differs
+/// from the one its dispatcher selects (`nyann__subcmd__bench__subcmd__generate`
+/// against `nyann__bench__subcmd__generate`), so nothing below the top level
+/// completed; the cases are renamed to match.
+pub fn completion_script(shell: clap_complete::Shell) -> String {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "nyann-bench", &mut script);
+    let script = String::from_utf8_lossy(&script).into_owned();
+    match shell {
+        clap_complete::Shell::Bash => script.replace("nyann__subcmd__bench", "nyann__bench"),
+        _ => script,
     }
 }
 

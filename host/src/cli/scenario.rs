@@ -1,7 +1,8 @@
 //! `nyann-bench scenario FILE`: compile a scenario (`.star`, or an IR `.json`
-//! to check it) and print its IR as pretty JSON on stdout. With `--policy`,
-//! also check every `until_congested(...)` call's parameters against that
-//! policy, without running anything. Errors go to stderr, one
+//! to check it) and print its IR as pretty JSON on stdout; check every
+//! `until_congested(...)` call's parameters against the policy `generate`
+//! would use (`--policy`, the built-in by default), without running
+//! anything. Errors go to stderr, one
 //! `file:line:col: message` per line, and the exit code is 1.
 
 use std::io::Write;
@@ -18,11 +19,11 @@ pub struct Args {
     /// The scenario: a Starlark file (.star) or a scenario IR file (.json).
     pub file: PathBuf,
 
-    /// Also check the parameters of every `until_congested(...)` call
-    /// against this policy (`builtin`, or a component file), as `generate`
-    /// would before sending any request.
-    #[arg(long, value_name = "FILE|builtin")]
-    pub policy: Option<String>,
+    /// Check the parameters of every `until_congested(...)` call against
+    /// this policy (`builtin`, or a component file), as `generate` would
+    /// before sending any request.
+    #[arg(long, value_name = "FILE|builtin", default_value = nyann_policy_host::BUILTIN)]
+    pub policy: String,
 
     #[command(flatten)]
     pub sandbox: SandboxArgs,
@@ -36,8 +37,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    if let Some(policy) = &args.policy {
-        let policy = args.sandbox.load(policy)?;
+    let has_stops = scenario
+        .steps
+        .iter()
+        .any(|step| matches!(step, Step::Stage(stage) if stage.stop.is_some()));
+    if has_stops {
+        let policy = args.sandbox.load(&args.policy)?;
         let calls = scenario
             .steps
             .iter()

@@ -54,14 +54,14 @@ const HEADER: [&str; 22] = [
     "dropped",
     "req/s",
     "tok/s",
-    "TTFT mean",
+    "TTFT ms mean",
     "p50",
     "p90",
     "p99",
-    "ITL p50",
+    "ITL ms p50",
     "p99",
-    "E2E p50/p99",
-    "SRV TTFT p50/p99",
+    "E2E ms p50/p99",
+    "SRV TTFT ms p50/p99",
     "wait p50",
     "KV max",
     "preempt",
@@ -375,7 +375,7 @@ mod tests {
         let run = run(outcome, vec![measured("#0 c=64", client), skipped]);
         let table = stage_table(&run);
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].starts_with("stage") && lines[0].contains("TTFT mean"));
+        assert!(lines[0].starts_with("stage") && lines[0].contains("TTFT ms mean"));
         assert!(
             lines[1].contains("#0 c=64") && lines[1].contains("1200") && lines[1].contains("42.1")
         );
@@ -490,7 +490,13 @@ mod tests {
                 client_lag_p99_seconds: 0.025,
                 ..StageDetail::default()
             }),
-            ..measured("#1 c=4096", ClientStats::default())
+            ..measured(
+                "#1 c=4096",
+                ClientStats {
+                    e2e_p50_seconds: 0.1,
+                    ..ClientStats::default()
+                },
+            )
         };
         let table = stage_table(&run(RunOutcome::Interrupted, vec![busy, lagging]));
         let lines: Vec<&str> = table.lines().collect();
@@ -510,9 +516,10 @@ mod tests {
             "{table}"
         );
         assert!(
-            table
-                .contains("#1 c=4096: the client is falling behind (it read responses up to 25 ms")
-                && table.contains("use more workers or cores"),
+            table.contains(
+                "#1 c=4096: the client is falling behind: it read responses up to 25 ms after \
+                 they arrived (p99), 25% of a request's E2E p50 (100 ms)"
+            ) && table.contains("use more workers or cores"),
             "{table}"
         );
     }

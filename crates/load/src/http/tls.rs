@@ -33,14 +33,75 @@ pub(super) fn tls_connector(
         builder.crypto_provider().clone(),
     )
     .map_err(|e| format!("cannot load the system's TLS certificates: {e}"))?;
+    let verifier = GivenOrPlatform {
+        given: extra_roots.to_vec(),
+        platform: Arc::new(verifier),
+    };
     // "dangerous" is rustls's name for any verifier but its own: this one is
-    // the platform's, which `with_platform_verifier` installs the same way.
+    // the platform's (as `with_platform_verifier` installs it), which also
+    // trusts a server certificate given outright.
     let mut config = builder
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// The platform's verifier, which also accepts a server certificate that is
+/// exactly one of the certificates given as extra roots, for the names it
+/// is issued to. That is how people deploy a self-signed server
+/// certificate (`openssl req -x509 ... -addext subjectAltName=...` makes a
+/// CA certificate), which the platform's rules refuse as a server's own
+/// (`CaUsedAsEndEntity`) even when it is trusted: given with `--ca-cert`,
+/// exactly that certificate is trusted, and nothing it would sign.
+#[derive(Debug)]
+struct GivenOrPlatform {
+    given: Vec<CertificateDer<'static>>,
+    platform: Arc<rustls_platform_verifier::Verifier>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for GivenOrPlatform {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if self.given.iter().any(|c| c.as_ref() == end_entity.as_ref()) {
+            let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_name(&parsed, server_name)?;
+            return Ok(rustls::client::danger::ServerCertVerified::assertion());
+        }
+        self.platform
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    // The handshake's signatures are checked alike whichever way the
+    // certificate was trusted.
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.platform.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.platform.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.platform.supported_verify_schemes()
+    }
 }
 
 /// The CA certificates of a PEM file, checked to be usable as trust anchors.
@@ -120,6 +181,47 @@ mod tests {
         );
         assert!(err.contains("certificate"), "{err}");
         // The server saw the client give up during the handshake.
+        assert!(server.await.unwrap().is_err());
+    }
+
+    /// A self-signed server certificate as `openssl req -x509 -addext
+    /// subjectAltName=IP:127.0.0.1` makes it (a CA certificate, which the
+    /// platform's rules refuse as a server's own: `CaUsedAsEndEntity`) is
+    /// trusted when given as an extra root, for its own name only.
+    #[tokio::test]
+    async fn https_trusts_a_self_signed_server_certificate_given_outright() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let self_signed = |name: &str| {
+            let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params.self_signed(&key).unwrap()
+        };
+        let cert = self_signed("127.0.0.1");
+        let given = |address: std::net::SocketAddr, cert: &rcgen::Certificate| {
+            Target::new(
+                &format!("https://{address}/v1"),
+                Duration::from_secs(1),
+                &[cert.der().clone()],
+                &Proxies::default(),
+            )
+            .unwrap()
+        };
+
+        let (address, server) = tls_server(vec![cert.der().clone()], &key).await;
+        let t = target(&format!("https://{address}/v1")).unwrap();
+        let err = get(&t).await.unwrap_err().to_string();
+        assert!(err.contains("certificate"), "{err}");
+        assert!(server.await.unwrap().is_err());
+
+        let (address, server) = tls_server(vec![cert.der().clone()], &key).await;
+        assert_eq!(get(&given(address, &cert)).await.unwrap(), b"ok");
+        server.await.unwrap().unwrap();
+
+        // A certificate for another name is refused all the same.
+        let other = self_signed("127.0.0.2");
+        let (address, server) = tls_server(vec![other.der().clone()], &key).await;
+        let err = get(&given(address, &other)).await.unwrap_err().to_string();
+        assert!(err.contains("TLS handshake failed"), "{err}");
         assert!(server.await.unwrap().is_err());
     }
 

@@ -94,6 +94,16 @@ pub(super) async fn prepare(
                 first
             }
         };
+        // A model the server does not list would get 404s: refuse before
+        // any load. (An empty list says nothing: the server may route any.)
+        if !listed.is_empty() && !listed.contains(&model) {
+            return Err(ClientError::UnknownModel {
+                model,
+                url: target.url("models"),
+                served: listed.clone(),
+            }
+            .into());
+        }
         if !models.contains(&model) {
             models.push(model.clone());
         }
