@@ -307,7 +307,7 @@ pub(super) fn exit_code(result: &RunResult) -> u8 {
         .filter_map(CongestionRecord::of)
         .any(|r| r.stopped && r.policy_error.is_some());
     match result.exit_code() {
-        0 if stopped_by_error => 1,
+        0 | nyann_load::EXIT_DEGRADED if stopped_by_error => 1,
         code => code,
     }
 }

@@ -22,7 +22,7 @@ fn ms(seconds: f64) -> String {
     }
 }
 
-pub fn level(stage: &StageResult) -> String {
+pub fn level<A>(stage: &StageResult<A>) -> String {
     match (stage.concurrency, stage.rate) {
         (_, Some(rate)) => format!("{rate}/s"),
         (Some(c), None) => format!("c={c}"),
@@ -33,6 +33,9 @@ pub fn level(stage: &StageResult) -> String {
 fn status(stage: &StageResult, record: Option<&CongestionRecord>) -> &'static str {
     if record.is_some_and(CongestionRecord::congested) {
         return "CONGESTED";
+    }
+    if stage.degraded.is_some() && stage.status == StageStatus::Measured {
+        return "degraded";
     }
     match stage.status {
         StageStatus::Measured => "measured",
@@ -243,6 +246,20 @@ impl StageTable {
             );
         }
         for (stage, record) in result.stages.iter().zip(&records) {
+            if let Some(degraded) = &stage.degraded {
+                let configured = StageResult::<()> {
+                    concurrency: degraded.configured_concurrency,
+                    rate: degraded.configured_rate,
+                    ..stage.clone().map_annotation(|_| None)
+                };
+                notes.push(format!(
+                    "{}: degraded: ran at {} of the {} configured: {}",
+                    stage.label,
+                    level(stage),
+                    level(&configured),
+                    degraded.reason
+                ));
+            }
             if let Some(error) = record.as_ref().and_then(|r| r.policy_error.as_ref()) {
                 notes.push(format!("{}: {error}", stage.label));
             }
@@ -300,6 +317,15 @@ pub fn outcome_line(result: &RunResult) -> String {
         RunOutcome::Stopped { reason, .. } => format!("sweep {reason}"),
         RunOutcome::Aborted { reason } => format!("run ABORTED: {reason}"),
         RunOutcome::Interrupted => "run interrupted".to_string(),
+        RunOutcome::Degraded {
+            reasons, reason, ..
+        } => {
+            let stopped = reason
+                .as_ref()
+                .map(|r| format!("sweep {r}; "))
+                .unwrap_or_default();
+            format!("{stopped}run DEGRADED: {}", reasons.join("; "))
+        }
     }
 }
 
@@ -329,6 +355,7 @@ mod tests {
             annotation: None,
             skip_reason: None,
             check_interrupted: false,
+            degraded: None,
         }
     }
 
