@@ -150,7 +150,10 @@ impl Fleet {
 
     /// Worker `index`'s own records, as it wrote them.
     fn own_records(&self, index: usize) -> Vec<Value> {
-        self.records(&format!("{}/worker-{index}/requests.jsonl", self.out(index)))
+        self.records(&format!(
+            "{}/worker-{index}/requests.jsonl",
+            self.out(index)
+        ))
     }
 
     fn path(&self, rest: &str) -> PathBuf {
@@ -505,7 +508,10 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
             // every stage after the loss says the level that ran.
             assert_eq!(codes[..2], [Some(3), Some(0)], "{stderr}");
             assert_eq!(summary["outcome"]["kind"], "degraded", "{stderr}");
-            assert_eq!(summary["outcome"]["missing_records"], serde_json::json!([2]));
+            assert_eq!(
+                summary["outcome"]["missing_records"],
+                serde_json::json!([2])
+            );
             assert!(fleet.stderr(0).contains("run DEGRADED"), "{stderr}");
             let on_disk = fleet.json("w0/stages.json");
             for stages in [stages, on_disk.as_array().unwrap()] {
@@ -523,7 +529,10 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
                     assert_eq!(degraded["configured_concurrency"], 3, "step {index}");
                     assert_eq!(degraded["workers"], serde_json::json!([0, 1]));
                     assert!(
-                        degraded["reason"].as_str().unwrap().contains("worker 2 was lost"),
+                        degraded["reason"]
+                            .as_str()
+                            .unwrap()
+                            .contains("worker 2 was lost"),
                         "{degraded}"
                     );
                 }
@@ -543,7 +552,9 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
             );
             // The stage table shows the level that ran.
             assert!(
-                fleet.stderr(0).contains("degraded: ran at c=2 of the c=3 configured"),
+                fleet
+                    .stderr(0)
+                    .contains("degraded: ran at c=2 of the c=3 configured"),
                 "{stderr}"
             );
         }
@@ -629,7 +640,12 @@ async fn kube_render_carries_the_scenario_and_validates() {
             .args(rest);
         command.output()
     };
-    let flags: &[&str] = &["--target", "http://vllm:8000/v1", "--on-worker-loss", "abort"];
+    let flags: &[&str] = &[
+        "--target",
+        "http://vllm:8000/v1",
+        "--on-worker-loss",
+        "abort",
+    ];
     let out = render("json", flags).await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -675,8 +691,14 @@ async fn kube_render_carries_the_scenario_and_validates() {
     // Flags `generate` refuses, or that the command sets, fail the render.
     for (rest, says) in [
         (&["--targt", "x"][..], "--targt"),
-        (&["--output-dir", "/elsewhere"][..], "--output-dir is set by the rendered command"),
-        (&["--workers=2"][..], "--workers is set by the rendered command"),
+        (
+            &["--output-dir", "/elsewhere"][..],
+            "--output-dir is set by the rendered command",
+        ),
+        (
+            &["--workers=2"][..],
+            "--workers is set by the rendered command",
+        ),
         (&["--request-timeout", "soon"][..], "--request-timeout"),
     ] {
         let refused = render("json", rest).await.unwrap();
@@ -736,7 +758,11 @@ async fn kube_render_carries_the_scenario_and_validates() {
                 .arg(&yaml_file)
                 .output()
                 .unwrap();
-            assert!(back.status.success(), "{}", String::from_utf8_lossy(&back.stderr));
+            assert!(
+                back.status.success(),
+                "{}",
+                String::from_utf8_lossy(&back.stderr)
+            );
             let back: Value = serde_json::from_slice(&back.stdout).unwrap();
             assert_eq!(&back, &list["items"]);
         }
@@ -833,11 +859,19 @@ async fn an_upload_that_keeps_failing_is_named_as_missing() {
     assert_eq!(codes, [Some(3), Some(3)], "{stderr}");
     let summary = fleet.json("w0/summary.json");
     assert_eq!(summary["outcome"]["kind"], "degraded", "{stderr}");
-    assert_eq!(summary["outcome"]["missing_records"], serde_json::json!([1]));
+    assert_eq!(
+        summary["outcome"]["missing_records"],
+        serde_json::json!([1])
+    );
     let reasons = summary["outcome"]["reasons"].to_string();
-    assert!(reasons.contains("the records of worker 1 are missing"), "{reasons}");
     assert!(
-        fleet.stderr(0).contains("worker 1: its records are NOT in the results"),
+        reasons.contains("the records of worker 1 are missing"),
+        "{reasons}"
+    );
+    assert!(
+        fleet
+            .stderr(0)
+            .contains("worker 1: its records are NOT in the results"),
         "{stderr}"
     );
     assert!(
@@ -852,7 +886,10 @@ async fn an_upload_that_keeps_failing_is_named_as_missing() {
         .unwrap()
         .len();
     assert_eq!(workers, 2);
-    assert!(!fleet.own_records(1).is_empty(), "kept on the worker's disk");
+    assert!(
+        !fleet.own_records(1).is_empty(),
+        "kept on the worker's disk"
+    );
 }
 
 /// `--coordinator http://HOST:PORT`, the form every other URL flag takes,
@@ -904,7 +941,10 @@ async fn a_worker_says_why_it_cannot_reach_its_coordinator() {
     };
     let dir = tempfile::tempdir().unwrap();
     for (coordinator, cause) in [
-        ("nyann-no-such-host.invalid:7300".to_string(), "does not resolve"),
+        (
+            "nyann-no-such-host.invalid:7300".to_string(),
+            "does not resolve",
+        ),
         (closed.to_string(), "connection refused"),
     ] {
         let err = dir.path().join("worker.err");
@@ -1023,7 +1063,10 @@ async fn a_worker_stopped_by_ctrl_c_is_recorded_as_left() {
     let left = &fleet_file["left"][0];
     assert_eq!(left["worker"], 2, "{stderr}");
     assert_eq!(left["step"], 1, "{stderr}");
-    assert!(fleet.stderr(0).contains("worker 2 left in step 1"), "{stderr}");
+    assert!(
+        fleet.stderr(0).contains("worker 2 left in step 1"),
+        "{stderr}"
+    );
     assert_eq!(fleet_file["missing_records"], serde_json::json!([]));
     let merged = fleet.records("w0/requests.jsonl");
     let from_2 = merged.iter().filter(|r| r["worker"] == 2).count();
@@ -1041,7 +1084,13 @@ async fn a_worker_stopped_by_ctrl_c_is_recorded_as_left() {
 #[tokio::test]
 async fn zero_workers_are_refused() {
     let out = nyann_bench()
-        .args(["generate", "--workers", "0", "--target", "http://127.0.0.1:9/v1"])
+        .args([
+            "generate",
+            "--workers",
+            "0",
+            "--target",
+            "http://127.0.0.1:9/v1",
+        ])
         .output()
         .await
         .unwrap();

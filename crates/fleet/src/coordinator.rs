@@ -105,16 +105,17 @@ impl Coordinator {
     /// One attempt: resolve the name, connect to its addresses in turn.
     /// The error says why the last address failed.
     pub async fn connect(&self) -> Result<TcpStream, String> {
-        let addrs: Vec<SocketAddr> =
-            match tokio::net::lookup_host((self.host.as_str(), self.port)).await {
-                Ok(addrs) => addrs.collect(),
-                Err(err) => {
-                    return Err(format!(
-                        "the name {} does not resolve ({err}): the leader's pod may not exist yet, or the name is wrong",
-                        self.host
-                    ));
-                }
-            };
+        let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+        {
+            Ok(addrs) => addrs.collect(),
+            Err(err) => {
+                return Err(format!(
+                    "the name {} does not resolve ({err}): the leader's pod may not exist yet, or the name is wrong",
+                    self.host
+                ));
+            }
+        };
         let mut last = format!("the name {} resolves to no address", self.host);
         for addr in addrs {
             match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
@@ -165,7 +166,13 @@ mod tests {
 
     #[test]
     fn a_missing_port_and_other_forms_are_refused() {
-        for given in ["bench-0", "http://bench-0", "bench-0:", "http://bench-0/", "::1"] {
+        for given in [
+            "bench-0",
+            "http://bench-0",
+            "bench-0:",
+            "http://bench-0/",
+            "::1",
+        ] {
             assert!(
                 matches!(parse(given), Err(CoordinatorError::MissingPort(_))),
                 "{given}: {:?}",

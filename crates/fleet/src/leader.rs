@@ -33,8 +33,8 @@ use nyann_load::{
 };
 use nyann_model::{Scenario, Stage, Step};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::merge::{FleetRun, Judgement, LostWorker, RecordsFile, WorkerRun};
@@ -451,7 +451,7 @@ async fn late_arrivals(
         mut write,
     }) = arrivals.recv().await
     {
-        let refusal = match first {
+        let refusal: Option<String> = match first {
             ToLeader::Rejoin {
                 build: theirs,
                 index,
@@ -467,7 +467,7 @@ async fn late_arrivals(
                     tracing::info!("worker {index} reconnected to upload its records");
                     let _ = links.events.send(Event::Rejoined { worker: index }).await;
                     links.open(index, read, write, true);
-                    None
+                    continue;
                 }
             }
             _ => Some(format!(
@@ -1004,11 +1004,17 @@ impl<H> LeaderGate<H> {
 }
 
 /// The level (concurrency, rate) that `workers`' shares of step `index` add up to.
-pub fn level_of(shares: &[Scenario], workers: &[usize], index: usize) -> (Option<u32>, Option<f64>) {
-    let stages = workers.iter().filter_map(|&w| match shares.get(w)?.steps.get(index)? {
-        Step::Stage(stage) => Some(stage),
-        Step::Barrier { .. } => None,
-    });
+pub fn level_of(
+    shares: &[Scenario],
+    workers: &[usize],
+    index: usize,
+) -> (Option<u32>, Option<f64>) {
+    let stages = workers
+        .iter()
+        .filter_map(|&w| match shares.get(w)?.steps.get(index)? {
+            Step::Stage(stage) => Some(stage),
+            Step::Barrier { .. } => None,
+        });
     let mut concurrency = None;
     let mut rate = None;
     for stage in stages {
@@ -1054,7 +1060,8 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
             }
         }
         judged.sort_unstable();
-        self.finished.insert(index, judged.iter().copied().collect());
+        self.finished
+            .insert(index, judged.iter().copied().collect());
         let (client, detail) = merged.finish(done.end_unix - done.start_unix);
         // The policy judges the level that ran: the shares of the workers
         // whose statistics it sees, which is the configured level only when

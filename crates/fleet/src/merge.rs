@@ -201,8 +201,8 @@ pub fn write<A: Serialize + Clone>(
             bytes,
         }
     });
-    let record_files = std::iter::once((0, leader_records.as_ref(), None))
-        .chain(fleet.runs.iter().map(|run| {
+    let record_files =
+        std::iter::once((0, leader_records.as_ref(), None)).chain(fleet.runs.iter().map(|run| {
             (
                 run.worker,
                 run.records.as_ref(),
@@ -430,14 +430,11 @@ fn degrade<A, B>(stage: &mut StageResult<A>, present: &[usize], fleet: &FleetRun
     let absent: Vec<String> = (0..fleet.workers)
         .filter(|w| !present.contains(w))
         .map(|w| {
-            let why = fleet
+            fleet
                 .departed
                 .iter()
-                .filter(|d| d.worker == w)
-                .map(departure)
-                .next()
-                .unwrap_or_else(|| format!("worker {w} was gone"));
-            why
+                .find(|d| d.worker == w)
+                .map_or_else(|| format!("worker {w} was gone"), departure)
         })
         .collect();
     stage.degraded = Some(DegradedStage {

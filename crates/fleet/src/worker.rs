@@ -240,8 +240,7 @@ async fn tell_departure(
     if !by_leader {
         tracing::warn!("this worker was interrupted: telling the leader that it leaves the run");
         let leaving = ToLeader::Leaving {
-            reason: "interrupted by its own Ctrl-C or SIGTERM (a pod eviction, for example)"
-                .into(),
+            reason: "interrupted by its own Ctrl-C or SIGTERM (a pod eviction, for example)".into(),
         };
         let _ = to_leader.send(Outgoing::Message(leaving)).await;
     }
@@ -478,9 +477,8 @@ impl WorkerGate {
         records: Option<&Path>,
         timeout: Duration,
     ) -> Result<(), AttemptError> {
-        let closed = || {
-            AttemptError::Link("the connection to the leader closed during the upload".into())
-        };
+        let closed =
+            || AttemptError::Link("the connection to the leader closed during the upload".into());
         self.to_leader
             .send(Outgoing::Upload(header, records.map(Path::to_path_buf)))
             .await
