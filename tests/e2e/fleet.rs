@@ -497,6 +497,10 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
                     .unwrap()
                     .contains("worker 2 lost")
             );
+            // The surviving worker says what happened: an abort, not an interrupt.
+            let theirs = fleet.stderr(1);
+            assert!(theirs.contains("the leader aborted the run: worker 2"), "{stderr}");
+            assert!(!theirs.contains("the leader was interrupted"), "{stderr}");
             // The abort came within the heartbeat timeout, not at the end of the sweep.
             assert!(
                 killed.elapsed() < Duration::from_secs(5),

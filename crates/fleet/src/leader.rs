@@ -561,6 +561,9 @@ async fn read_task(mut link: Link) {
     // After an upload attempt (or on a rejoined link) a closed connection
     // is that upload's failure, not a lost worker: its stages are over.
     let mut uploading = link.rejoined;
+    // The last attempt was answered `UploadFailed`: a connection closed
+    // now is the worker giving up, not a retry to wait for.
+    let mut refused = false;
     let mut left = false;
     let ended = loop {
         let message = match tokio::time::timeout(
@@ -598,6 +601,7 @@ async fn read_task(mut link: Link) {
                 shared,
             } => {
                 uploading = true;
+                refused = false;
                 let stored = tokio::time::timeout(
                     UPLOAD_TIMEOUT,
                     receive_records(&mut link.read, &link.dir, records_bytes, shared),
@@ -626,6 +630,7 @@ async fn read_task(mut link: Link) {
                         return;
                     }
                     Err(StoreError::Local(reason)) => {
+                        refused = true;
                         tracing::warn!("worker {worker}: its records upload failed: {reason}");
                         let _ = link
                             .reply
@@ -660,9 +665,15 @@ async fn read_task(mut link: Link) {
             return;
         }
     };
-    let event = if uploading {
+    let event = if uploading && !refused {
         tracing::debug!("worker {worker}: its connection ended after an upload attempt: {ended}");
         Event::LinkEnded { worker }
+    } else if uploading {
+        // It gave up after its attempts: nothing more will come.
+        Event::Gone {
+            worker,
+            connected: false,
+        }
     } else {
         if !left {
             link.fleet.depart(worker, ended, false);

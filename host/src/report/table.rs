@@ -22,7 +22,7 @@ fn ms(seconds: f64) -> String {
     }
 }
 
-pub fn level<A>(stage: &StageResult<A>) -> String {
+pub fn level(stage: &StageResult) -> String {
     match (stage.concurrency, stage.rate) {
         (_, Some(rate)) => format!("{rate}/s"),
         (Some(c), None) => format!("c={c}"),
@@ -247,10 +247,10 @@ impl StageTable {
         }
         for (stage, record) in result.stages.iter().zip(&records) {
             if let Some(degraded) = &stage.degraded {
-                let configured = StageResult::<()> {
+                let configured = StageResult {
                     concurrency: degraded.configured_concurrency,
                     rate: degraded.configured_rate,
-                    ..stage.clone().map_annotation(|_| None)
+                    ..stage.clone()
                 };
                 notes.push(format!(
                     "{}: degraded: ran at {} of the {} configured: {}",
