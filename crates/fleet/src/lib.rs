@@ -39,7 +39,7 @@ pub fn worker_dir(dir: &std::path::Path, index: usize) -> std::path::PathBuf {
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error(
-        "cannot reach the coordinator {coordinator} within {timeout:?}: {reason} (is worker 0 running, and is this its address?)"
+        "cannot reach the coordinator {coordinator} within {timeout:?}; the last try: {reason}"
     )]
     Unreachable {
         coordinator: String,

@@ -80,7 +80,7 @@ pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
         let cause = match tokio::time::timeout_at(deadline, coordinator.connect()).await {
             Ok(Ok(stream)) => break stream,
             Ok(Err(cause)) => cause,
-            Err(_) => format!("{last_cause} (the last try was still running)"),
+            Err(_) => format!("{last_cause} (the try after it was cut short)"),
         };
         let now = tokio::time::Instant::now();
         if now >= deadline {
@@ -102,6 +102,13 @@ pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
         }
         last_cause = cause;
         tokio::time::sleep_until((now + RETRY_PAUSE).min(deadline)).await;
+        if tokio::time::Instant::now() >= deadline {
+            return Err(FleetError::Unreachable {
+                coordinator: coordinator.to_string(),
+                timeout: config.join_timeout,
+                reason: last_cause,
+            });
+        }
     };
     let _ = stream.set_nodelay(true);
     tracing::info!(

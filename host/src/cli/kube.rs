@@ -52,8 +52,9 @@ pub struct RenderArgs {
     /// Memory of each pod (request = limit), e.g. `2Gi`.
     #[arg(long)]
     pub memory: Option<String>,
-    /// A PersistentVolumeClaim to write the results to [default: an emptyDir,
-    /// whose files leave with the pod: the summary stays in pod 0's log].
+    /// A PersistentVolumeClaim to write the results to, with access mode
+    /// ReadWriteMany (every pod mounts it) [default: an emptyDir, whose files
+    /// leave with the pod: the summary stays in pod 0's log].
     #[arg(long, value_name = "CLAIM")]
     pub results_claim: Option<String>,
     /// Output format.
