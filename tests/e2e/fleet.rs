@@ -1106,3 +1106,46 @@ async fn zero_workers_are_refused() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("0 workers cannot run anything"), "{stderr}");
 }
+
+/// The policy judges the level that ran: after worker 2 leaves in a plain
+/// stage, the judged stage (3 streams, at most 20 requests, configured)
+/// ran 2 streams and 7 + 7 requests, and a policy that fails unless it is
+/// shown exactly that passes (with `--on-policy-error stop`, a mismatch
+/// would exit 1 naming both figures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_judges_the_level_that_ran() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let policy = policy_wasm("request-count-policy");
+    let mut lead = scrape_flags(&sim);
+    lead.extend(
+        [
+            "--policy",
+            &policy.display().to_string(),
+            "--on-policy-error",
+            "stop",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let scenario = "scenario(\n    workload = workload(\"synthetic\", isl=32, osl=16),\n    stages = [stage(\"4s\", concurrency=3)] + until_congested(\n        \
+         [stage(\"60s\", concurrency=3, max_requests=20)],\n        requests=14,\n        concurrency=2,\n    ),\n)\n";
+    let mut fleet = Fleet::start(&sim.base_url(), scenario, 3, &lead, &[]).await;
+    wait_for_stage(&fleet.path("w2/worker-2/requests.jsonl"), 0).await;
+    kill("-INT", fleet.pid(2));
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    let stderr = fleet.all_stderr();
+    assert_eq!(codes, [Some(3), Some(0), Some(130)], "{stderr}");
+    let summary = fleet.json("w0/summary.json");
+    let judged = &summary["stages"][1];
+    let congestion = &judged["annotation"]["congestion"];
+    assert_eq!(
+        congestion["policy_error"],
+        Value::Null,
+        "{congestion}\n{stderr}"
+    );
+    assert_eq!(congestion["verdict"]["congested"], false);
+    assert_eq!(judged["concurrency"], 2);
+    assert_eq!(judged["degraded"]["configured_concurrency"], 3);
+    assert_eq!(judged["client"]["requests_ok"], 14);
+}
