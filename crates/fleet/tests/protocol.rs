@@ -299,3 +299,133 @@ async fn an_idle_connection_delays_no_join() {
     join(&config).await.unwrap();
     gathering.await.unwrap().unwrap();
 }
+
+/// Forwards connections to `to`; the first one is cut (both ways) once
+/// `cut_after` bytes went from the worker to the leader. Also returns the
+/// count of connections made through it.
+async fn cutting_proxy(
+    to: String,
+    cut_after: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        for connection in 0.. {
+            let (client, _) = listener.accept().await.unwrap();
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let server = tokio::net::TcpStream::connect(&to).await.unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let back = tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+            });
+            tokio::spawn(async move {
+                let limit = if connection == 0 {
+                    cut_after
+                } else {
+                    usize::MAX
+                };
+                let mut sent = 0;
+                let mut buf = vec![0; 16 << 10];
+                while sent < limit {
+                    let n = match client_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n.min(limit - sent),
+                    };
+                    if server_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    sent += n;
+                }
+                // Cut: both directions close.
+                back.abort();
+                drop(server_write);
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// The real leader: a worker whose upload's connection breaks half-way
+/// reconnects (`Rejoin`) and uploads again; the leader keeps the records
+/// of the attempt that arrived whole, under a name no worker writes.
+#[tokio::test]
+async fn the_leader_takes_a_retried_upload_on_a_new_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader_dir = dir.path().join("leader");
+    let worker_dir = dir.path().join("worker");
+    std::fs::create_dir_all(&worker_dir).unwrap();
+    let records = worker_dir.join("requests.jsonl");
+    let content: Vec<u8> = (0..100_000u32)
+        .flat_map(|i| format!("{{\"id\":{i}}}\n").into_bytes())
+        .collect();
+    std::fs::write(&records, &content).unwrap();
+    let leader = Leader::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        LeaderConfig {
+            workers: 2,
+            heartbeat_timeout: Duration::from_secs(5),
+            join_timeout: Duration::from_secs(30),
+            on_loss: OnWorkerLoss::Abort,
+            build: "v1".into(),
+            output_dir: leader_dir.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let (proxy, connections) =
+        cutting_proxy(leader.local_addr().unwrap().to_string(), 300_000).await;
+    let sc = Scenario {
+        steps: vec![Step::Barrier { drain: false }],
+        ..scenario(1)
+    };
+    let gathering = tokio::spawn(async move {
+        leader
+            .gather(
+                &sc,
+                1,
+                NoHook,
+                CancellationToken::new(),
+                CancellationToken::new(),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    });
+    let joined = join(&worker(proxy, 1, 2, "v1")).await.unwrap();
+    let gate = gathering.await.unwrap().unwrap();
+    let worker_gate = joined.start(CancellationToken::new(), CancellationToken::new());
+    let uploading = tokio::spawn(async move {
+        worker_gate
+            .upload(
+                &empty_result(),
+                Some(&records),
+                Some(&worker_dir),
+                Duration::from_secs(20),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    });
+    let fleet = gate
+        .finish(empty_result(), None, Duration::from_secs(30))
+        .await;
+    assert_eq!(uploading.await.unwrap(), Ok(false));
+    assert_eq!(fleet.aborted, None, "a broken upload is no lost worker");
+    assert!(fleet.departed.is_empty(), "{:?}", fleet.departed);
+    let run = &fleet.runs[0];
+    let stored = run.records.as_ref().expect("the records arrived");
+    assert_eq!(
+        stored.path,
+        leader_dir.join("worker-1/requests.uploaded.jsonl")
+    );
+    assert!(std::fs::read(&stored.path).unwrap() == content, "whole");
+    assert!(
+        !leader_dir
+            .join("worker-1/requests.uploaded.jsonl.partial")
+            .exists()
+    );
+    let connections = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(connections, 2, "the cut one, then the retry");
+}
