@@ -247,24 +247,28 @@ impl Conclusion {
     }
 }
 
-/// `summary.json`: the run, with its conclusion.
+/// `summary.json`: the run (`R`: one process's, or a fleet's merged
+/// result), with its conclusion.
 #[derive(Serialize)]
-struct Summary<'a> {
+struct Summary<'a, R> {
     #[serde(flatten)]
-    result: &'a RunResult,
+    result: &'a R,
     conclusion: &'a Conclusion,
 }
 
 /// The summary as printed on stdout and written to `summary.json`.
-pub fn summary_json(result: &RunResult, conclusion: &Conclusion) -> serde_json::Result<String> {
+pub fn summary_json<R: Serialize>(
+    result: &R,
+    conclusion: &Conclusion,
+) -> serde_json::Result<String> {
     serde_json::to_string_pretty(&Summary { result, conclusion })
 }
 
 /// Writes `summary.json` into `dir` again, with the conclusion (the runner
-/// wrote it without, as the run ended).
-pub fn write_summary(
+/// or the fleet's merge wrote it without, as the run ended).
+pub fn write_summary<R: Serialize>(
     dir: &std::path::Path,
-    result: &RunResult,
+    result: &R,
     conclusion: &Conclusion,
 ) -> std::io::Result<()> {
     let json = summary_json(result, conclusion).map_err(std::io::Error::other)?;
@@ -342,6 +346,7 @@ mod tests {
             }),
             skip_reason: None,
             check_interrupted: false,
+            degraded: None,
         }
     }
 

@@ -13,13 +13,37 @@ use nyann_testkit::{PrometheusServer, ScrapeJob};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::support::{nyann_bench, policy_wasm, scrape_flags, serial, simulator, sweep};
+use crate::support::{policy_wasm, scrape_flags, serial, simulator, sweep};
 use crate::sweep::STOPS_AT_16;
+
+/// The binary under test; `NYANN_FLEET_BIN` runs these tests against
+/// another build (to show that a test fails before its fix).
+fn nyann_bench() -> tokio::process::Command {
+    match std::env::var_os("NYANN_FLEET_BIN") {
+        Some(bin) => {
+            let mut command = tokio::process::Command::new(bin);
+            command.kill_on_drop(true);
+            command
+        }
+        None => crate::support::nyann_bench(),
+    }
+}
+
+/// How a fleet is laid out.
+#[derive(Debug, Clone, Copy, Default)]
+struct Layout {
+    /// Every process gets the same `--output-dir` (`shared/`), as with
+    /// one volume mounted in every pod; else worker I gets `wI/`.
+    shared: bool,
+    /// Workers are given `--coordinator http://HOST:PORT`.
+    url: bool,
+}
 
 /// A fleet's processes: index 0 leads.
 struct Fleet {
     dir: TempDir,
     children: Vec<tokio::process::Child>,
+    layout: Layout,
 }
 
 impl Fleet {
@@ -31,6 +55,17 @@ impl Fleet {
         n: usize,
         lead: &[String],
         extra: &[&str],
+    ) -> Fleet {
+        Fleet::start_with(sim_url, scenario, n, lead, extra, Layout::default()).await
+    }
+
+    async fn start_with(
+        sim_url: &str,
+        scenario: &str,
+        n: usize,
+        lead: &[String],
+        extra: &[&str],
+        layout: Layout,
     ) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("scenario.star");
@@ -55,7 +90,12 @@ impl Fleet {
             .map(|s| s.to_string())
             .collect();
             args.push("--output-dir".into());
-            args.push(dir.path().join(format!("w{index}")).display().to_string());
+            let own = if layout.shared {
+                "shared".to_string()
+            } else {
+                format!("w{index}")
+            };
+            args.push(dir.path().join(own).display().to_string());
             args.extend(extra.iter().map(|s| s.to_string()));
             args
         };
@@ -82,12 +122,38 @@ impl Fleet {
         leader_args.extend(lead.iter().cloned());
         let mut children = vec![spawn(0, leader_args)];
         let addr = wait_for(&dir.path().join("w0.err"), "coordinator listening on ").await;
+        let coordinator = if layout.url {
+            format!("http://{addr}")
+        } else {
+            addr
+        };
         for index in 1..n {
             let mut args = common(index);
-            args.extend(["--coordinator".into(), addr.clone()]);
+            args.extend(["--coordinator".into(), coordinator.clone()]);
             children.push(spawn(index, args));
         }
-        Fleet { dir, children }
+        Fleet {
+            dir,
+            children,
+            layout,
+        }
+    }
+
+    /// Worker `index`'s results directory (`--output-dir`).
+    fn out(&self, index: usize) -> String {
+        if self.layout.shared {
+            "shared".into()
+        } else {
+            format!("w{index}")
+        }
+    }
+
+    /// Worker `index`'s own records, as it wrote them.
+    fn own_records(&self, index: usize) -> Vec<Value> {
+        self.records(&format!(
+            "{}/worker-{index}/requests.jsonl",
+            self.out(index)
+        ))
     }
 
     fn path(&self, rest: &str) -> PathBuf {
@@ -149,6 +215,23 @@ async fn wait_for(file: &Path, prefix: &str) -> String {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "no {prefix:?} in {}:\n{text}",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (at most 60 s) for a line containing `needle` in `file`; returns it.
+async fn wait_for_text(file: &Path, needle: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains(needle)) {
+            return line.to_string();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no {needle:?} in {}:\n{text}",
             file.display()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -237,6 +320,14 @@ async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
         summary,
         "the leader prints summary.json, fleet parts and all"
     );
+    // The load the skipped stages did not send, by each of the 3 workers.
+    let not_sent = &summary["conclusion"]["load_not_sent"];
+    assert_eq!(
+        not_sent["worker_seconds"].as_f64().unwrap(),
+        3.0 * not_sent["seconds"].as_f64().unwrap(),
+        "{not_sent}"
+    );
+    assert_eq!(summary["conclusion"]["sweeps"][0]["congested"]["stage"], 2);
     for worker in 1..3 {
         let theirs = fleet.json(&format!("w{worker}/worker-{worker}/summary.json"));
         assert_eq!(theirs["outcome"]["stage"], 2, "worker {worker}");
@@ -414,6 +505,13 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
                     .unwrap()
                     .contains("worker 2 lost")
             );
+            // The surviving worker says what happened: an abort, not an interrupt.
+            let theirs = fleet.stderr(1);
+            assert!(
+                theirs.contains("the leader aborted the run: worker 2"),
+                "{stderr}"
+            );
+            assert!(!theirs.contains("the leader was interrupted"), "{stderr}");
             // The abort came within the heartbeat timeout, not at the end of the sweep.
             assert!(
                 killed.elapsed() < Duration::from_secs(5),
@@ -421,8 +519,39 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
                 killed.elapsed()
             );
         } else {
-            assert_eq!(codes[..2], [Some(0), Some(0)], "{stderr}");
-            assert_eq!(summary["outcome"]["kind"], "completed");
+            // The run did not send all its load: degraded (exit 3), and
+            // every stage after the loss says the level that ran.
+            assert_eq!(codes[..2], [Some(3), Some(0)], "{stderr}");
+            assert_eq!(summary["outcome"]["kind"], "degraded", "{stderr}");
+            assert_eq!(
+                summary["outcome"]["missing_records"],
+                serde_json::json!([2])
+            );
+            assert!(fleet.stderr(0).contains("run DEGRADED"), "{stderr}");
+            let on_disk = fleet.json("w0/stages.json");
+            for stages in [stages, on_disk.as_array().unwrap()] {
+                // 3 streams, one per worker.
+                assert_eq!(stages[0]["concurrency"], 3);
+                assert_eq!(stages[0]["degraded"], Value::Null);
+                let judged = stages[1]["annotation"]["fleet"]["judged_workers"].clone();
+                // Killed during step 1 (or, on a slow machine, during its check).
+                let whole = judged == serde_json::json!([0, 1, 2]);
+                let degraded_from = if whole { 2 } else { 1 };
+                for (index, stage) in stages.iter().enumerate().skip(degraded_from) {
+                    assert_eq!(stage["concurrency"], 2, "step {index}: {stage}");
+                    assert_eq!(stage["label"], format!("#{index} c=3"), "step {index}");
+                    let degraded = &stage["degraded"];
+                    assert_eq!(degraded["configured_concurrency"], 3, "step {index}");
+                    assert_eq!(degraded["workers"], serde_json::json!([0, 1]));
+                    assert!(
+                        degraded["reason"]
+                            .as_str()
+                            .unwrap()
+                            .contains("worker 2 was lost"),
+                        "{degraded}"
+                    );
+                }
+            }
             let last = stages[3]["annotation"]["fleet"]["workers"]
                 .as_array()
                 .unwrap();
@@ -435,6 +564,13 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
             assert_eq!(
                 fleet.json("w0/fleet.json")["missing_records"],
                 serde_json::json!([2])
+            );
+            // The stage table shows the level that ran.
+            assert!(
+                fleet
+                    .stderr(0)
+                    .contains("degraded: ran at c=2 of the c=3 configured"),
+                "{stderr}"
             );
         }
     }
@@ -498,45 +634,46 @@ async fn ctrl_c_on_the_leader_stops_every_worker_with_130() {
 }
 
 /// `kube render` prints a List whose ConfigMap carries the compiled
-/// scenario and whose Job runs N indexed pods; when `kubernetes-validate`
-/// (PyPI; offline schemas) is installed, on PATH or named by
-/// $KUBERNETES_VALIDATE, every object passes its strict validation.
+/// scenario and whose Job runs N indexed pods, or the same objects as YAML;
+/// every object passes `kubernetes-validate --strict` (PyPI; offline
+/// schemas: `.ci/run` installs it, and with `CI` set the test requires it)
+/// in both forms. Flags after `--` that `generate` would refuse, or that
+/// the rendered command sets itself, are refused at render time.
 #[tokio::test]
 async fn kube_render_carries_the_scenario_and_validates() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("sweep.star");
     std::fs::write(&config, sweep(&[4, 8, 16, 32], r#"kv_cache_usage=0.9"#)).unwrap();
-    let out = nyann_bench()
-        .args(["kube", "render", "--config"])
-        .arg(&config)
-        .args([
-            "--workers",
-            "4",
-            "--image",
-            "example.org/nyann-bench:1",
-            "--namespace",
-            "bench",
-        ])
-        .args([
-            "--cpu",
-            "2",
-            "--memory",
-            "2Gi",
-            "--",
-            "--target",
-            "http://vllm:8000/v1",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let render = |format: &'static str, rest: &'static [&'static str]| {
+        let mut command = nyann_bench();
+        command
+            .args(["kube", "render", "--config"])
+            .arg(&config)
+            .args(["--workers", "4", "--image", "example.org/nyann-bench:1"])
+            .args(["--namespace", "bench", "--cpu", "2", "--memory", "2Gi"])
+            .args(["--results-claim", "results", "--format", format, "--"])
+            .args(rest);
+        command.output()
+    };
+    let flags: &[&str] = &[
+        "--target",
+        "http://vllm:8000/v1",
+        "--on-worker-loss",
+        "abort",
+    ];
+    let out = render("json", flags).await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
     let items = list["items"].as_array().unwrap();
     let kinds: Vec<&str> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["ConfigMap", "Service", "Job"]);
-    let ir: Value =
-        serde_json::from_str(items[0]["data"]["scenario.json"].as_str().unwrap()).unwrap();
+    let scenario_json = items[0]["data"]["scenario.json"].as_str().unwrap();
+    assert!(
+        !scenario_json.contains(&dir.path().display().to_string()),
+        "no path of this machine in the ConfigMap: {scenario_json}"
+    );
+    let ir: Value = serde_json::from_str(scenario_json).unwrap();
     let levels: Vec<u64> = ir["steps"]
         .as_array()
         .unwrap()
@@ -550,11 +687,41 @@ async fn kube_render_carries_the_scenario_and_validates() {
         (job["completions"].as_u64(), job["parallelism"].as_u64()),
         (Some(4), Some(4))
     );
-    let args = job["template"]["spec"]["containers"][0]["args"].to_string();
+    // One worker's failure does not fail the whole Job (and kill the leader).
+    assert_eq!(job["backoffLimitPerIndex"], 0);
+    assert_eq!(job["backoffLimit"], Value::Null);
+    let pod = &job["template"]["spec"];
+    assert_eq!(pod["securityContext"]["fsGroup"], 65532);
+    let args = pod["containers"][0]["args"].to_string();
     assert!(
         args.contains(r#""--target","http://vllm:8000/v1""#),
         "{args}"
     );
+
+    let yaml = render("yaml", flags).await.unwrap();
+    assert!(yaml.status.success());
+    let yaml_text = String::from_utf8(yaml.stdout).unwrap();
+    assert_eq!(yaml_text.matches("\n---\n").count() + 1, 3, "{yaml_text}");
+
+    // Flags `generate` refuses, or that the command sets, fail the render.
+    for (rest, says) in [
+        (&["--targt", "x"][..], "--targt"),
+        (
+            &["--output-dir", "/elsewhere"][..],
+            "--output-dir is set by the rendered command",
+        ),
+        (
+            &["--workers=2"][..],
+            "--workers is set by the rendered command",
+        ),
+        (&["--request-timeout", "soon"][..], "--request-timeout"),
+    ] {
+        let refused = render("json", rest).await.unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{rest:?}: {stderr}");
+        assert!(refused.stdout.is_empty());
+        assert!(stderr.contains(says), "{rest:?}: {stderr}");
+    }
 
     // A stage too small for the workers is refused before anything is printed.
     let small = dir.path().join("small.star");
@@ -573,27 +740,428 @@ async fn kube_render_carries_the_scenario_and_validates() {
             .contains("concurrency 2 cannot be divided between 3 workers")
     );
 
-    let validator =
-        std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".into());
+    // `python3 -m kubernetes_validate` needs no shim on PATH (pyenv makes
+    // one only on a rehash); $KUBERNETES_VALIDATE names another program.
+    let (program, first): (String, &[&str]) = match std::env::var("KUBERNETES_VALIDATE") {
+        Ok(program) => (program, &[]),
+        Err(_) => ("python3".into(), &["-m", "kubernetes_validate"]),
+    };
     let mut files = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let file = dir.path().join(format!("item{i}.json"));
         std::fs::write(&file, item.to_string()).unwrap();
         files.push(file);
     }
-    match std::process::Command::new(&validator)
+    let yaml_file = dir.path().join("all.yaml");
+    std::fs::write(&yaml_file, &yaml_text).unwrap();
+    files.push(yaml_file.clone());
+    let checked = std::process::Command::new(&program)
+        .args(first)
         .arg("--strict")
         .args(&files)
-        .output()
-    {
-        Ok(checked) => assert!(
-            checked.status.success(),
-            "{validator}: {}{}",
-            String::from_utf8_lossy(&checked.stdout),
-            String::from_utf8_lossy(&checked.stderr)
-        ),
-        Err(_) => eprintln!(
-            "{validator} is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"
-        ),
+        .output();
+    let installed = checked.as_ref().is_ok_and(|o| {
+        !String::from_utf8_lossy(&o.stderr).contains("No module named kubernetes_validate")
+    });
+    match checked {
+        Ok(checked) if installed => {
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&checked.stdout),
+                String::from_utf8_lossy(&checked.stderr)
+            );
+            assert!(checked.status.success(), "{program}: {said}");
+            // One verdict per object: 3 JSON files, 3 YAML documents.
+            assert_eq!(said.matches(" passed for resource ").count(), 6, "{said}");
+            // The YAML documents read back as the JSON objects (PyYAML
+            // comes with kubernetes-validate).
+            let back = std::process::Command::new("python3")
+                .arg("-c")
+                .arg("import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))")
+                .arg(&yaml_file)
+                .output()
+                .unwrap();
+            assert!(
+                back.status.success(),
+                "{}",
+                String::from_utf8_lossy(&back.stderr)
+            );
+            let back: Value = serde_json::from_slice(&back.stdout).unwrap();
+            assert_eq!(&back, &list["items"]);
+        }
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "kubernetes-validate is not installed (CI must install it: pip install kubernetes-validate)"
+            );
+            eprintln!(
+                "kubernetes-validate is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"
+            );
+        }
     }
+}
+
+/// Every process with the same `--output-dir`, as `kube render
+/// --results-claim` mounts one volume in every pod: no record is lost
+/// (each worker's file stays whole, the merge holds exactly its lines),
+/// the leader reads the workers' files in place (nothing is uploaded) and
+/// writes no file a worker writes; with 2 and 3 workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_output_dir_loses_no_record() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    for n in [2, 3] {
+        let layout = Layout {
+            shared: true,
+            ..Layout::default()
+        };
+        let mut fleet =
+            Fleet::start_with(&sim.base_url(), &plain(2, 2, 6), n, &[], &[], layout).await;
+        let codes = fleet.wait(Duration::from_secs(120)).await;
+        let stderr = fleet.all_stderr();
+        assert_eq!(codes, vec![Some(0); n], "{n} workers: {stderr}");
+        let summary = fleet.json("shared/summary.json");
+        assert_eq!(summary["outcome"]["kind"], "completed", "{stderr}");
+        let merged = fleet.records("shared/requests.jsonl");
+        assert_eq!(summary["requests_recorded"], merged.len());
+        for worker in 0..n {
+            let own = fleet.own_records(worker);
+            let own_summary = fleet.json(&format!("shared/worker-{worker}/summary.json"));
+            assert_eq!(
+                own_summary["requests_recorded"],
+                own.len(),
+                "{n} workers: worker {worker}'s own file is whole"
+            );
+            assert!(own.len() > 100, "worker {worker}: {} records", own.len());
+            let in_merge = merged.iter().filter(|r| r["worker"] == worker).count();
+            assert_eq!(in_merge, own.len(), "{n} workers: worker {worker}");
+            assert!(
+                !fleet
+                    .path(&format!("shared/worker-{worker}/requests.uploaded.jsonl"))
+                    .exists(),
+                "read in place, not uploaded"
+            );
+        }
+        for worker in 1..n {
+            assert!(
+                fleet
+                    .stderr(worker)
+                    .contains("the results directory is the leader's too"),
+                "{stderr}"
+            );
+        }
+        let fleet_file = fleet.json("shared/fleet.json");
+        assert_eq!(fleet_file["missing_records"], serde_json::json!([]));
+        // The marker is gone once the run is over.
+        let markers = std::fs::read_dir(fleet.path("shared"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".nyann-fleet-")
+            })
+            .count();
+        assert_eq!(markers, 0);
+    }
+}
+
+/// Records that cannot be stored on the leader (here its `worker-1` is a
+/// file, not a directory) are tried again, then named as missing: in
+/// `summary.json`, on stderr and in the exit code (3, degraded) of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_keeps_failing_is_named_as_missing() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let mut fleet = Fleet::start(&sim.base_url(), &plain(1, 2, 2), 2, &[], &[]).await;
+    std::fs::create_dir_all(fleet.path("w0")).unwrap();
+    std::fs::write(fleet.path("w0/worker-1"), "in the way").unwrap();
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    let stderr = fleet.all_stderr();
+    assert_eq!(codes, [Some(3), Some(3)], "{stderr}");
+    let summary = fleet.json("w0/summary.json");
+    assert_eq!(summary["outcome"]["kind"], "degraded", "{stderr}");
+    assert_eq!(
+        summary["outcome"]["missing_records"],
+        serde_json::json!([1])
+    );
+    let reasons = summary["outcome"]["reasons"].to_string();
+    assert!(
+        reasons.contains("the records of worker 1 are missing"),
+        "{reasons}"
+    );
+    assert!(
+        fleet
+            .stderr(0)
+            .contains("worker 1: its records are NOT in the results"),
+        "{stderr}"
+    );
+    assert!(
+        fleet.stderr(1).contains("records upload 1 of 3 failed"),
+        "{stderr}"
+    );
+    let fleet_file = fleet.json("w0/fleet.json");
+    assert_eq!(fleet_file["missing_records"], serde_json::json!([1]));
+    // Its statistics still arrived with the attempt.
+    let workers = summary["stages"][0]["annotation"]["fleet"]["workers"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(workers, 2);
+    assert!(
+        !fleet.own_records(1).is_empty(),
+        "kept on the worker's disk"
+    );
+}
+
+/// `--coordinator http://HOST:PORT`, the form every other URL flag takes,
+/// works; a missing port or another scheme is refused at once (before any
+/// wait), with exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_coordinator_works_and_a_missing_port_is_refused_at_once() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let layout = Layout {
+        url: true,
+        ..Layout::default()
+    };
+    let mut fleet = Fleet::start_with(&sim.base_url(), &plain(1, 1, 2), 2, &[], &[], layout).await;
+    let codes = fleet.wait(Duration::from_secs(60)).await;
+    assert_eq!(codes, [Some(0), Some(0)], "{}", fleet.all_stderr());
+
+    for (coordinator, says) in [
+        ("bench-0.bench", "has no port"),
+        ("http://bench-0.bench", "has no port"),
+        ("https://bench-0.bench:7300", "plain TCP"),
+    ] {
+        let started = Instant::now();
+        let out = nyann_bench()
+            .args(["generate", "--workers", "2", "--worker-index", "1"])
+            .args(["--coordinator", coordinator, "--join-timeout", "60s"])
+            .args(["--output-dir", "/nonexistent/never-written"])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{coordinator}: {stderr}");
+        assert!(stderr.contains(says), "{coordinator}: {stderr}");
+        assert!(stderr.contains("--coordinator"), "{stderr}");
+        // Refused when parsed, not after the join timeout.
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+}
+
+/// A worker whose coordinator's name does not resolve, or where nothing
+/// listens, says so at the default log level while it waits (not only at
+/// -v), and its final error names the last cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_says_why_it_cannot_reach_its_coordinator() {
+    let _serial = serial().await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (coordinator, cause) in [
+        (
+            "nyann-no-such-host.invalid:7300".to_string(),
+            "does not resolve",
+        ),
+        (closed.to_string(), "connection refused"),
+    ] {
+        let err = dir.path().join("worker.err");
+        let mut child = nyann_bench()
+            .args(["generate", "--workers", "2", "--worker-index", "1"])
+            .args(["--coordinator", &coordinator, "--join-timeout", "60s"])
+            .arg("--output-dir")
+            .arg(dir.path().join("out"))
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let needle = format!("waiting for the leader at {coordinator}: ");
+        let line = wait_for_text(&err, &needle).await;
+        eprintln!("{coordinator}: said after {:?}", started.elapsed());
+        assert!(line.contains(cause), "{coordinator}: {line}");
+        kill("-KILL", child.id().unwrap());
+        let _ = child.wait().await;
+    }
+    // The final error names the last cause.
+    let out = nyann_bench()
+        .args(["generate", "--workers", "2", "--worker-index", "1"])
+        .args(["--coordinator", &closed.to_string(), "--join-timeout", "1s"])
+        .arg("--output-dir")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot reach the coordinator {closed} within 1s; the last try: {closed}: connection refused"
+        )),
+        "{stderr}"
+    );
+}
+
+/// An idle connection to the leader's port (a health check, a scanner)
+/// delays nobody: here it would hold the join for the whole heartbeat
+/// timeout (30 s), longer than the leader's join timeout (20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_does_not_delay_the_joins() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("scenario.star");
+    std::fs::write(&config, plain(1, 1, 2)).unwrap();
+    let common = |index: usize| -> Vec<String> {
+        [
+            "generate",
+            "--workers",
+            "2",
+            "--worker-index",
+            &index.to_string(),
+            "--target",
+            &sim.base_url(),
+            "--heartbeat-timeout",
+            "30s",
+            "--join-timeout",
+            "20s",
+            "--output-dir",
+            &dir.path().join(format!("w{index}")).display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let err0 = dir.path().join("w0.err");
+    let mut leader = nyann_bench()
+        .args(common(0))
+        .args(["--config", &config.display().to_string()])
+        .args(["--coordinator-listen", "127.0.0.1:0"])
+        .stderr(std::fs::File::create(&err0).unwrap())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = wait_for(&err0, "coordinator listening on ").await;
+    let _idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let worker = nyann_bench()
+        .args(common(1))
+        .args(["--coordinator", &addr])
+        .output();
+    let worker = tokio::time::timeout(Duration::from_secs(90), worker)
+        .await
+        .expect("the worker ends")
+        .unwrap();
+    let code = tokio::time::timeout(Duration::from_secs(90), leader.wait())
+        .await
+        .expect("the leader ends")
+        .unwrap()
+        .code();
+    let leader_err = std::fs::read_to_string(&err0).unwrap();
+    assert_eq!(
+        (code, worker.status.code()),
+        (Some(0), Some(0)),
+        "{leader_err}\n{}",
+        String::from_utf8_lossy(&worker.stderr)
+    );
+}
+
+/// A worker stopped by its own Ctrl-C (a pod eviction sends SIGTERM) says
+/// it leaves: the leader records it as left in that step, goes on at the
+/// level the others run (degraded), and still gets its records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_by_ctrl_c_is_recorded_as_left() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let mut fleet = Fleet::start(&sim.base_url(), &plain(3, 3, 3), 3, &[], &[]).await;
+    wait_for_stage(&fleet.path("w2/worker-2/requests.jsonl"), 1).await;
+    kill("-INT", fleet.pid(2));
+    let codes = fleet.wait(Duration::from_secs(60)).await;
+    let stderr = fleet.all_stderr();
+    assert_eq!(codes, [Some(3), Some(0), Some(130)], "{stderr}");
+    let fleet_file = fleet.json("w0/fleet.json");
+    assert_eq!(fleet_file["lost"], serde_json::json!([]), "{stderr}");
+    let left = &fleet_file["left"][0];
+    assert_eq!(left["worker"], 2, "{stderr}");
+    assert_eq!(left["step"], 1, "{stderr}");
+    assert!(
+        fleet.stderr(0).contains("worker 2 left in step 1"),
+        "{stderr}"
+    );
+    assert_eq!(fleet_file["missing_records"], serde_json::json!([]));
+    let merged = fleet.records("w0/requests.jsonl");
+    let from_2 = merged.iter().filter(|r| r["worker"] == 2).count();
+    assert_eq!(from_2, fleet.own_records(2).len(), "its records arrived");
+    let summary = fleet.json("w0/summary.json");
+    assert_eq!(summary["outcome"]["kind"], "degraded");
+    assert_eq!(summary["stages"][2]["concurrency"], 2);
+    assert_eq!(
+        summary["stages"][1]["annotation"]["fleet"]["left"][0]["worker"],
+        2
+    );
+}
+
+/// `--workers 0` is refused (it used to run as one process).
+#[tokio::test]
+async fn zero_workers_are_refused() {
+    let out = nyann_bench()
+        .args([
+            "generate",
+            "--workers",
+            "0",
+            "--target",
+            "http://127.0.0.1:9/v1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("0 workers cannot run anything"), "{stderr}");
+}
+
+/// The policy judges the level that ran: after worker 2 leaves in a plain
+/// stage, the judged stage (3 streams, at most 20 requests, configured)
+/// ran 2 streams and 7 + 7 requests, and a policy that fails unless it is
+/// shown exactly that passes (with `--on-policy-error stop`, a mismatch
+/// would exit 1 naming both figures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_judges_the_level_that_ran() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let policy = policy_wasm("request-count-policy");
+    let mut lead = scrape_flags(&sim);
+    lead.extend(
+        [
+            "--policy",
+            &policy.display().to_string(),
+            "--on-policy-error",
+            "stop",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let scenario = "scenario(\n    workload = workload(\"synthetic\", isl=32, osl=16),\n    stages = [stage(\"4s\", concurrency=3)] + until_congested(\n        \
+         [stage(\"60s\", concurrency=3, max_requests=20)],\n        requests=14,\n        concurrency=2,\n    ),\n)\n";
+    let mut fleet = Fleet::start(&sim.base_url(), scenario, 3, &lead, &[]).await;
+    wait_for_stage(&fleet.path("w2/worker-2/requests.jsonl"), 0).await;
+    kill("-INT", fleet.pid(2));
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    let stderr = fleet.all_stderr();
+    assert_eq!(codes, [Some(3), Some(0), Some(130)], "{stderr}");
+    let summary = fleet.json("w0/summary.json");
+    let judged = &summary["stages"][1];
+    let congestion = &judged["annotation"]["congestion"];
+    assert_eq!(
+        congestion["policy_error"],
+        Value::Null,
+        "{congestion}\n{stderr}"
+    );
+    assert_eq!(congestion["verdict"]["congested"], false);
+    assert_eq!(judged["concurrency"], 2);
+    assert_eq!(judged["degraded"]["configured_concurrency"], 3);
+    assert_eq!(judged["client"]["requests_ok"], 14);
 }

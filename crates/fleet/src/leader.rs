@@ -5,35 +5,48 @@
 //! stage is judged on the whole fleet's statistics, and the decision is
 //! sent to every worker before the next stage starts.
 //!
-//! Every wait ends: a worker that sends nothing for the heartbeat timeout
-//! (or whose connection closes) is lost; the leader records the loss with
-//! the step it happened in and goes on with the others, or aborts the run
-//! with `OnWorkerLoss::Abort`.
+//! Every wait ends: a connection that sends no join within the heartbeat
+//! timeout is dropped (each connection is admitted on its own task, so an
+//! idle one delays nobody); a worker that sends nothing for the heartbeat
+//! timeout (or whose connection closes) is lost, and one interrupted by its
+//! own signal says it leaves; the leader records either with the step it
+//! happened in and goes on with the others, or aborts the run with
+//! `OnWorkerLoss::Abort`. What the fleet ran is tracked per stage (who
+//! started it, who finished it), so that a stage run by fewer workers is
+//! judged, and recorded, at the level that actually ran.
+//!
+//! Records: a worker uploads its `requests.jsonl` at the end; the leader
+//! stores it under a name no worker writes (`worker-I/requests.uploaded.jsonl`),
+//! or, when the worker shares the leader's results directory (it finds the
+//! marker file the leader keeps there), reads the worker's own file in place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nyann_load::stats::StageAccumulator;
-use nyann_load::{CancellationToken, FinishedStage, HookDecision, HookOutcome, StageHook};
-use nyann_model::{Scenario, Step};
-use tokio::io::{AsyncReadExt, BufReader};
+use nyann_load::{
+    CancellationToken, FinishedStage, HookDecision, HookOutcome, RunResult, StageHook,
+};
+use nyann_model::{Scenario, Stage, Step};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::merge::{FleetRun, Judgement, LostWorker, WorkerRun};
-use crate::protocol::{ToLeader, ToWorker, receive, scenario_digest, send};
+use crate::merge::{FleetRun, Judgement, LostWorker, RecordsFile, WorkerRun};
+use crate::protocol::{ToLeader, ToWorker, marker_name, receive, scenario_digest, send};
 use crate::share::{first_id, scenario_share, worker_seed};
-use crate::{FleetError, lock};
+use crate::{FleetError, RECORDS, UPLOADED_RECORDS, lock, worker_dir};
 
-/// What the leader does when a worker is lost.
+/// What the leader does when a worker is lost (or leaves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnWorkerLoss {
-    /// Record the loss and go on with the other workers.
+    /// Record the loss and go on with the other workers: the later stages
+    /// run at the level the others' shares add up to (recorded as degraded).
     Continue,
     /// Record the loss and abort the run everywhere (exit 1).
     Abort,
@@ -49,7 +62,7 @@ pub struct LeaderConfig {
     pub on_loss: OnWorkerLoss,
     /// This binary's [`build_id`](crate::protocol::build_id): workers must match it.
     pub build: String,
-    /// Where uploaded records go (`worker-I/requests.jsonl`).
+    /// The results directory: uploads go to `worker-I/` in it.
     pub output_dir: PathBuf,
 }
 
@@ -71,7 +84,27 @@ enum Event {
         stats: Box<StageAccumulator>,
     },
     Uploaded(Box<WorkerRun>),
+    /// An upload attempt failed; the worker may try again. Its result
+    /// (which came with the attempt) is kept in case none succeeds.
+    UploadFailed {
+        worker: usize,
+        result: Box<RunResult>,
+        decision_waits: Vec<(usize, f64)>,
+        reason: String,
+    },
+    /// The worker takes no more part in the stages: lost, or it left
+    /// (`connected`: its link is open and its upload will come).
     Gone {
+        worker: usize,
+        connected: bool,
+    },
+    /// The link ended after an upload attempt: a retry may come on a new
+    /// connection for a while.
+    LinkEnded {
+        worker: usize,
+    },
+    /// A worker reconnected to retry its upload.
+    Rejoined {
         worker: usize,
     },
 }
@@ -79,8 +112,11 @@ enum Event {
 /// State shared by the gate and the link tasks.
 struct Fleet {
     senders: Mutex<BTreeMap<usize, mpsc::Sender<ToWorker>>>,
-    lost: Mutex<Vec<LostWorker>>,
+    /// Lost workers and workers that left.
+    departed: Mutex<Vec<LostWorker>>,
     aborted: Mutex<Option<String>>,
+    /// Workers whose records arrived.
+    uploaded: Mutex<BTreeSet<usize>>,
     /// The step running (or last started).
     step: AtomicUsize,
     on_loss: OnWorkerLoss,
@@ -98,19 +134,26 @@ impl Fleet {
         }
     }
 
-    fn lose(&self, worker: usize, reason: String) {
+    /// Records that `worker` is lost (or `left`) in the running step.
+    fn depart(&self, worker: usize, reason: String, left: bool) {
         lock(&self.senders).remove(&worker);
         let step = self.step.load(Ordering::SeqCst);
-        tracing::error!("worker {worker} lost in step {step}: {reason}");
-        lock(&self.lost).push(LostWorker {
+        let how = if left { "left" } else { "lost" };
+        if left {
+            tracing::warn!("worker {worker} left in step {step}: {reason}");
+        } else {
+            tracing::error!("worker {worker} lost in step {step}: {reason}");
+        }
+        lock(&self.departed).push(LostWorker {
             worker,
             step,
             reason: reason.clone(),
             at_unix: now_unix(),
+            left,
         });
         if self.on_loss == OnWorkerLoss::Abort {
             let message = format!(
-                "worker {worker} lost in step {step} ({reason}); a lost worker aborts the run"
+                "worker {worker} {how} in step {step} ({reason}); a lost worker aborts the run"
             );
             let mut aborted = lock(&self.aborted);
             if aborted.is_none() {
@@ -127,6 +170,71 @@ fn now_unix() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A run token: unique enough to tell this run's marker from another's.
+fn run_token(seed: u64) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mixed = worker_seed(
+        seed ^ (nanos as u64) ^ ((nanos >> 64) as u64),
+        std::process::id() as usize,
+    );
+    format!("{mixed:016x}")
+}
+
+/// A connection's first message, read on its own task.
+struct Arrival {
+    peer: String,
+    first: ToLeader,
+    read: BufReader<OwnedReadHalf>,
+    write: OwnedWriteHalf,
+}
+
+/// Accepts connections until `stop`, reading each one's first message on
+/// a task of its own within `deadline`: a connection that says nothing
+/// (a port scan, a health check) delays no other.
+async fn accept_loop(
+    listener: TcpListener,
+    arrivals: mpsc::Sender<Arrival>,
+    deadline: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!("coordinator: accept failed: {err}");
+                    // Out of descriptors, say: do not spin.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        let arrivals = arrivals.clone();
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            let (read, write) = stream.into_split();
+            let mut read = BufReader::new(read);
+            match tokio::time::timeout(deadline, receive::<_, ToLeader>(&mut read)).await {
+                Ok(Ok(first)) => {
+                    let _ = arrivals
+                        .send(Arrival {
+                            peer: peer.to_string(),
+                            first,
+                            read,
+                            write,
+                        })
+                        .await;
+                }
+                Ok(Err(err)) => tracing::warn!("coordinator: {peer} sent no valid join: {err}"),
+                Err(_) => tracing::warn!("coordinator: {peer} sent no join within {deadline:?}"),
+            }
+        });
+    }
 }
 
 impl Leader {
@@ -158,28 +266,54 @@ impl Leader {
             .map(|i| scenario_share(scenario, n, i))
             .collect::<Result<Vec<_>, _>>()?;
         let digest = scenario_digest(scenario);
+        let run = run_token(seed);
+        let marker = self.config.output_dir.join(marker_name(&run));
+        let marked = std::fs::create_dir_all(&self.config.output_dir)
+            .and_then(|()| std::fs::write(&marker, b"nyann-bench fleet run in progress\n"));
+        if let Err(err) = marked {
+            // Workers then upload their bytes: slower, never wrong.
+            tracing::warn!("cannot write {}: {err}", marker.display());
+        }
         let (events_tx, events) = mpsc::channel(4 * n + 16);
         let fleet = Arc::new(Fleet {
             senders: Mutex::new(BTreeMap::new()),
-            lost: Mutex::new(Vec::new()),
+            departed: Mutex::new(Vec::new()),
             aborted: Mutex::new(None),
+            uploaded: Mutex::new(BTreeSet::new()),
             step: AtomicUsize::new(0),
             on_loss: self.config.on_loss,
             interrupt: interrupt.clone(),
         });
+        let watch = CancellationToken::new();
+        let (arrivals_tx, mut arrivals) = mpsc::channel(16);
+        tokio::spawn(accept_loop(
+            self.listener,
+            arrivals_tx,
+            self.config.heartbeat_timeout,
+            watch.clone(),
+        ));
+        let links = Links {
+            fleet: fleet.clone(),
+            events: events_tx,
+            timeout: self.config.heartbeat_timeout,
+            output_dir: self.config.output_dir.clone(),
+        };
         let deadline = tokio::time::Instant::now() + self.config.join_timeout;
         let mut joined = BTreeSet::new();
         while joined.len() + 1 < n {
-            let stream = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(err) => {
-                        tracing::warn!("coordinator: accept failed: {err}");
-                        continue;
-                    }
+            let arrival = tokio::select! {
+                arrival = arrivals.recv() => match arrival {
+                    Some(arrival) => arrival,
+                    None => continue,
                 },
-                _ = interrupt.cancelled() => return Err(FleetError::Interrupted),
+                _ = interrupt.cancelled() => {
+                    watch.cancel();
+                    let _ = std::fs::remove_file(&marker);
+                    return Err(FleetError::Interrupted);
+                }
                 _ = tokio::time::sleep_until(deadline) => {
+                    watch.cancel();
+                    let _ = std::fs::remove_file(&marker);
                     let list = (1..n).filter(|i| !joined.contains(i)).map(|i| i.to_string()).collect::<Vec<_>>();
                     return Err(FleetError::JoinTimeout {
                         missing: list.len(),
@@ -189,16 +323,25 @@ impl Leader {
                     });
                 }
             };
-            let _ = stream.set_nodelay(true);
-            let Some((worker, read, mut write)) =
-                admit(stream, &self.config, &digest, &joined).await
-            else {
-                continue;
+            let Arrival {
+                peer,
+                first,
+                read,
+                mut write,
+            } = arrival;
+            let worker = match admit(first, &self.config, &digest, &joined) {
+                Ok(worker) => worker,
+                Err(reason) => {
+                    tracing::warn!("coordinator: refused {peer}: {reason}");
+                    let _ = send(&mut write, &ToWorker::Refused { reason }).await;
+                    continue;
+                }
             };
             let welcome = ToWorker::Welcome {
                 scenario: Box::new(shares[worker].clone()),
                 seed: worker_seed(seed, worker),
                 first_id: first_id(worker),
+                run: run.clone(),
             };
             if let Err(err) = send(&mut write, &welcome).await {
                 tracing::warn!("worker {worker}: welcome failed: {err}");
@@ -210,22 +353,15 @@ impl Leader {
                 n
             );
             joined.insert(worker);
-            let (to_worker, outgoing) = mpsc::channel(64);
-            lock(&fleet.senders).insert(worker, to_worker.clone());
-            let every = self.config.heartbeat_timeout / 4;
-            tokio::spawn(write_task(write, outgoing, every));
-            tokio::spawn(read_task(Link {
-                worker,
-                read,
-                reply: to_worker,
-                events: events_tx.clone(),
-                fleet: fleet.clone(),
-                timeout: self.config.heartbeat_timeout,
-                dir: self.config.output_dir.join(format!("worker-{worker}")),
-            }));
+            links.open(worker, read, write, false);
         }
-        drop(events_tx);
-        let watch = CancellationToken::new();
+        tokio::spawn(late_arrivals(
+            arrivals,
+            links,
+            self.config.build.clone(),
+            run.clone(),
+            n,
+        ));
         tokio::spawn(pass_on_interrupts(
             fleet.clone(),
             interrupt,
@@ -236,82 +372,150 @@ impl Leader {
             inner,
             fleet,
             events,
-            live: joined,
+            live: joined.clone(),
+            awaiting: joined,
+            retrying: BTreeMap::new(),
+            failed: BTreeMap::new(),
             runs: Vec::new(),
             judgements: BTreeMap::new(),
+            started: BTreeMap::new(),
+            finished: BTreeMap::new(),
             scenario: scenario.clone(),
+            shares,
             seed,
             workers: n,
             watch,
+            marker,
         })
     }
 }
 
-/// Reads a worker's `Join` and refuses it (with the reason) unless it fits.
-async fn admit(
-    stream: TcpStream,
+/// Checks a worker's `Join`; the refusal's reason otherwise.
+fn admit(
+    first: ToLeader,
     config: &LeaderConfig,
     digest: &str,
     joined: &BTreeSet<usize>,
-) -> Option<(usize, BufReader<OwnedReadHalf>, OwnedWriteHalf)> {
-    let (workers, timeout) = (config.workers, config.heartbeat_timeout);
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".into(), |a| a.to_string());
-    let (read, mut write) = stream.into_split();
-    let mut read = BufReader::new(read);
-    let join = match tokio::time::timeout(timeout, receive::<_, ToLeader>(&mut read)).await {
-        Ok(Ok(join)) => join,
-        Ok(Err(err)) => {
-            tracing::warn!("coordinator: {peer} sent no valid join: {err}");
-            return None;
-        }
-        Err(_) => {
-            tracing::warn!("coordinator: {peer} sent no join within {timeout:?}");
-            return None;
-        }
-    };
+) -> Result<usize, String> {
+    let workers = config.workers;
     let ToLeader::Join {
         build,
         index,
         workers: their_workers,
         scenario_digest,
-    } = join
+    } = first
     else {
-        tracing::warn!("coordinator: {peer} did not start with a join");
-        return None;
+        return Err("a worker's first message must be its join".into());
     };
     let ours = &config.build;
-    let refusal = if build != *ours {
-        Some(format!(
+    if build != *ours {
+        Err(format!(
             "its build is {build}, the leader's is {ours}: run the same image on every worker"
         ))
     } else if their_workers != workers {
-        Some(format!(
+        Err(format!(
             "it was started for {their_workers} workers, the leader for {workers}"
         ))
     } else if index == 0 || index >= workers {
-        Some(format!(
+        Err(format!(
             "its index {index} is not a worker of 1..{} (0 is the leader)",
             workers - 1
         ))
     } else if joined.contains(&index) {
-        Some(format!("worker {index} has already joined"))
+        Err(format!("worker {index} has already joined"))
     } else if scenario_digest.as_deref().is_some_and(|d| d != digest) {
-        Some(format!(
+        Err(format!(
             "its scenario (digest {}) differs from the leader's ({digest}): workers need no \
-             --config; drop it or give them the leader's",
+             scenario; drop it or give them the leader's",
             scenario_digest.unwrap_or_default()
         ))
     } else {
-        None
-    };
-    if let Some(reason) = refusal {
-        tracing::warn!("coordinator: refused {peer}: {reason}");
-        let _ = send(&mut write, &ToWorker::Refused { reason }).await;
-        return None;
+        Ok(index)
     }
-    Some((index, read, write))
+}
+
+/// After every worker joined: a late join is refused (a sweep cannot be
+/// joined half-way), and a worker whose upload's connection broke may
+/// reconnect to try again.
+async fn late_arrivals(
+    mut arrivals: mpsc::Receiver<Arrival>,
+    links: Links,
+    build: String,
+    run: String,
+    workers: usize,
+) {
+    while let Some(Arrival {
+        peer,
+        first,
+        read,
+        mut write,
+    }) = arrivals.recv().await
+    {
+        let refusal: Option<String> = match first {
+            ToLeader::Rejoin {
+                build: theirs,
+                index,
+                run: their_run,
+            } => {
+                if theirs != build || their_run != run || index == 0 || index >= workers {
+                    Some(format!(
+                        "it is not a worker of this run (run {their_run}, build {theirs})"
+                    ))
+                } else if lock(&links.fleet.uploaded).contains(&index) {
+                    Some(format!("worker {index}'s records have already arrived"))
+                } else {
+                    tracing::info!("worker {index} reconnected to upload its records");
+                    let _ = links.events.send(Event::Rejoined { worker: index }).await;
+                    links.open(index, read, write, true);
+                    continue;
+                }
+            }
+            _ => Some(format!(
+                "the run has started: all {workers} workers joined, and a sweep cannot be \
+                 joined half-way"
+            )),
+        };
+        if let Some(reason) = refusal {
+            tracing::warn!("coordinator: refused {peer}: {reason}");
+            let _ = send(&mut write, &ToWorker::Refused { reason }).await;
+        }
+    }
+}
+
+/// What every link task needs.
+struct Links {
+    fleet: Arc<Fleet>,
+    events: mpsc::Sender<Event>,
+    timeout: Duration,
+    output_dir: PathBuf,
+}
+
+impl Links {
+    /// Starts the tasks of a worker's connection (`rejoined`: one opened
+    /// to retry an upload, which takes no part in the stages).
+    fn open(
+        &self,
+        worker: usize,
+        read: BufReader<OwnedReadHalf>,
+        write: OwnedWriteHalf,
+        rejoined: bool,
+    ) {
+        let (to_worker, outgoing) = mpsc::channel(64);
+        if !rejoined {
+            lock(&self.fleet.senders).insert(worker, to_worker.clone());
+        }
+        tokio::spawn(write_task(write, outgoing, self.timeout / 4));
+        tokio::spawn(read_task(Link {
+            worker,
+            read,
+            reply: to_worker,
+            events: self.events.clone(),
+            fleet: self.fleet.clone(),
+            timeout: self.timeout,
+            dir: worker_dir(&self.output_dir, worker),
+            rejoined,
+        }));
+    }
 }
 
 async fn write_task(
@@ -343,7 +547,10 @@ struct Link {
     events: mpsc::Sender<Event>,
     fleet: Arc<Fleet>,
     timeout: Duration,
+    /// `worker-I/` in the leader's results directory.
     dir: PathBuf,
+    /// Opened to retry an upload.
+    rejoined: bool,
 }
 
 /// Time allowed for a records upload (beyond the heartbeat timeout).
@@ -351,7 +558,14 @@ const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
 async fn read_task(mut link: Link) {
     let worker = link.worker;
-    let lost = loop {
+    // After an upload attempt (or on a rejoined link) a closed connection
+    // is that upload's failure, not a lost worker: its stages are over.
+    let mut uploading = link.rejoined;
+    // The last attempt was answered `UploadFailed`: a connection closed
+    // now is the worker giving up, not a retry to wait for.
+    let mut refused = false;
+    let mut left = false;
+    let ended = loop {
         let message = match tokio::time::timeout(
             link.timeout,
             receive::<_, ToLeader>(&mut link.read),
@@ -363,71 +577,212 @@ async fn read_task(mut link: Link) {
             Ok(Ok(message)) => message,
         };
         let event = match message {
-            ToLeader::Heartbeat | ToLeader::Join { .. } => continue,
+            ToLeader::Heartbeat | ToLeader::Join { .. } | ToLeader::Rejoin { .. } => continue,
             ToLeader::Ready { stage } => Event::Ready { worker, stage },
             ToLeader::Stats { stage, stats } => Event::Stats {
                 worker,
                 stage,
                 stats,
             },
+            ToLeader::Leaving { reason } => {
+                if !left && !uploading {
+                    left = true;
+                    link.fleet.depart(worker, reason, true);
+                }
+                Event::Gone {
+                    worker,
+                    connected: true,
+                }
+            }
             ToLeader::Upload {
                 result,
                 decision_waits,
                 records_bytes,
+                shared,
             } => {
+                uploading = true;
+                refused = false;
                 let stored = tokio::time::timeout(
                     UPLOAD_TIMEOUT,
-                    store_records(&mut link.read, &link.dir, records_bytes),
+                    receive_records(&mut link.read, &link.dir, records_bytes, shared),
                 )
-                .await;
-                let records = match stored {
-                    Ok(Ok(path)) => path,
-                    Ok(Err(err)) => break format!("its records upload failed: {err}"),
-                    Err(_) => break format!("its records upload took over {UPLOAD_TIMEOUT:?}"),
-                };
-                lock(&link.fleet.senders).remove(&worker);
-                let _ = link.reply.send(ToWorker::Received).await;
-                let _ = link
-                    .events
-                    .send(Event::Uploaded(Box::new(WorkerRun {
-                        worker,
-                        result: *result,
-                        records,
-                        decision_waits,
-                    })))
-                    .await;
-                return;
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Link(format!(
+                        "the records did not arrive within {UPLOAD_TIMEOUT:?}"
+                    )))
+                });
+                match stored {
+                    Ok(records) => {
+                        lock(&link.fleet.uploaded).insert(worker);
+                        lock(&link.fleet.senders).remove(&worker);
+                        let _ = link.reply.send(ToWorker::Received).await;
+                        let _ = link
+                            .events
+                            .send(Event::Uploaded(Box::new(WorkerRun {
+                                worker,
+                                result: *result,
+                                records: Some(records),
+                                records_error: None,
+                                decision_waits,
+                            })))
+                            .await;
+                        return;
+                    }
+                    Err(StoreError::Local(reason)) => {
+                        refused = true;
+                        tracing::warn!("worker {worker}: its records upload failed: {reason}");
+                        let _ = link
+                            .reply
+                            .send(ToWorker::UploadFailed {
+                                reason: reason.clone(),
+                            })
+                            .await;
+                        Event::UploadFailed {
+                            worker,
+                            result,
+                            decision_waits,
+                            reason,
+                        }
+                    }
+                    Err(StoreError::Link(reason)) => {
+                        tracing::warn!("worker {worker}: its records upload failed: {reason}");
+                        let _ = link
+                            .events
+                            .send(Event::UploadFailed {
+                                worker,
+                                result,
+                                decision_waits,
+                                reason: reason.clone(),
+                            })
+                            .await;
+                        break reason;
+                    }
+                }
             }
         };
         if link.events.send(event).await.is_err() {
             return;
         }
     };
-    link.fleet.lose(worker, lost);
-    let _ = link.events.send(Event::Gone { worker }).await;
+    let event = if uploading && !refused {
+        tracing::debug!("worker {worker}: its connection ended after an upload attempt: {ended}");
+        Event::LinkEnded { worker }
+    } else if uploading {
+        // It gave up after its attempts: nothing more will come.
+        Event::Gone {
+            worker,
+            connected: false,
+        }
+    } else {
+        if !left {
+            link.fleet.depart(worker, ended, false);
+        }
+        Event::Gone {
+            worker,
+            connected: false,
+        }
+    };
+    let _ = link.events.send(event).await;
 }
 
-async fn store_records(
+/// Why records did not arrive.
+enum StoreError {
+    /// On the leader's side (its disk, the shared file): the link is fine.
+    Local(String),
+    /// The connection broke.
+    Link(String),
+}
+
+/// Receives `bytes` of records: from the worker's own file in a shared
+/// directory, or from the connection into `worker-I/requests.uploaded.jsonl`
+/// (written under a temporary name first, so that a failed attempt leaves
+/// no partial file behind). A local failure reads the rest of the bytes,
+/// so that the link stays usable for the next attempt.
+async fn receive_records(
     read: &mut BufReader<OwnedReadHalf>,
-    dir: &std::path::Path,
+    dir: &Path,
     bytes: u64,
-) -> std::io::Result<Option<PathBuf>> {
-    tokio::fs::create_dir_all(dir).await?;
-    let path = dir.join("requests.jsonl");
-    let mut file = tokio::fs::File::create(&path).await?;
-    let copied = tokio::io::copy(&mut read.take(bytes), &mut file).await?;
-    if copied < bytes {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("{copied} of {bytes} bytes arrived"),
-        ));
+    shared: bool,
+) -> Result<RecordsFile, StoreError> {
+    if shared {
+        let path = dir.join(RECORDS);
+        let found = tokio::fs::metadata(&path)
+            .await
+            .map_err(|err| StoreError::Local(format!("cannot read {}: {err}", path.display())))?
+            .len();
+        if found < bytes {
+            return Err(StoreError::Local(format!(
+                "{} holds {found} of the {bytes} bytes the worker wrote",
+                path.display()
+            )));
+        }
+        return Ok(RecordsFile { path, bytes });
     }
-    use tokio::io::AsyncWriteExt;
-    file.flush().await?;
-    Ok(Some(path))
+    let path = dir.join(UPLOADED_RECORDS);
+    let partial = dir.join(format!("{UPLOADED_RECORDS}.partial"));
+    let mut remaining = bytes;
+    let local_error = match create(dir, &partial).await {
+        Err(err) => Some(format!("cannot write {}: {err}", partial.display())),
+        Ok(mut file) => {
+            let mut buf = vec![0u8; 64 << 10];
+            let mut failed = None;
+            while remaining > 0 {
+                let want = usize::try_from(remaining).map_or(buf.len(), |r| r.min(buf.len()));
+                let n = read.read(&mut buf[..want]).await.map_err(|err| {
+                    StoreError::Link(format!(
+                        "{} of {bytes} bytes arrived: {err}",
+                        bytes - remaining
+                    ))
+                })?;
+                if n == 0 {
+                    return Err(StoreError::Link(format!(
+                        "{} of {bytes} bytes arrived: the connection closed",
+                        bytes - remaining
+                    )));
+                }
+                remaining -= n as u64;
+                if let Err(err) = file.write_all(&buf[..n]).await {
+                    failed = Some(format!("cannot write {}: {err}", partial.display()));
+                    break;
+                }
+            }
+            match failed {
+                Some(err) => Some(err),
+                None => match file.sync_all().await {
+                    Err(err) => Some(format!("cannot write {}: {err}", partial.display())),
+                    Ok(()) => tokio::fs::rename(&partial, &path)
+                        .await
+                        .err()
+                        .map(|err| format!("cannot rename {}: {err}", partial.display())),
+                },
+            }
+        }
+    };
+    match local_error {
+        None => Ok(RecordsFile { path, bytes }),
+        Some(reason) => {
+            let _ = tokio::fs::remove_file(&partial).await;
+            let drained = tokio::io::copy(&mut read.take(remaining), &mut tokio::io::sink())
+                .await
+                .map_err(|err| StoreError::Link(err.to_string()))?;
+            if drained < remaining {
+                return Err(StoreError::Link(format!(
+                    "{reason}; then the connection closed"
+                )));
+            }
+            Err(StoreError::Local(reason))
+        }
+    }
 }
 
-/// Ctrl-C/SIGTERM on the leader interrupts every worker too.
+async fn create(dir: &Path, path: &Path) -> std::io::Result<tokio::fs::File> {
+    tokio::fs::create_dir_all(dir).await?;
+    tokio::fs::File::create(path).await
+}
+
+/// Ctrl-C/SIGTERM on the leader interrupts every worker too (after an
+/// abort the workers have been told why already).
 async fn pass_on_interrupts(
     fleet: Arc<Fleet>,
     interrupt: CancellationToken,
@@ -435,7 +790,11 @@ async fn pass_on_interrupts(
     done: CancellationToken,
 ) {
     tokio::select! {
-        _ = interrupt.cancelled() => fleet.broadcast(&ToWorker::Interrupt { now: false }),
+        _ = interrupt.cancelled() => {
+            if lock(&fleet.aborted).is_none() {
+                fleet.broadcast(&ToWorker::Interrupt { now: false });
+            }
+        }
         _ = done.cancelled() => return,
     }
     tokio::select! {
@@ -444,54 +803,117 @@ async fn pass_on_interrupts(
     }
 }
 
+/// How long the leader waits for a worker whose upload's connection broke
+/// to reconnect and try again (its retries come after 1 s and 2 s).
+const RETRY_WINDOW: Duration = Duration::from_secs(15);
+
 /// The runner's hook on the leader, around the congestion check `inner`.
 pub struct LeaderGate<H> {
     inner: H,
     fleet: Arc<Fleet>,
     events: mpsc::Receiver<Event>,
-    /// Workers 1..N still taking part.
+    /// Workers 1..N still taking part in the stages.
     live: BTreeSet<usize>,
+    /// Workers 1..N whose upload is still expected on an open link.
+    awaiting: BTreeSet<usize>,
+    /// Workers whose upload's link broke, until when a retry may come.
+    retrying: BTreeMap<usize, tokio::time::Instant>,
+    /// The last failed upload of each worker without a successful one.
+    failed: BTreeMap<usize, WorkerRun>,
     /// Uploads received so far.
     runs: Vec<WorkerRun>,
     /// What each judged stage's decision saw, by step.
     judgements: BTreeMap<usize, Judgement>,
+    /// Per step: the workers told to start it (0 included).
+    started: BTreeMap<usize, BTreeSet<usize>>,
+    /// Per measured step: the workers whose statistics of it arrived (0 included).
+    finished: BTreeMap<usize, BTreeSet<usize>>,
     /// The whole fleet's scenario: the judge sees the fleet's stage (its
     /// concurrency or rate), not the leader's share of it.
     scenario: Scenario,
+    /// Each worker's share of it.
+    shares: Vec<Scenario>,
     seed: u64,
     workers: usize,
     watch: CancellationToken,
+    /// The shared-directory marker, removed at the end.
+    marker: PathBuf,
 }
 
 impl<H> LeaderGate<H> {
-    /// Waits until every live worker sent an event `wanted` accepts (or is
-    /// gone, or uploaded: it ended); returns those events.
+    /// Applies a link event to the gate's sets; returns the event when it
+    /// is a stage answer (`Ready`, `Stats`) for the caller to look at.
+    fn apply(&mut self, event: Event) -> Option<Event> {
+        match event {
+            Event::Gone { worker, connected } => {
+                self.live.remove(&worker);
+                if !connected {
+                    self.awaiting.remove(&worker);
+                }
+                None
+            }
+            Event::Uploaded(run) => {
+                self.live.remove(&run.worker);
+                self.awaiting.remove(&run.worker);
+                self.retrying.remove(&run.worker);
+                self.failed.remove(&run.worker);
+                self.runs.push(*run);
+                None
+            }
+            Event::UploadFailed {
+                worker,
+                result,
+                decision_waits,
+                reason,
+            } => {
+                self.live.remove(&worker);
+                self.failed.insert(
+                    worker,
+                    WorkerRun {
+                        worker,
+                        result: *result,
+                        records: None,
+                        records_error: Some(reason),
+                        decision_waits,
+                    },
+                );
+                None
+            }
+            Event::LinkEnded { worker } => {
+                self.live.remove(&worker);
+                if self.awaiting.remove(&worker) {
+                    self.retrying
+                        .insert(worker, tokio::time::Instant::now() + RETRY_WINDOW);
+                }
+                None
+            }
+            Event::Rejoined { worker } => {
+                self.retrying.remove(&worker);
+                self.awaiting.insert(worker);
+                None
+            }
+            event @ (Event::Ready { .. } | Event::Stats { .. }) => Some(event),
+        }
+    }
+
+    /// Waits until every live worker sent a stage answer `wanted` accepts
+    /// (or is gone, or uploaded: it ended); returns those answers.
     async fn collect(&mut self, wanted: impl Fn(&Event) -> bool) -> Vec<Event> {
-        let mut pending = self.live.clone();
         let mut found = Vec::new();
-        while !pending.is_empty() {
+        let mut answered = BTreeSet::new();
+        while self.live.iter().any(|w| !answered.contains(w)) {
             let Some(event) = self.events.recv().await else {
                 // Every link task ended.
                 self.live.clear();
                 break;
             };
-            match event {
-                Event::Gone { worker } => {
-                    self.live.remove(&worker);
-                    pending.remove(&worker);
+            if let Some(event) = self.apply(event)
+                && wanted(&event)
+            {
+                if let Event::Ready { worker, .. } | Event::Stats { worker, .. } = &event {
+                    answered.insert(*worker);
                 }
-                Event::Uploaded(run) => {
-                    self.live.remove(&run.worker);
-                    pending.remove(&run.worker);
-                    self.runs.push(*run);
-                }
-                event if wanted(&event) => {
-                    if let Event::Ready { worker, .. } | Event::Stats { worker, .. } = &event {
-                        pending.remove(worker);
-                    }
-                    found.push(event);
-                }
-                _ => {} // A stale answer (to a step already over).
+                found.push(event);
             }
         }
         found
@@ -502,6 +924,26 @@ impl<H> LeaderGate<H> {
         lock(&self.fleet.aborted).clone()
     }
 
+    /// The workers that ran step `index` from start to end (0 included):
+    /// those told to start it, less those that departed in that step
+    /// without delivering its statistics.
+    fn present(&self, index: usize) -> Option<Vec<usize>> {
+        let started = self.started.get(&index)?;
+        let finished = self.finished.get(&index);
+        let departed = lock(&self.fleet.departed);
+        Some(
+            started
+                .iter()
+                .copied()
+                .filter(|&w| {
+                    w == 0
+                        || finished.is_some_and(|f| f.contains(&w))
+                        || !departed.iter().any(|d| d.worker == w && d.step == index)
+                })
+                .collect(),
+        )
+    }
+
     /// After the leader's own run: waits (at most `timeout`) for the other
     /// workers' uploads and returns everything the merge needs.
     pub async fn finish<A>(
@@ -510,18 +952,52 @@ impl<H> LeaderGate<H> {
         own_records: Option<PathBuf>,
         timeout: Duration,
     ) -> FleetRun<A> {
-        if tokio::time::timeout(timeout, self.collect(|_| false))
-            .await
-            .is_err()
-        {
-            for &worker in &self.live {
-                tracing::error!("worker {worker}: no records upload within {timeout:?}");
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let now = tokio::time::Instant::now();
+            self.retrying.retain(|_, until| *until > now);
+            if self.awaiting.is_empty() && self.retrying.is_empty() {
+                break;
+            }
+            if now >= deadline {
+                for &worker in self.awaiting.iter().chain(self.retrying.keys()) {
+                    tracing::error!("worker {worker}: no records upload within {timeout:?}");
+                }
+                break;
+            }
+            let wake = self
+                .retrying
+                .values()
+                .copied()
+                .min()
+                .map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                event = self.events.recv() => match event {
+                    Some(event) => { self.apply(event); }
+                    None => {
+                        self.awaiting.clear();
+                        self.retrying.clear();
+                    }
+                },
+                _ = tokio::time::sleep_until(wake) => {}
             }
         }
         self.watch.cancel();
-        let missing = self.live.iter().copied().collect();
+        let _ = std::fs::remove_file(&self.marker);
+        let presence = (0..self.scenario.steps.len())
+            .filter_map(|i| Some((i, self.present(i)?)))
+            .collect();
+        let uploaded: BTreeSet<usize> = self.runs.iter().map(|r| r.worker).collect();
         let mut runs = std::mem::take(&mut self.runs);
+        runs.extend(
+            std::mem::take(&mut self.failed)
+                .into_values()
+                .filter(|r| !uploaded.contains(&r.worker)),
+        );
         runs.sort_by_key(|r| r.worker);
+        let missing = (1..self.workers)
+            .filter(|w| !runs.iter().any(|r| r.worker == *w))
+            .collect();
         FleetRun {
             workers: self.workers,
             seed: self.seed,
@@ -529,11 +1005,38 @@ impl<H> LeaderGate<H> {
             leader_records: own_records,
             runs,
             judgements: std::mem::take(&mut self.judgements),
-            lost: lock(&self.fleet.lost).clone(),
+            departed: lock(&self.fleet.departed).clone(),
             missing,
             aborted: self.aborted(),
+            presence,
+            shares: std::mem::take(&mut self.shares),
         }
     }
+}
+
+/// The level (concurrency, rate) that `workers`' shares of step `index` add up to.
+pub fn level_of(
+    shares: &[Scenario],
+    workers: &[usize],
+    index: usize,
+) -> (Option<u32>, Option<f64>) {
+    let stages = workers
+        .iter()
+        .filter_map(|&w| match shares.get(w)?.steps.get(index)? {
+            Step::Stage(stage) => Some(stage),
+            Step::Barrier { .. } => None,
+        });
+    let mut concurrency = None;
+    let mut rate = None;
+    for stage in stages {
+        if let Some(c) = stage.concurrency {
+            concurrency = Some(concurrency.unwrap_or(0) + c);
+        }
+        if let Some(r) = stage.rate {
+            rate = Some(rate.unwrap_or(0.0) + r);
+        }
+    }
+    (concurrency, rate)
 }
 
 impl<H: StageHook> StageHook for LeaderGate<H> {
@@ -545,6 +1048,9 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
         self.fleet.step.store(index, Ordering::SeqCst);
         self.collect(|e| matches!(e, Event::Ready { stage, .. } if *stage == index))
             .await;
+        let mut started: BTreeSet<usize> = self.live.clone();
+        started.insert(0);
+        self.started.insert(index, started);
         self.fleet.broadcast(&ToWorker::Start { stage: index });
     }
 
@@ -565,14 +1071,35 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
             }
         }
         judged.sort_unstable();
+        self.finished
+            .insert(index, judged.iter().copied().collect());
         let (client, detail) = merged.finish(done.end_unix - done.start_unix);
-        let stage = match self.scenario.steps.get(index) {
-            Some(Step::Stage(fleet_stage)) => fleet_stage,
-            _ => done.stage,
+        // The policy judges the level that ran: the shares of the workers
+        // whose statistics it sees, which is the configured level only when
+        // every worker ran the whole stage.
+        let mut ran: Stage = match self.scenario.steps.get(index) {
+            Some(Step::Stage(fleet_stage)) => fleet_stage.clone(),
+            _ => done.stage.clone(),
         };
+        if judged.len() < self.workers {
+            let (concurrency, rate) = level_of(&self.shares, &judged, index);
+            tracing::warn!(
+                "stage {}: only workers {judged:?} of {} ran it whole: it is judged at the \
+                 level they ran ({})",
+                done.label,
+                self.workers,
+                match (concurrency, rate) {
+                    (_, Some(r)) => format!("rate={r}"),
+                    (Some(c), None) => format!("c={c}"),
+                    (None, None) => "-".into(),
+                }
+            );
+            ran.concurrency = concurrency;
+            ran.rate = rate;
+        }
         let fleet_stage = FinishedStage {
             index,
-            stage,
+            stage: &ran,
             label: done.label,
             start_unix: done.start_unix,
             end_unix: done.end_unix,

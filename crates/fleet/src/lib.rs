@@ -12,28 +12,49 @@
 //! `before_stage` waits for the leader's start, `after_stage` exchanges
 //! statistics and the decision. Alone, a process needs none of this.
 
+pub mod coordinator;
 pub mod leader;
 pub mod merge;
 pub mod protocol;
 pub mod share;
 pub mod worker;
 
+pub use coordinator::{Coordinator, CoordinatorError};
 pub use leader::{Leader, LeaderConfig, LeaderGate, OnWorkerLoss};
 pub use worker::{WorkerConfig, WorkerGate, join};
+
+/// A worker's records file, in its own directory.
+pub const RECORDS: &str = "requests.jsonl";
+/// Where the leader stores a worker's uploaded records, in that worker's
+/// directory under the leader's results: a name no worker writes, so that
+/// a results directory shared by every worker loses nothing.
+pub const UPLOADED_RECORDS: &str = "requests.uploaded.jsonl";
+
+/// Worker `index`'s own directory under the results directory `dir`.
+pub fn worker_dir(dir: &std::path::Path, index: usize) -> std::path::PathBuf {
+    dir.join(format!("worker-{index}"))
+}
 
 /// Why the fleet could not run (or a worker lost its leader).
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error(
-        "cannot reach the coordinator {coordinator}: {reason} (is worker 0 running, and is this its address?)"
+        "cannot reach the coordinator {coordinator} within {timeout:?}; the last try: {reason}"
     )]
-    Unreachable { coordinator: String, reason: String },
+    Unreachable {
+        coordinator: String,
+        timeout: std::time::Duration,
+        /// Why the last try failed.
+        reason: String,
+    },
     #[error("the leader refused this worker: {0}")]
     Refused(String),
     #[error("the link to the leader failed: {0}")]
     Link(String),
     #[error("leader lost: {0}")]
     LeaderLost(String),
+    #[error("the records upload failed {attempts} time(s); the last time: {reason}")]
+    Upload { attempts: u32, reason: String },
     #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: std::net::SocketAddr,

@@ -4,17 +4,34 @@
 //! from all the records (so fleet counts are the sum of the records by
 //! construction) with the fleet's part of each stage under
 //! `annotation.fleet` (the workers judged, the per-worker figures, workers
-//! lost in that stage), and `fleet.json` (lost workers, missing uploads,
-//! how long each worker waited for each decision).
+//! lost or gone in that stage), and `fleet.json` (lost and departed
+//! workers, missing records, how long each worker waited for each decision).
+//!
+//! A stage that not every worker ran whole records the level that ran (the
+//! sum of the shares of the workers that did) with the configured one
+//! beside it, and a run with such stages, or with records missing, ends
+//! `degraded`: never `completed` with load it did not send.
 
-use std::io::{BufRead, BufWriter, Write};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use nyann_load::stats::StageAccumulator;
-use nyann_load::{Phase, RequestRecord, RunOutcome, RunResult, StageResult, StageStatus};
+use nyann_load::{
+    DegradedStage, Phase, RequestRecord, RunOutcome, RunResult, StageResult, StageStatus,
+};
 use nyann_model::{Scenario, Step};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+use crate::leader::level_of;
+
+/// Records of a worker on the leader's disk: the first `bytes` of `path`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordsFile {
+    pub path: PathBuf,
+    pub bytes: u64,
+}
 
 /// One of workers 1..N's finished run, as the leader has it (workers
 /// judge nothing: their results carry no annotation).
@@ -22,13 +39,15 @@ use serde_json::{Value, json};
 pub struct WorkerRun {
     pub worker: usize,
     pub result: RunResult,
-    /// Its `requests.jsonl` on the leader's disk (none without an output dir).
-    pub records: Option<PathBuf>,
+    /// Its records on the leader's disk (none without an output dir, or
+    /// when the upload failed: `records_error` says why).
+    pub records: Option<RecordsFile>,
+    pub records_error: Option<String>,
     /// `(step, seconds)`: from sending a stage's statistics to the decision.
     pub decision_waits: Vec<(usize, f64)>,
 }
 
-/// A worker that stopped answering.
+/// A worker that stopped answering, or (`left`) that said it leaves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LostWorker {
     pub worker: usize,
@@ -36,6 +55,9 @@ pub struct LostWorker {
     pub step: usize,
     pub reason: String,
     pub at_unix: f64,
+    /// It left (its own Ctrl-C/SIGTERM) instead of going silent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub left: bool,
 }
 
 /// How much of the fleet a stage's decision saw.
@@ -72,8 +94,12 @@ pub struct StageFleet {
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub judgement: Option<Judgement>,
     pub workers: Vec<WorkerStage>,
+    /// Workers lost in this step.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lost: Vec<LostWorker>,
+    /// Workers that left in this step (their own Ctrl-C/SIGTERM).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<LostWorker>,
 }
 
 /// A stage's annotation in the fleet's files: the check's own record,
@@ -94,14 +120,27 @@ pub struct FleetRun<A> {
     /// The leader's own run (worker 0) and its records.
     pub leader: RunResult<A>,
     pub leader_records: Option<PathBuf>,
-    /// Every other worker that uploaded, by index.
+    /// Every other worker whose result arrived (with or without its
+    /// records), by index.
     pub runs: Vec<WorkerRun>,
     /// What each judged step's decision saw.
-    pub judgements: std::collections::BTreeMap<usize, Judgement>,
-    pub lost: Vec<LostWorker>,
-    /// Workers still connected but without an upload when the wait ended.
+    pub judgements: BTreeMap<usize, Judgement>,
+    /// Workers lost or gone, in order.
+    pub departed: Vec<LostWorker>,
+    /// Workers of which nothing arrived at the end.
     pub missing: Vec<usize>,
     pub aborted: Option<String>,
+    /// Per step that started: the workers that ran it whole (0 included).
+    pub presence: BTreeMap<usize, Vec<usize>>,
+    /// Each worker's share of the scenario.
+    pub shares: Vec<Scenario>,
+}
+
+/// Why a worker's records are not in the merged results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MissingRecords {
+    pub worker: usize,
+    pub reason: String,
 }
 
 /// `fleet.json`.
@@ -109,11 +148,18 @@ pub struct FleetRun<A> {
 pub struct FleetFile {
     pub workers: usize,
     pub seed: u64,
+    /// Workers whose records are in the merged results.
     pub uploaded: Vec<usize>,
     pub lost: Vec<LostWorker>,
+    /// Workers that left (their own Ctrl-C or SIGTERM, e.g. a pod eviction).
+    #[serde(default)]
+    pub left: Vec<LostWorker>,
     /// Workers whose records are not here: they stay on that worker's disk
-    /// (its `--output-dir`).
+    /// (`worker-I/` in its results directory).
     pub missing_records: Vec<usize>,
+    /// Why each of them is missing.
+    #[serde(default)]
+    pub missing_records_reasons: Vec<MissingRecords>,
     pub aborted: Option<String>,
     /// Per worker: `[step, seconds]` from its statistics sent to the decision received.
     pub decision_waits: Vec<(usize, Vec<(usize, f64)>)>,
@@ -129,7 +175,8 @@ pub struct Merged<A> {
     pub summary: RunResult<FleetAnnotation<A>>,
 }
 
-/// Merges `fleet` into `dir` and returns the fleet's result.
+/// Merges `fleet` into `dir` and returns the fleet's result. A records
+/// file that cannot be read is named as missing; it fails nothing else.
 pub fn write<A: Serialize + Clone>(
     fleet: &FleetRun<A>,
     scenario: &Scenario,
@@ -137,17 +184,63 @@ pub fn write<A: Serialize + Clone>(
 ) -> std::io::Result<Merged<A>> {
     let mut result = fleet.leader.clone();
     let mut accs: Vec<Option<StageAccumulator>> = vec![None; result.stages.len()];
-    let mut out = BufWriter::new(std::fs::File::create(dir.join("requests.jsonl"))?);
+    let mut out = BufWriter::new(std::fs::File::create(dir.join(crate::RECORDS))?);
     let mut lines = 0u64;
-    let record_files = std::iter::once((0, &fleet.leader_records))
-        .chain(fleet.runs.iter().map(|run| (run.worker, &run.records)));
-    for (worker, records) in record_files {
-        let Some(path) = records else { continue };
-        let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let mut missing: Vec<MissingRecords> = fleet
+        .missing
+        .iter()
+        .map(|&worker| MissingRecords {
+            worker,
+            reason: "nothing arrived from it at the end of the run".into(),
+        })
+        .collect();
+    let leader_records = fleet.leader_records.as_ref().map(|path| {
+        let bytes = std::fs::metadata(path).map_or(u64::MAX, |m| m.len());
+        RecordsFile {
+            path: path.clone(),
+            bytes,
+        }
+    });
+    let record_files =
+        std::iter::once((0, leader_records.as_ref(), None)).chain(fleet.runs.iter().map(|run| {
+            (
+                run.worker,
+                run.records.as_ref(),
+                run.records_error.as_deref(),
+            )
+        }));
+    for (worker, records, error) in record_files {
+        let Some(records) = records else {
+            if let Some(error) = error {
+                missing.push(MissingRecords {
+                    worker,
+                    reason: format!("its upload failed: {error}"),
+                });
+            }
+            continue;
+        };
+        let file = match std::fs::File::open(&records.path) {
+            Ok(file) => file,
+            Err(err) => {
+                missing.push(MissingRecords {
+                    worker,
+                    reason: format!("{} cannot be read: {err}", records.path.display()),
+                });
+                continue;
+            }
+        };
+        // Only what the worker declared: a file still growing adds nothing.
+        let file = std::io::BufReader::new(file.take(records.bytes));
         for line in file.lines() {
-            let line = line?;
+            let line = match line {
+                Ok(line) => line,
+                Err(err) => {
+                    tracing::warn!("{}: {err}", records.path.display());
+                    break;
+                }
+            };
             let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(&line) else {
-                tracing::warn!("{}: skipping an unreadable record", path.display());
+                tracing::warn!("{}: skipping an unreadable record", records.path.display());
                 continue;
             };
             fields.insert("worker".into(), json!(worker));
@@ -164,10 +257,12 @@ pub fn write<A: Serialize + Clone>(
         }
     }
     out.flush()?;
+    missing.sort_by_key(|m| m.worker);
 
     let mut totals = StageAccumulator::new();
     let mut measured_seconds = 0.0;
     let mut fleet_stages = vec![StageFleet::default(); result.stages.len()];
+    let mut degraded_stages = Vec::new();
     for stage in &mut result.stages {
         // The fleet's level, not worker 0's share.
         if let Some(Step::Stage(s)) = scenario.steps.get(stage.index) {
@@ -182,6 +277,12 @@ pub fn write<A: Serialize + Clone>(
         );
         if !ran {
             continue;
+        }
+        if let Some(present) = fleet.presence.get(&stage.index)
+            && present.len() < fleet.workers
+        {
+            degrade(stage, present, fleet);
+            degraded_stages.push(stage.index);
         }
         let duration = match (stage.start_unix, stage.end_unix) {
             (Some(s), Some(e)) => e - s,
@@ -200,6 +301,14 @@ pub fn write<A: Serialize + Clone>(
             let theirs = run.result.stages.get(stage.index)?;
             Some(WorkerStage::of(run.worker, theirs))
         });
+        let in_step = |left: bool| {
+            fleet
+                .departed
+                .iter()
+                .filter(|l| l.step == stage.index && l.left == left)
+                .cloned()
+                .collect()
+        };
         fleet_stages[stage.index] = StageFleet {
             judgement: fleet.judgements.get(&stage.index).cloned(),
             workers: leader
@@ -207,12 +316,8 @@ pub fn write<A: Serialize + Clone>(
                 .into_iter()
                 .chain(others)
                 .collect(),
-            lost: fleet
-                .lost
-                .iter()
-                .filter(|l| l.step == stage.index)
-                .cloned()
-                .collect(),
+            lost: in_step(false),
+            left: in_step(true),
         };
     }
     let (totals, totals_detail) = totals.finish(measured_seconds);
@@ -237,6 +342,44 @@ pub fn write<A: Serialize + Clone>(
             reason: reason.clone(),
         };
     }
+    if !degraded_stages.is_empty() || !missing.is_empty() {
+        let mut reasons: Vec<String> = fleet.departed.iter().map(departure).collect();
+        if !degraded_stages.is_empty() {
+            let list: Vec<String> = degraded_stages
+                .iter()
+                .filter_map(|&i| result.stages.get(i))
+                .map(|s| s.label.clone())
+                .collect();
+            reasons.push(format!(
+                "{} stage(s) ran below their configured level: {}",
+                list.len(),
+                list.join(", ")
+            ));
+        }
+        for m in &missing {
+            reasons.push(format!(
+                "the records of worker {} are missing ({}); they stay in its results directory, worker-{}/",
+                m.worker, m.reason, m.worker
+            ));
+        }
+        let missing_records = missing.iter().map(|m| m.worker).collect();
+        result.outcome = match std::mem::replace(&mut result.outcome, RunOutcome::Interrupted) {
+            RunOutcome::Completed => RunOutcome::Degraded {
+                reasons,
+                missing_records,
+                stage: None,
+                reason: None,
+            },
+            RunOutcome::Stopped { stage, reason } => RunOutcome::Degraded {
+                reasons,
+                missing_records,
+                stage: Some(stage),
+                reason: Some(reason),
+            },
+            // An abort or an interrupt says more; the files say the rest.
+            other => other,
+        };
+    }
     let summary = result.clone().map_annotations(|index, check| {
         let fleet = fleet_stages.get_mut(index).map(std::mem::take);
         Some(FleetAnnotation {
@@ -246,24 +389,17 @@ pub fn write<A: Serialize + Clone>(
     });
     summary.write_files(dir)?;
 
-    let uploaded = std::iter::once(0).chain(fleet.runs.iter().map(|r| r.worker));
+    let missing_workers: Vec<usize> = missing.iter().map(|m| m.worker).collect();
     let file = FleetFile {
         workers: fleet.workers,
         seed: fleet.seed,
-        uploaded: uploaded.collect(),
-        lost: fleet.lost.clone(),
-        missing_records: (0..fleet.workers)
-            .filter(|&w| {
-                let records = match w {
-                    0 => fleet.leader_records.is_some(),
-                    _ => fleet
-                        .runs
-                        .iter()
-                        .any(|r| r.worker == w && r.records.is_some()),
-                };
-                !records
-            })
+        uploaded: (0..fleet.workers)
+            .filter(|w| !missing_workers.contains(w))
             .collect(),
+        lost: fleet.departed.iter().filter(|d| !d.left).cloned().collect(),
+        left: fleet.departed.iter().filter(|d| d.left).cloned().collect(),
+        missing_records: missing_workers,
+        missing_records_reasons: missing,
         aborted: fleet.aborted.clone(),
         decision_waits: fleet
             .runs
@@ -274,4 +410,39 @@ pub fn write<A: Serialize + Clone>(
     let json = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
     std::fs::write(dir.join("fleet.json"), json)?;
     Ok(Merged { result, summary })
+}
+
+/// A departure in words.
+fn departure(d: &LostWorker) -> String {
+    format!(
+        "worker {} {} in step {} ({})",
+        d.worker,
+        if d.left { "left" } else { "was lost" },
+        d.step,
+        d.reason
+    )
+}
+
+/// Marks `stage` as run by `present` only: its level becomes the sum of
+/// their shares, the configured one is kept beside it.
+fn degrade<A, B>(stage: &mut StageResult<A>, present: &[usize], fleet: &FleetRun<B>) {
+    let (concurrency, rate) = level_of(&fleet.shares, present, stage.index);
+    let absent: Vec<String> = (0..fleet.workers)
+        .filter(|w| !present.contains(w))
+        .map(|w| {
+            fleet
+                .departed
+                .iter()
+                .find(|d| d.worker == w)
+                .map_or_else(|| format!("worker {w} was gone"), departure)
+        })
+        .collect();
+    stage.degraded = Some(DegradedStage {
+        configured_concurrency: stage.concurrency,
+        configured_rate: stage.rate,
+        workers: present.to_vec(),
+        reason: absent.join("; "),
+    });
+    stage.concurrency = concurrency;
+    stage.rate = rate;
 }

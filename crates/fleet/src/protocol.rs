@@ -5,10 +5,13 @@
 //! share of the scenario and its seed) or [`ToWorker::Refused`] with the
 //! reason. Then, per stage: `Ready` → `Start` (the stage starts when the
 //! announcement arrives), and after a measured stage `Stats` → `Decision`.
-//! At the end the worker sends `Upload` followed by its `requests.jsonl`
-//! bytes and waits for `Received`. Both sides send `Heartbeat` while idle;
-//! a side that hears nothing for the heartbeat timeout counts the other as
-//! gone.
+//! A worker stopped by its own Ctrl-C/SIGTERM says `Leaving` first. At the
+//! end the worker sends `Upload` followed by its `requests.jsonl` bytes
+//! (none when it shares the leader's results directory: the leader reads
+//! the file) and waits for `Received` or `UploadFailed` (then it tries
+//! again, on a new connection opened with `Rejoin` if the first one
+//! broke). Both sides send `Heartbeat` while idle; a side that hears
+//! nothing for the heartbeat timeout counts the other as gone.
 
 use nyann_load::RunResult;
 use nyann_load::stats::StageAccumulator;
@@ -17,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Bumped on any incompatible change of the messages.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// What a worker's build must match: the release and commit it was built
 /// from (given by the binary) and the protocol version.
@@ -51,12 +54,30 @@ pub enum ToLeader {
         stage: usize,
         stats: Box<StageAccumulator>,
     },
-    /// The run ended: its result, then `records_bytes` raw bytes of `requests.jsonl`.
+    /// The worker was interrupted by its own Ctrl-C/SIGTERM (a pod
+    /// eviction): it stops sending load, then uploads what it has.
+    Leaving {
+        reason: String,
+    },
+    /// The run ended: its result, then `records_bytes` raw bytes of
+    /// `requests.jsonl`, or none when `shared`: the worker found the
+    /// leader's marker in its own results directory, so the leader reads
+    /// the first `records_bytes` bytes of the worker's file itself.
     Upload {
         result: Box<RunResult>,
         /// Per measured stage: seconds from sending `Stats` to the decision.
         decision_waits: Vec<(usize, f64)>,
         records_bytes: u64,
+        #[serde(default)]
+        shared: bool,
+    },
+    /// The first message of a new connection that retries a worker's
+    /// upload after its link broke; `Upload` follows.
+    Rejoin {
+        build: String,
+        index: usize,
+        /// The run's token (from `Welcome`): the same leader, the same run.
+        run: String,
     },
 }
 
@@ -70,6 +91,10 @@ pub enum ToWorker {
         scenario: Box<Scenario>,
         seed: u64,
         first_id: u64,
+        /// This run's token. The leader keeps a file named
+        /// [`marker_name`]`(run)` in its results directory while the run
+        /// lasts: a worker that finds it in its own sees a shared directory.
+        run: String,
     },
     Refused {
         reason: String,
@@ -93,6 +118,15 @@ pub enum ToWorker {
     },
     /// The upload arrived.
     Received,
+    /// The upload did not arrive (the reason): the worker may try again.
+    UploadFailed {
+        reason: String,
+    },
+}
+
+/// The marker file a leader keeps in its results directory during run `run`.
+pub fn marker_name(run: &str) -> String {
+    format!(".nyann-fleet-{run}")
 }
 
 #[derive(Debug, thiserror::Error)]

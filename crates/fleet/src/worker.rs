@@ -7,6 +7,12 @@
 //! leader interrupts this worker's run; a leader silent for the heartbeat
 //! timeout (or a closed connection) counts as lost: the run is interrupted
 //! (the usual grace applies), the records stay on disk and the worker exits 1.
+//! A worker interrupted by its own Ctrl-C/SIGTERM (a pod eviction) tells the
+//! leader it leaves, so that the leader records the departure.
+//!
+//! Joining waits for the leader (its pod may start later) and says, at most
+//! every few seconds, why the last try failed: a wrong name or port must not
+//! look like a slow leader for the whole join timeout.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -15,18 +21,18 @@ use std::time::{Duration, Instant};
 use nyann_load::{CancellationToken, FinishedStage, HookOutcome, RunResult, StageHook};
 use nyann_model::Scenario;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use crate::FleetError;
-use crate::protocol::{ToLeader, ToWorker, WireError, receive, send};
+use crate::coordinator::Coordinator;
+use crate::protocol::{ToLeader, ToWorker, WireError, marker_name, receive, send};
 
 /// How a worker finds and joins its leader.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// `HOST:PORT` of the leader's coordination endpoint.
-    pub coordinator: String,
+    /// The leader's coordination endpoint.
+    pub coordinator: Coordinator,
     pub index: usize,
     pub workers: usize,
     pub heartbeat_timeout: Duration,
@@ -44,6 +50,8 @@ pub struct Assignment {
     pub scenario: Scenario,
     pub seed: u64,
     pub first_id: u64,
+    /// The run's token (names the leader's shared-directory marker).
+    pub run: String,
 }
 
 /// A joined worker, before its run starts.
@@ -51,40 +59,64 @@ pub struct Joined {
     pub assignment: Assignment,
     read: BufReader<OwnedReadHalf>,
     write: OwnedWriteHalf,
-    heartbeat_timeout: Duration,
+    config: WorkerConfig,
 }
 
-/// Connects (retrying until the join timeout) and joins.
+/// How often, at most, a waiting worker says why it is still waiting.
+const WAITING_LOG_EVERY: Duration = Duration::from_secs(3);
+/// Pause between two connection attempts.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Connects (retrying until the join timeout, saying why each try failed)
+/// and joins.
 pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
-    let deadline = tokio::time::Instant::now() + config.join_timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + config.join_timeout;
+    let coordinator = &config.coordinator;
+    let index = config.index;
+    let mut last_said: Option<tokio::time::Instant> = None;
+    let mut last_cause = String::from("no try finished");
     let stream = loop {
-        match tokio::time::timeout_at(deadline, TcpStream::connect(&config.coordinator)).await {
+        let cause = match tokio::time::timeout_at(deadline, coordinator.connect()).await {
             Ok(Ok(stream)) => break stream,
-            Ok(Err(err)) if tokio::time::Instant::now() < deadline => {
-                tracing::debug!("coordinator {}: {err}; retrying", config.coordinator);
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Ok(Err(err)) => {
-                return Err(FleetError::Unreachable {
-                    coordinator: config.coordinator.clone(),
-                    reason: err.to_string(),
-                });
-            }
-            Err(_) => {
-                return Err(FleetError::Unreachable {
-                    coordinator: config.coordinator.clone(),
-                    reason: format!(
-                        "no answer within the join timeout ({:?})",
-                        config.join_timeout
-                    ),
-                });
-            }
+            Ok(Err(cause)) => cause,
+            Err(_) => format!("{last_cause} (the try after it was cut short)"),
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(FleetError::Unreachable {
+                coordinator: coordinator.to_string(),
+                timeout: config.join_timeout,
+                reason: cause,
+            });
+        }
+        if last_said.is_none_or(|t| now - t >= WAITING_LOG_EVERY) {
+            tracing::info!(
+                "worker {index}: waiting for the leader at {coordinator}: {cause}; trying again \
+                 for {}s more (join timeout)",
+                (deadline - now).as_secs()
+            );
+            last_said = Some(now);
+        } else {
+            tracing::debug!("worker {index}: coordinator {coordinator}: {cause}");
+        }
+        last_cause = cause;
+        tokio::time::sleep_until((now + RETRY_PAUSE).min(deadline)).await;
+        if tokio::time::Instant::now() >= deadline {
+            return Err(FleetError::Unreachable {
+                coordinator: coordinator.to_string(),
+                timeout: config.join_timeout,
+                reason: last_cause,
+            });
         }
     };
     let _ = stream.set_nodelay(true);
+    tracing::info!(
+        "worker {index}: connected to the leader at {coordinator}; waiting until every worker joined"
+    );
     let join = ToLeader::Join {
         build: config.build.clone(),
-        index: config.index,
+        index,
         workers: config.workers,
         scenario_digest: config.scenario_digest.clone(),
     };
@@ -94,22 +126,30 @@ pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
     let mut read = BufReader::new(read);
     let answer = tokio::time::timeout_at(deadline, receive::<_, ToWorker>(&mut read))
         .await
-        .map_err(|_| FleetError::link("the leader did not welcome this worker in time"))?
+        .map_err(|_| {
+            FleetError::link(format!(
+                "connected to {coordinator}, but the leader did not welcome this worker within \
+                 the join timeout ({:?}): did every other worker join?",
+                config.join_timeout
+            ))
+        })?
         .map_err(FleetError::link)?;
     match answer {
         ToWorker::Welcome {
             scenario,
             seed,
             first_id,
+            run,
         } => Ok(Joined {
             assignment: Assignment {
                 scenario: *scenario,
                 seed,
                 first_id,
+                run,
             },
             read,
             write,
-            heartbeat_timeout: config.heartbeat_timeout,
+            config: config.clone(),
         }),
         ToWorker::Refused { reason } => Err(FleetError::Refused(reason)),
         other => Err(FleetError::link(format!("unexpected answer {other:?}"))),
@@ -121,6 +161,11 @@ pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
 struct LinkState {
     lost: Option<String>,
     aborted: Option<String>,
+    /// The leader interrupted or aborted this worker (not its own signal).
+    by_leader: bool,
+    /// The run is over and the records are being uploaded: a closed link
+    /// is the upload's failure, which the uploader handles.
+    uploading: bool,
 }
 
 /// What the writer task sends.
@@ -136,11 +181,16 @@ pub struct WorkerGate {
     from_leader: mpsc::Receiver<ToWorker>,
     state: Arc<Mutex<LinkState>>,
     decision_waits: Vec<(usize, f64)>,
+    config: WorkerConfig,
+    run: String,
+    /// Ends the task that tells the leader about this worker's own interrupt.
+    done: CancellationToken,
 }
 
 impl Joined {
     /// Starts the link tasks; `interrupt`/`interrupt_now` are the run's
-    /// tokens (the leader's Ctrl-C and a lost leader cancel them).
+    /// tokens (the leader's Ctrl-C and a lost leader cancel them; this
+    /// worker's own Ctrl-C is passed on to the leader as its departure).
     pub fn start(
         self,
         interrupt: CancellationToken,
@@ -149,8 +199,15 @@ impl Joined {
         let (to_leader, outgoing) = mpsc::channel(16);
         let (incoming, from_leader) = mpsc::channel(16);
         let state = Arc::new(Mutex::new(LinkState::default()));
-        let timeout = self.heartbeat_timeout;
+        let timeout = self.config.heartbeat_timeout;
         tokio::spawn(write_task(self.write, outgoing, timeout / 4));
+        let done = CancellationToken::new();
+        tokio::spawn(tell_departure(
+            to_leader.clone(),
+            state.clone(),
+            interrupt.clone(),
+            done.clone(),
+        ));
         tokio::spawn(read_task(
             self.read,
             incoming,
@@ -164,7 +221,35 @@ impl Joined {
             from_leader,
             state,
             decision_waits: Vec::new(),
+            config: self.config,
+            run: self.assignment.run,
+            done,
         }
+    }
+}
+
+/// When the run is interrupted by this worker's own signal (not by the
+/// leader), tells the leader that this worker leaves.
+async fn tell_departure(
+    to_leader: mpsc::Sender<Outgoing>,
+    state: Arc<Mutex<LinkState>>,
+    interrupt: CancellationToken,
+    done: CancellationToken,
+) {
+    tokio::select! {
+        _ = interrupt.cancelled() => {}
+        _ = done.cancelled() => return,
+    }
+    let by_leader = {
+        let state = crate::lock(&state);
+        state.by_leader || state.lost.is_some()
+    };
+    if !by_leader {
+        tracing::warn!("this worker was interrupted: telling the leader that it leaves the run");
+        let leaving = ToLeader::Leaving {
+            reason: "interrupted by its own Ctrl-C or SIGTERM (a pod eviction, for example)".into(),
+        };
+        let _ = to_leader.send(Outgoing::Message(leaving)).await;
     }
 }
 
@@ -189,13 +274,19 @@ async fn write_task(
     }
 }
 
-async fn upload(
-    write: &mut OwnedWriteHalf,
+/// Sends an `Upload` header and, unless it says `shared`, the file's bytes.
+async fn upload<W: tokio::io::AsyncWrite + Unpin>(
+    write: &mut W,
     header: &ToLeader,
     file: Option<&Path>,
 ) -> Result<(), WireError> {
     send(write, header).await?;
-    let ToLeader::Upload { records_bytes, .. } = header else {
+    let ToLeader::Upload {
+        records_bytes,
+        shared: false,
+        ..
+    } = header
+    else {
         return Ok(());
     };
     if let Some(path) = file {
@@ -227,15 +318,31 @@ async fn read_task(
         match message {
             ToWorker::Heartbeat => {}
             ToWorker::Interrupt { now } => {
-                tracing::warn!("the leader was interrupted: stopping");
+                let aborted = {
+                    let mut state = crate::lock(&state);
+                    state.by_leader = true;
+                    state.aborted.is_some()
+                };
+                // After an abort the leader's own interrupt follows: the
+                // abort has said what happened.
+                if !aborted {
+                    tracing::warn!(
+                        "the leader was interrupted (Ctrl-C or SIGTERM): stopping{}",
+                        if now { " now" } else { "" }
+                    );
+                }
                 interrupt.cancel();
                 if now {
                     interrupt_now.cancel();
                 }
             }
             ToWorker::Abort { reason } => {
-                tracing::error!("the leader aborts the run: {reason}");
-                crate::lock(&state).aborted = Some(reason);
+                tracing::error!("the leader aborted the run: {reason}: stopping");
+                {
+                    let mut state = crate::lock(&state);
+                    state.by_leader = true;
+                    state.aborted = Some(reason);
+                }
                 interrupt.cancel();
             }
             ToWorker::Received => {
@@ -249,9 +356,24 @@ async fn read_task(
             }
         }
     };
+    if crate::lock(&state).uploading {
+        tracing::debug!("the link to the leader ended during the upload: {lost}");
+        return;
+    }
     tracing::error!("leader lost: {lost}");
     crate::lock(&state).lost = Some(lost);
     interrupt.cancel();
+}
+
+/// Uploads tried before the records are given up as missing.
+pub const UPLOAD_ATTEMPTS: u32 = 3;
+
+/// Why one upload attempt failed.
+enum AttemptError {
+    /// The leader answered that the records did not arrive; the link is fine.
+    Failed(String),
+    /// The connection broke (or never opened): the next try opens a new one.
+    Link(String),
 }
 
 impl WorkerGate {
@@ -282,14 +404,23 @@ impl WorkerGate {
         crate::lock(&self.state).aborted.clone()
     }
 
-    /// Sends the result and the records file, and waits for the leader's
-    /// receipt within `timeout`.
+    /// Sends the result and the records file `records` (in the worker's
+    /// directory under `output_dir`), and waits for the leader's receipt,
+    /// each attempt within `timeout`. When `output_dir` holds the leader's
+    /// marker, the directory is shared: the leader reads the file itself and
+    /// no byte is sent. A failed attempt is tried again (on a new connection
+    /// if the link broke, with the bytes if reading the shared file failed),
+    /// [`UPLOAD_ATTEMPTS`] times in all. Returns whether the directory was
+    /// shared.
     pub async fn upload(
         mut self,
         result: &RunResult,
         records: Option<&Path>,
+        output_dir: Option<&Path>,
         timeout: Duration,
-    ) -> Result<(), FleetError> {
+    ) -> Result<bool, FleetError> {
+        self.done.cancel();
+        crate::lock(&self.state).uploading = true;
         if let Some(lost) = self.leader_lost() {
             return Err(FleetError::LeaderLost(lost));
         }
@@ -297,34 +428,127 @@ impl WorkerGate {
             Some(path) => tokio::fs::metadata(path).await.map_or(0, |m| m.len()),
             None => 0,
         };
-        let header = ToLeader::Upload {
-            result: Box::new(result.clone()),
-            decision_waits: std::mem::take(&mut self.decision_waits),
-            records_bytes,
-        };
-        let _ = self
-            .to_leader
-            .send(Outgoing::Upload(header, records.map(Path::to_path_buf)))
-            .await;
-        let received = tokio::time::timeout(timeout, async {
-            while let Some(message) = self.from_leader.recv().await {
-                if matches!(message, ToWorker::Received) {
-                    return true;
+        let mut shared = records.is_some()
+            && output_dir.is_some_and(|dir| dir.join(marker_name(&self.run)).exists());
+        if shared {
+            tracing::info!(
+                "worker {}: the results directory is the leader's too: it reads the records there",
+                self.config.index
+            );
+        }
+        let decision_waits = std::mem::take(&mut self.decision_waits);
+        let mut link_open = true;
+        let mut last = String::new();
+        for attempt in 1..=UPLOAD_ATTEMPTS {
+            let header = ToLeader::Upload {
+                result: Box::new(result.clone()),
+                decision_waits: decision_waits.clone(),
+                records_bytes,
+                shared,
+            };
+            let tried = if link_open {
+                self.upload_on_link(header, records, timeout).await
+            } else {
+                self.upload_on_new_connection(&header, records, timeout)
+                    .await
+            };
+            match tried {
+                Ok(()) => return Ok(shared),
+                Err(AttemptError::Failed(reason)) => last = reason,
+                Err(AttemptError::Link(reason)) => {
+                    link_open = false;
+                    last = reason;
                 }
             }
-            false
+            // The leader could not read the shared file: send the bytes.
+            shared = false;
+            if attempt < UPLOAD_ATTEMPTS {
+                let pause = Duration::from_secs(u64::from(attempt));
+                tracing::warn!(
+                    "worker {}: records upload {attempt} of {UPLOAD_ATTEMPTS} failed: {last}; \
+                     trying again in {pause:?}",
+                    self.config.index
+                );
+                tokio::time::sleep(pause).await;
+            }
+        }
+        Err(FleetError::Upload {
+            attempts: UPLOAD_ATTEMPTS,
+            reason: last,
+        })
+    }
+
+    async fn upload_on_link(
+        &mut self,
+        header: ToLeader,
+        records: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<(), AttemptError> {
+        let closed =
+            || AttemptError::Link("the connection to the leader closed during the upload".into());
+        self.to_leader
+            .send(Outgoing::Upload(header, records.map(Path::to_path_buf)))
+            .await
+            .map_err(|_| closed())?;
+        let answer = tokio::time::timeout(timeout, async {
+            while let Some(message) = self.from_leader.recv().await {
+                match message {
+                    ToWorker::Received => return Ok(()),
+                    ToWorker::UploadFailed { reason } => return Err(AttemptError::Failed(reason)),
+                    _ => {}
+                }
+            }
+            Err(closed())
         })
         .await;
-        match received {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(FleetError::LeaderLost(
-                self.leader_lost()
-                    .unwrap_or_else(|| "the connection closed during the upload".into()),
-            )),
-            Err(_) => Err(FleetError::LeaderLost(format!(
-                "the upload was not received within {timeout:?}"
-            ))),
-        }
+        answer.unwrap_or_else(|_| {
+            Err(AttemptError::Link(format!(
+                "the leader did not confirm the upload within {timeout:?}"
+            )))
+        })
+    }
+
+    async fn upload_on_new_connection(
+        &mut self,
+        header: &ToLeader,
+        records: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<(), AttemptError> {
+        let stream = self
+            .config
+            .coordinator
+            .connect()
+            .await
+            .map_err(AttemptError::Link)?;
+        let _ = stream.set_nodelay(true);
+        let (read, mut write) = stream.into_split();
+        let mut read = BufReader::new(read);
+        let link = |err: WireError| AttemptError::Link(format!("the new connection failed: {err}"));
+        let rejoin = ToLeader::Rejoin {
+            build: self.config.build.clone(),
+            index: self.config.index,
+            run: self.run.clone(),
+        };
+        let attempt = async {
+            send(&mut write, &rejoin).await.map_err(link)?;
+            upload(&mut write, header, records).await.map_err(link)?;
+            loop {
+                match receive::<_, ToWorker>(&mut read).await.map_err(link)? {
+                    ToWorker::Received => return Ok(()),
+                    ToWorker::UploadFailed { reason } | ToWorker::Refused { reason } => {
+                        return Err(AttemptError::Failed(reason));
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(AttemptError::Link(format!(
+                    "the leader did not confirm the upload within {timeout:?}"
+                )))
+            })
     }
 }
 

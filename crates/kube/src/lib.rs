@@ -7,9 +7,22 @@
 //!   `NAME-0.NAME:PORT`;
 //! - an Indexed Job of N pods (parallelism = completions = N) running the
 //!   same `generate --workers N` command; Kubernetes sets each pod's
-//!   `JOB_COMPLETION_INDEX`, which is its `--worker-index`. `backoffLimit`
-//!   is 0: a failed pod is not restarted, since a sweep cannot be rejoined
-//!   half-way.
+//!   `JOB_COMPLETION_INDEX`, which is its worker index.
+//!
+//! Failures are counted per index (`backoffLimitPerIndex: 0`), never for
+//! the whole Job at once: a failed pod is not restarted (a sweep cannot be
+//! rejoined half-way), and one worker's failure does not make Kubernetes
+//! kill the others, the leader above all, which goes on without it or
+//! aborts the run, as its loss policy says, and writes its results either
+//! way. The Job ends `Failed` (naming the failed indexes) once every pod
+//! has ended, `Complete` when all exited 0.
+//!
+//! Pods run as the image's user (65532) with that group owning the results
+//! volume (`fsGroup`), so that a claimed volume is writable.
+//!
+//! The objects print as a JSON `List` or as multi-document YAML
+//! ([`to_yaml`]), whose strings are always quoted (no YAML 1.1 surprises
+//! such as `no` or `1.0` read as something else).
 
 use std::collections::BTreeMap;
 
@@ -17,8 +30,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PersistentVolumeClaimVolumeSource,
-    PodSpec, PodTemplateSpec, ResourceRequirements, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -30,6 +43,19 @@ pub const CONFIG_DIR: &str = "/etc/nyann-bench";
 pub const RESULTS_DIR: &str = "/results";
 /// ConfigMaps hold at most 1 MiB.
 const CONFIG_MAP_LIMIT: usize = 1 << 20;
+/// The user and group the image runs as (the Containerfile's).
+pub const IMAGE_USER: i64 = 65532;
+
+/// The `generate` options the rendered command sets itself (long names
+/// without dashes): given again after `--`, they would contradict it.
+pub const RENDERED_OPTIONS: &[&str] = &[
+    "config",
+    "workers",
+    "worker-index",
+    "coordinator",
+    "coordinator-listen",
+    "output-dir",
+];
 
 /// What to render.
 #[derive(Debug, Clone)]
@@ -56,7 +82,7 @@ pub struct RenderConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error(
-        "--workers must be at least 2 for a scale-out run (1 worker needs no Kubernetes Job: run `nyann-bench generate`)"
+        "a scale-out run needs at least 2 workers (1 worker needs no Kubernetes Job: run `nyann-bench generate`)"
     )]
     TooFewWorkers,
     #[error(
@@ -64,9 +90,13 @@ pub enum RenderError {
     )]
     TooLarge(usize),
     #[error(
-        "--name {0:?} is not a valid Kubernetes name: use lowercase letters, digits and '-', starting with a letter, at most 50 characters"
+        "the name {0:?} is not a valid Kubernetes name: use lowercase letters, digits and '-', starting with a letter, at most 50 characters"
     )]
     Name(String),
+    #[error(
+        "the option --{0} is set by the rendered command itself; leave it out of the flags for every worker"
+    )]
+    Rendered(String),
 }
 
 /// The three objects, in the order they are applied.
@@ -78,13 +108,27 @@ pub struct Manifests {
 }
 
 impl Manifests {
+    /// The objects as JSON, in the order they are applied.
+    pub fn objects(&self) -> Vec<serde_json::Value> {
+        vec![
+            serde_json::to_value(&self.config_map).unwrap_or_default(),
+            serde_json::to_value(&self.service).unwrap_or_default(),
+            serde_json::to_value(&self.job).unwrap_or_default(),
+        ]
+    }
+
     /// A `v1` `List` of the objects, for `kubectl apply -f -`.
     pub fn to_list(&self) -> serde_json::Value {
         serde_json::json!({
             "apiVersion": "v1",
             "kind": "List",
-            "items": [self.config_map, self.service, self.job],
+            "items": self.objects(),
         })
+    }
+
+    /// The objects as multi-document YAML.
+    pub fn to_yaml(&self) -> String {
+        to_yaml(&self.objects())
     }
 }
 
@@ -106,7 +150,15 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
     if !valid_name(&config.name) {
         return Err(RenderError::Name(config.name.clone()));
     }
-    let scenario_json = serde_json::to_string_pretty(&config.scenario).unwrap_or_default();
+    if let Some(option) = config.generate_args.iter().find_map(|arg| {
+        let name = arg.strip_prefix("--")?;
+        let name = name.split_once('=').map_or(name, |(n, _)| n);
+        RENDERED_OPTIONS.contains(&name).then(|| name.to_string())
+    }) {
+        return Err(RenderError::Rendered(option));
+    }
+    let scenario_json =
+        serde_json::to_string_pretty(&portable(&config.scenario)).unwrap_or_default();
     let size = scenario_json.len() + config.policy.as_ref().map_or(0, Vec::len);
     if size > CONFIG_MAP_LIMIT {
         return Err(RenderError::TooLarge(size));
@@ -234,7 +286,8 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
             completion_mode: Some("Indexed".into()),
             completions: Some(workers),
             parallelism: Some(workers),
-            backoff_limit: Some(0),
+            // Per index, never the whole Job: see the module's doc.
+            backoff_limit_per_index: Some(0),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
@@ -242,6 +295,14 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
                 }),
                 spec: Some(PodSpec {
                     subdomain: Some(config.name.clone()),
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(IMAGE_USER),
+                        run_as_group: Some(IMAGE_USER),
+                        run_as_non_root: Some(true),
+                        // The results volume (a claim too) is writable by the image's group.
+                        fs_group: Some(IMAGE_USER),
+                        ..PodSecurityContext::default()
+                    }),
                     restart_policy: Some("Never".into()),
                     containers: vec![container],
                     volumes: Some(vec![
@@ -267,6 +328,154 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
         service,
         job,
     })
+}
+
+/// The scenario with the render machine's directories left out of its
+/// source locations (`sweep.star:3:5`, not `/home/me/sweep.star:3:5`): they
+/// mean nothing in a pod and say more than needed about that machine.
+fn portable(scenario: &Scenario) -> Scenario {
+    let base = |location: &mut Option<nyann_model::SourceLocation>| {
+        if let Some(location) = location {
+            let name = std::path::Path::new(&location.file)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            if let Some(name) = name {
+                location.file = name;
+            }
+        }
+    };
+    let mut scenario = scenario.clone();
+    for step in &mut scenario.steps {
+        if let nyann_model::Step::Stage(stage) = step {
+            base(&mut stage.location);
+            if let Some(stop) = &mut stage.stop {
+                base(&mut stop.location);
+                stop.param_locations.iter_mut().for_each(base);
+            }
+        }
+    }
+    scenario
+}
+
+/// Multi-document YAML of `objects`, one document each.
+pub fn to_yaml(objects: &[serde_json::Value]) -> String {
+    let mut out = String::new();
+    for object in objects {
+        out.push_str("---\n");
+        yaml::block(&mut out, object, 0);
+    }
+    out
+}
+
+mod yaml {
+    //! A YAML emitter for JSON values: block mappings and sequences, every
+    //! string double-quoted with JSON's escapes (a subset of YAML's), or as
+    //! a literal block when it spans lines, so that nothing is read back as
+    //! another type.
+
+    use serde_json::Value;
+
+    fn indent(out: &mut String, n: usize) {
+        out.extend(std::iter::repeat_n(' ', n));
+    }
+
+    fn scalar(value: &Value) -> String {
+        // Strings, numbers, booleans and null as JSON writes them, with the
+        // characters YAML reads as line breaks or a byte-order mark escaped
+        // (JSON leaves them raw).
+        serde_json::to_string(value)
+            .unwrap_or_default()
+            .replace('\u{85}', "\\N")
+            .replace('\u{2028}', "\\L")
+            .replace('\u{2029}', "\\P")
+            .replace('\u{feff}', "\\ufeff")
+    }
+
+    fn key(k: &str) -> String {
+        let plain = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+        const RESERVED: &[&str] = &["y", "n", "yes", "no", "on", "off", "true", "false", "null"];
+        if plain && !RESERVED.contains(&k.to_ascii_lowercase().as_str()) {
+            k.to_string()
+        } else {
+            scalar(&Value::String(k.to_string()))
+        }
+    }
+
+    /// A string that reads back exactly from a literal block: several
+    /// lines, no control character but newlines and tabs, no trailing
+    /// spaces that a block would keep but a reviewer would not see.
+    fn literal(s: &str) -> bool {
+        s.contains('\n')
+            && !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t')
+            && !s.starts_with([' ', '\t', '\n'])
+            && !s.contains("\r")
+            && !s.lines().any(|l| l.ends_with([' ', '\t']))
+    }
+
+    /// `value` after a key or dash (the cursor is after `key:` or `-`).
+    fn after(out: &mut String, value: &Value, level: usize) {
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                out.push('\n');
+                block(out, value, level);
+            }
+            Value::Array(items) if !items.is_empty() => {
+                out.push('\n');
+                block(out, value, level);
+            }
+            Value::String(s) if literal(s) => {
+                let chomp = if s.ends_with("\n\n") {
+                    "+"
+                } else if s.ends_with('\n') {
+                    ""
+                } else {
+                    "-"
+                };
+                out.push_str(&format!(" |{chomp}\n"));
+                for line in s.strip_suffix('\n').unwrap_or(s).split('\n') {
+                    if !line.is_empty() {
+                        indent(out, level);
+                        out.push_str(line);
+                    }
+                    out.push('\n');
+                }
+            }
+            _ => {
+                out.push(' ');
+                out.push_str(&scalar(value));
+                out.push('\n');
+            }
+        }
+    }
+
+    /// A mapping or sequence at `level` (other values as one line).
+    pub(super) fn block(out: &mut String, value: &Value, level: usize) {
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                for (k, v) in map {
+                    indent(out, level);
+                    out.push_str(&key(k));
+                    out.push(':');
+                    after(out, v, level + 2);
+                }
+            }
+            Value::Array(items) if !items.is_empty() => {
+                for item in items {
+                    indent(out, level);
+                    out.push('-');
+                    after(out, item, level + 2);
+                }
+            }
+            Value::Object(_) => out.push_str("{}\n"),
+            Value::Array(_) => out.push_str("[]\n"),
+            other => {
+                out.push_str(&scalar(other));
+                out.push('\n');
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -332,8 +541,13 @@ mod tests {
         let spec = job.spec.unwrap();
         assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
         assert_eq!(
-            (spec.completions, spec.parallelism, spec.backoff_limit),
-            (Some(4), Some(4), Some(0))
+            (
+                spec.completions,
+                spec.parallelism,
+                spec.backoff_limit,
+                spec.backoff_limit_per_index
+            ),
+            (Some(4), Some(4), None, Some(0))
         );
         let pod = spec.template.spec.unwrap();
         assert_eq!(pod.subdomain.as_deref(), Some("sweep"));
@@ -345,6 +559,62 @@ mod tests {
             "{args}"
         );
         assert!(args.ends_with("--target http://vllm:8000/v1"), "{args}");
+    }
+
+    #[test]
+    fn yaml_quotes_every_string_and_keeps_multi_line_text() {
+        let value = serde_json::json!({
+            "kind": "ConfigMap",
+            "no": "yes",
+            "data": {"scenario.json": "{\n  \"a\": 1\n}\n", "odd": "x\u{2028}y", "n": 1.0},
+            "items": [{"a": []}, "1.0", true, null],
+            "empty": {},
+        });
+        let text = to_yaml(&[value]);
+        // serde_json's maps are sorted.
+        assert!(text.starts_with("---\ndata:\n"), "{text}");
+        assert!(text.contains("\nkind: \"ConfigMap\"\n"), "{text}");
+        assert!(
+            text.contains("\"no\": \"yes\""),
+            "a YAML 1.1 boolean key is quoted: {text}"
+        );
+        assert!(
+            text.contains("  scenario.json: |\n    {\n      \"a\": 1\n    }\n"),
+            "{text}"
+        );
+        assert!(text.contains("odd: \"x\\Ly\""), "{text}");
+        assert!(text.contains("- \"1.0\""), "{text}");
+        assert!(text.contains("  a: []\n"), "{text}");
+        assert!(text.contains("empty: {}\n"), "{text}");
+    }
+
+    #[test]
+    fn flags_the_command_sets_are_refused_and_paths_left_out() {
+        for flag in ["--output-dir", "--workers=3", "--coordinator"] {
+            let c = RenderConfig {
+                generate_args: vec![flag.into(), "x".into()],
+                ..config()
+            };
+            let err = render(&c).unwrap_err().to_string();
+            let name = flag.trim_start_matches("--").split('=').next().unwrap();
+            assert!(
+                err.contains(&format!("--{name} is set by the rendered")),
+                "{err}"
+            );
+        }
+        let mut c = config();
+        let Step::Stage(stage) = &mut c.scenario.steps[0] else {
+            unreachable!()
+        };
+        stage.location = Some(nyann_model::SourceLocation {
+            file: "/home/me/bench/sweep.star".into(),
+            line: 3,
+            column: 5,
+        });
+        let cm = render(&c).unwrap().config_map;
+        let json = &cm.data.unwrap()["scenario.json"];
+        assert!(json.contains("\"sweep.star\""), "{json}");
+        assert!(!json.contains("/home/me"), "{json}");
     }
 
     #[test]

@@ -56,6 +56,21 @@ pub struct StageResult<A = serde_json::Value> {
     /// ran after this stage: no verdict was recorded.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub check_interrupted: bool,
+    /// Run by several workers, not all of which ran it whole: `concurrency`
+    /// and `rate` above are the level that ran, this the configured one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<DegradedStage>,
+}
+
+/// A stage that ran at a lower level than configured (a worker of a fleet
+/// was lost or left during it, or before it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DegradedStage {
+    pub configured_concurrency: Option<u32>,
+    pub configured_rate: Option<f64>,
+    /// The workers that ran it from start to end.
+    pub workers: Vec<usize>,
+    pub reason: String,
 }
 
 impl<A> StageResult<A> {
@@ -80,9 +95,13 @@ impl<A> StageResult<A> {
             annotation: f(self.annotation),
             skip_reason: self.skip_reason,
             check_interrupted: self.check_interrupted,
+            degraded: self.degraded,
         }
     }
 }
+
+/// The exit code of a degraded run (see [`RunOutcome::Degraded`]).
+pub const EXIT_DEGRADED: u8 = 3;
 
 /// Why the run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,6 +116,30 @@ pub enum RunOutcome {
     Aborted { reason: String },
     /// Ctrl-C or SIGTERM.
     Interrupted,
+    /// Several workers: the run completed (or stopped: `stage` and
+    /// `reason` as in `Stopped`) but not everything configured ran or was
+    /// recorded: workers were lost or left (their stages are marked
+    /// `degraded`), or the records of `missing_records` are not in the results.
+    Degraded {
+        reasons: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        missing_records: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stage: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+impl RunOutcome {
+    /// The stage after which a sweep stopped, if one did.
+    pub fn stop_stage(&self) -> Option<usize> {
+        match self {
+            RunOutcome::Stopped { stage, .. } => Some(*stage),
+            RunOutcome::Degraded { stage, .. } => *stage,
+            _ => None,
+        }
+    }
 }
 
 /// The whole run (`A`: what the stage hook recorded with each stage).
@@ -146,11 +189,13 @@ impl<A> RunResult<A> {
 }
 
 impl<A: Serialize> RunResult<A> {
-    /// The process exit code: 0 completed or stopped by the hook, 1 aborted, 130 interrupted.
+    /// The process exit code: 0 completed or stopped by the hook, 1
+    /// aborted, 3 degraded, 130 interrupted.
     pub fn exit_code(&self) -> u8 {
         match self.outcome {
             RunOutcome::Completed | RunOutcome::Stopped { .. } => 0,
             RunOutcome::Aborted { .. } => 1,
+            RunOutcome::Degraded { .. } => EXIT_DEGRADED,
             RunOutcome::Interrupted => 130,
         }
     }

@@ -12,13 +12,16 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use nyann_fleet::protocol::{build_id, scenario_digest};
 use nyann_fleet::share::{first_id, scenario_share, worker_seed};
-use nyann_fleet::{Leader, LeaderConfig, OnWorkerLoss, WorkerConfig};
+use nyann_fleet::{Coordinator, Leader, LeaderConfig, OnWorkerLoss, WorkerConfig, worker_dir};
 use nyann_model::parse_duration;
 
 use super::Ui;
-use super::generate::{Args, exit_code, load_scenario, save_report, signal_options};
+use super::generate::{
+    Args, exit_code, load_scenario, print_summary, refuse_a_previous_run, save_report, show_ending,
+    signal_options, write_conclusion,
+};
 use super::interrupt::cancel_on_signals;
-use crate::report;
+use crate::conclusion::Conclusion;
 use crate::sweep::{CongestionCheck, RunResult};
 
 /// Flags of a run by several workers.
@@ -27,7 +30,7 @@ use crate::sweep::{CongestionCheck, RunResult};
 pub struct FleetArgs {
     /// Workers running this sweep together, each with this same command
     /// (1: this process alone). The load of every stage is divided between them.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_workers)]
     pub workers: usize,
 
     /// This worker's index, 0..N-1; 0 leads [default: $JOB_COMPLETION_INDEX,
@@ -35,9 +38,10 @@ pub struct FleetArgs {
     #[arg(long, env = "JOB_COMPLETION_INDEX", value_name = "I")]
     pub worker_index: Option<usize>,
 
-    /// The leader's coordination endpoint, HOST:PORT (needed by workers 1..N-1).
+    /// The leader's coordination endpoint, HOST:PORT or http://HOST:PORT
+    /// (needed by workers 1..N-1).
     #[arg(long, value_name = "HOST:PORT")]
-    pub coordinator: Option<String>,
+    pub coordinator: Option<Coordinator>,
 
     /// Where the leader (worker 0) serves the coordination endpoint.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7300")]
@@ -52,8 +56,9 @@ pub struct FleetArgs {
     #[arg(long, value_parser = parse_duration, default_value = "5m")]
     pub join_timeout: Duration,
 
-    /// What the leader does when a worker is lost: `continue` with the
-    /// others (the loss is recorded with the stage), or `abort` the run (exit 1).
+    /// What the leader does when a worker is lost or leaves: `continue`
+    /// with the others (later stages run at the level the others' shares
+    /// add up to; the run ends `degraded`, exit 3), or `abort` the run (exit 1).
     #[arg(long, value_enum, default_value_t = WorkerLoss::Continue)]
     pub on_worker_loss: WorkerLoss,
 }
@@ -62,6 +67,15 @@ pub struct FleetArgs {
 pub enum WorkerLoss {
     Continue,
     Abort,
+}
+
+/// `--workers`: at least 1 (0 would silently run as one process).
+fn parse_workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 workers cannot run anything: give 1 (this process alone) or more".into()),
+        Ok(n) => Ok(n),
+        Err(err) => Err(err.to_string()),
+    }
 }
 
 impl FleetArgs {
@@ -107,6 +121,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 
 async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let fleet = &args.fleet;
+    refuse_a_previous_run(dir, args.overwrite)?;
     let (scenario, source) = load_scenario(args)?;
     // A stage that cannot be divided is refused before anyone waits.
     for i in 0..fleet.workers {
@@ -161,7 +176,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         }
         Err(err) => return Err(err.into()),
     };
-    let own_dir = dir.join("worker-0");
+    let own_dir = worker_dir(dir, 0);
     options.output_dir = Some(own_dir.clone());
     options.seed = worker_seed(seed, 0);
     options.first_id = first_id(0);
@@ -181,26 +196,51 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let waited = gate
         .finish(
             result,
-            Some(own_dir.join("requests.jsonl")),
+            Some(own_dir.join(nyann_fleet::RECORDS)),
             grace + Duration::from_secs(60),
         )
         .await;
     let merged = nyann_fleet::merge::write(&waited, &scenario, dir)
         .with_context(|| format!("writing the fleet's results to {}", dir.display()))?;
-    for worker in &waited.missing {
+    for gone in &waited.departed {
         eprintln!(
-            "worker {worker}: its records did not arrive; they are in its own --output-dir (worker-{worker}/)"
+            "worker {} {} in step {}: {}",
+            gone.worker,
+            if gone.left { "left" } else { "was lost" },
+            gone.step,
+            gone.reason
         );
     }
-    for lost in &waited.lost {
-        eprintln!(
-            "worker {} was lost in step {}: {}",
-            lost.worker, lost.step, lost.reason
-        );
+    if let nyann_load::RunOutcome::Degraded {
+        missing_records, ..
+    } = &merged.result.outcome
+    {
+        for worker in missing_records {
+            eprintln!(
+                "worker {worker}: its records are NOT in the results ({}); they stay in its own \
+                 --output-dir, worker-{worker}/",
+                merged_reason(&merged.summary, *worker)
+            );
+        }
     }
+    let conclusion = Conclusion::of(&merged.result, fleet.workers);
+    write_conclusion(dir, &merged.summary, &conclusion);
     save_report(dir, &merged.result, &scenario, source.as_deref(), &signals).await;
-    report_result(&merged.result, &merged.summary, Some(dir), ui)?;
+    show_ending(&merged.result, &conclusion, Some(dir), ui);
+    print_summary(&merged.summary, &conclusion, args.json)?;
     Ok(ExitCode::from(exit_code(&merged.result)))
+}
+
+/// Why `worker`'s records are missing, as `fleet.json` says.
+fn merged_reason<A>(summary: &nyann_load::RunResult<A>, worker: usize) -> String {
+    match &summary.outcome {
+        nyann_load::RunOutcome::Degraded { reasons, .. } => reasons
+            .iter()
+            .find(|r| r.starts_with(&format!("the records of worker {worker} ")))
+            .cloned()
+            .unwrap_or_else(|| "see fleet.json".into()),
+        _ => "see fleet.json".into(),
+    }
 }
 
 async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
@@ -216,6 +256,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         Some(_) => Some(scenario_digest(&load_scenario(args)?.0)),
         None => None,
     };
+    refuse_a_previous_run(&worker_dir(dir, index), args.overwrite)?;
     let mut options = args.client.to_options()?;
     let joined = nyann_fleet::join(&WorkerConfig {
         coordinator,
@@ -228,14 +269,14 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     })
     .await
     .map_err(|err| match err {
-        nyann_fleet::FleetError::Unreachable { .. } => {
-            anyhow::anyhow!("{err}; --coordinator gives the leader's HOST:PORT")
-        }
+        nyann_fleet::FleetError::Unreachable { .. } => anyhow::anyhow!(
+            "{err}; --coordinator gives the leader's HOST:PORT, --join-timeout how long to wait"
+        ),
         err => err.into(),
     })?;
     tracing::info!("worker {index}: joined; seed {}", joined.assignment.seed);
     nyann_load::raise_fd_limit();
-    let own_dir: PathBuf = dir.join(format!("worker-{index}"));
+    let own_dir: PathBuf = worker_dir(dir, index);
     options.output_dir = Some(own_dir.clone());
     options.seed = joined.assignment.seed;
     options.first_id = joined.assignment.first_id;
@@ -254,13 +295,24 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         Err(err) => return Err(err.into()),
     };
     // A worker judged nothing: its table has no verdicts.
-    let judged: RunResult = result.clone().map_annotations(|_, _| None);
-    report_result(&judged, &judged, Some(&own_dir), ui)?;
-    let records = own_dir.join("requests.jsonl");
-    if let Err(err) = gate
-        .upload(&result, Some(&records), Duration::from_secs(120))
-        .await
-    {
+    let mut judged: RunResult = result.clone().map_annotations(|_, _| None);
+    if let Some(reason) = &aborted {
+        // Its own files say what happened, not "interrupted".
+        judged.outcome = nyann_load::RunOutcome::Aborted {
+            reason: format!("the leader aborted the run: {reason}"),
+        };
+        if let Err(err) = judged.write_files(&own_dir) {
+            tracing::warn!("{}: {err}", own_dir.display());
+        }
+    }
+    let conclusion = Conclusion::of(&judged, 1);
+    show_ending(&judged, &conclusion, Some(&own_dir), ui);
+    print_summary(&judged, &conclusion, args.json)?;
+    let records = own_dir.join(nyann_fleet::RECORDS);
+    let uploaded = gate
+        .upload(&result, Some(&records), Some(dir), Duration::from_secs(120))
+        .await;
+    if let Err(err) = &uploaded {
         eprintln!(
             "worker {index}: the records were not uploaded to the leader ({err}); they are in {}",
             own_dir.display()
@@ -276,27 +328,9 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     if aborted.is_some() {
         return Ok(ExitCode::from(1));
     }
-    Ok(ExitCode::from(exit_code(&judged)))
-}
-
-/// The stage table and outcome of `result` on stderr, `summary` (what
-/// `summary.json` holds) on stdout.
-fn report_result(
-    result: &RunResult,
-    summary: &impl serde::Serialize,
-    dir: Option<&Path>,
-    ui: Ui,
-) -> anyhow::Result<()> {
-    if !ui.quiet {
-        eprint!("{}", report::stage_table(result));
+    match exit_code(&judged) {
+        // Its records are not in the leader's results: the run is degraded.
+        0 if uploaded.is_err() => Ok(ExitCode::from(nyann_load::EXIT_DEGRADED)),
+        code => Ok(ExitCode::from(code)),
     }
-    eprintln!("{}", report::outcome_line(result));
-    if let (false, Some(dir)) = (ui.quiet, dir) {
-        eprintln!("results: {}", dir.display());
-    }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(summary).context("encoding the summary")?
-    );
-    Ok(())
 }

@@ -269,16 +269,12 @@ pub async fn run_scenario(
 
     let conclusion = Conclusion::of(&result, 1);
     if let Some(dir) = &args.output_dir {
-        if let Err(err) = conclusion::write_summary(dir, &result, &conclusion) {
-            tracing::warn!("summary.json was not rewritten with the conclusion: {err}");
-        }
+        write_conclusion(dir, &result, &conclusion);
         save_report(dir, &result, scenario, source, &signals).await;
     }
     show_ending(&result, &conclusion, args.output_dir.as_deref(), ui);
-    if summary == Summary::Stdout && (args.json || !std::io::stdout().is_terminal()) {
-        let json =
-            conclusion::summary_json(&result, &conclusion).context("encoding the summary")?;
-        println!("{json}");
+    if summary == Summary::Stdout {
+        print_summary(&result, &conclusion, args.json)?;
     }
     Ok(ExitCode::from(exit_code(&result)))
 }
@@ -305,6 +301,32 @@ pub(super) fn refuse_a_previous_run(dir: &std::path::Path, overwrite: bool) -> a
         }
         _ => Ok(()),
     }
+}
+
+/// Adds the conclusion to the `summary.json` in `dir` (a warning when it
+/// cannot: the results are written already).
+pub(super) fn write_conclusion<R: serde::Serialize>(
+    dir: &std::path::Path,
+    result: &R,
+    conclusion: &Conclusion,
+) {
+    if let Err(err) = conclusion::write_summary(dir, result, conclusion) {
+        tracing::warn!("summary.json was not rewritten with the conclusion: {err}");
+    }
+}
+
+/// The summary (as `summary.json` holds it) on stdout, for scripts: when
+/// stdout is a pipe or a file, or with `--json`.
+pub(super) fn print_summary<R: serde::Serialize>(
+    result: &R,
+    conclusion: &Conclusion,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json || !std::io::stdout().is_terminal() {
+        let text = conclusion::summary_json(result, conclusion).context("encoding the summary")?;
+        println!("{text}");
+    }
+    Ok(())
 }
 
 /// The end of a run on stderr: the stage table, how the run ended, the
@@ -428,7 +450,7 @@ pub(super) fn exit_code(result: &RunResult) -> u8 {
         .filter_map(CongestionRecord::of)
         .any(|r| r.stopped && r.policy_error.is_some());
     match result.exit_code() {
-        0 if stopped_by_error => 1,
+        0 | nyann_load::EXIT_DEGRADED if stopped_by_error => 1,
         code => code,
     }
 }

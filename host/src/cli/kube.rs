@@ -1,16 +1,27 @@
 //! `nyann-bench kube render`: print the Kubernetes manifests (ConfigMap,
 //! headless Service, Indexed Job) of a scale-out run, for `kubectl apply -f -`.
+//! The pods' command is parsed here with `generate`'s own parser, so that a
+//! mistyped flag after `--` fails now, not in every pod.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use nyann_kube::RenderConfig;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Print the manifests of an N-worker run as a JSON `List` on stdout.
+    /// Print the manifests of an N-worker run on stdout (a JSON `List`, or
+    /// multi-document YAML).
     Render(RenderArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A `v1` `List` of the objects.
+    Json,
+    /// One YAML document per object, every string quoted.
+    Yaml,
 }
 
 #[derive(Debug, clap::Args)]
@@ -41,10 +52,14 @@ pub struct RenderArgs {
     /// Memory of each pod (request = limit), e.g. `2Gi`.
     #[arg(long)]
     pub memory: Option<String>,
-    /// A PersistentVolumeClaim to write the results to [default: an emptyDir,
-    /// whose files leave with the pod: the summary stays in pod 0's log].
+    /// A PersistentVolumeClaim to write the results to, with access mode
+    /// ReadWriteMany (every pod mounts it) [default: an emptyDir, whose files
+    /// leave with the pod: the summary stays in pod 0's log].
     #[arg(long, value_name = "CLAIM")]
     pub results_claim: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    pub format: Format,
     /// More `generate` flags for every worker, after `--`: e.g. `-- --target
     /// http://vllm:8000/v1 --prometheus-url http://prometheus:9090 --deploy-name vllm`.
     #[arg(last = true, value_name = "GENERATE FLAGS")]
@@ -77,6 +92,27 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         memory: args.memory,
         results_claim: args.results_claim,
     })?;
-    println!("{}", serde_json::to_string_pretty(&manifests.to_list())?);
+    // Every pod runs this command: it must parse as `generate` does.
+    let command = manifests
+        .job
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|pod| pod.containers.first())
+        .and_then(|container| container.args.clone())
+        .unwrap_or_default();
+    let argv = std::iter::once("nyann-bench".to_string()).chain(command);
+    if let Err(err) = <super::Cli as clap::CommandFactory>::command().try_get_matches_from(argv) {
+        let rendered = err.render().to_string();
+        let first = rendered.lines().next().unwrap_or_default();
+        bail!(
+            "the generate flags after -- do not parse: {}",
+            first.trim_start_matches("error: ")
+        );
+    }
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&manifests.to_list())?),
+        Format::Yaml => print!("{}", manifests.to_yaml()),
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -10,7 +10,7 @@
 
 use std::fmt::Write;
 
-use nyann_load::{RunOutcome, StageStatus};
+use nyann_load::StageStatus;
 use nyann_model::{ClientStats, RoleSignals, SeriesStatus, Value};
 
 use super::charts::{
@@ -125,7 +125,7 @@ fn ms(s: f64) -> String {
 /// The run's verdict in words, its policy, its knee and what stopping saved.
 fn headline(out: &mut String, run: &SavedRun, index: usize) {
     let result = &run.result;
-    let stopped = matches!(result.outcome, RunOutcome::Stopped { .. });
+    let stopped = result.outcome.stop_stage().is_some();
     let _ = write!(
         out,
         "<div class=\"headline{}\" id=\"run-{index}\"><div class=\"verdict\">{}: {}</div>",
@@ -804,7 +804,7 @@ mod tests {
 
     use super::*;
     use crate::sweep::{Judged, PolicyMode, PolicyRef, RunResult};
-    use nyann_load::StageDetail;
+    use nyann_load::{RunOutcome, StageDetail};
     use nyann_model::{Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload};
 
     fn stage(index: usize, c: u32, status: StageStatus, rps: f64) -> StageResult {
@@ -833,6 +833,7 @@ mod tests {
             annotation: None,
             skip_reason: (!ran).then(|| "stopped after stage #1 c=128: congested".into()),
             check_interrupted: false,
+            degraded: None,
         }
     }
 

@@ -34,6 +34,9 @@ fn status(stage: &StageResult, record: Option<&CongestionRecord>) -> &'static st
     if record.is_some_and(CongestionRecord::congested) {
         return "CONGESTED";
     }
+    if stage.degraded.is_some() && stage.status == StageStatus::Measured {
+        return "degraded";
+    }
     match stage.status {
         StageStatus::Measured => "measured",
         StageStatus::Warmup => "warm-up",
@@ -247,6 +250,20 @@ impl StageTable {
             );
         }
         for (stage, record) in result.stages.iter().zip(&records) {
+            if let Some(degraded) = &stage.degraded {
+                let configured = StageResult {
+                    concurrency: degraded.configured_concurrency,
+                    rate: degraded.configured_rate,
+                    ..stage.clone()
+                };
+                notes.push(format!(
+                    "{}: degraded: ran at {} of the {} configured: {}",
+                    stage.label,
+                    level(stage),
+                    level(&configured),
+                    degraded.reason
+                ));
+            }
             if let Some(error) = record.as_ref().and_then(|r| r.policy_error.as_ref()) {
                 notes.push(format!("{}: {error}", stage.label));
             }
@@ -304,6 +321,15 @@ pub fn outcome_line(result: &RunResult) -> String {
         RunOutcome::Stopped { reason, .. } => format!("sweep {reason}"),
         RunOutcome::Aborted { reason } => format!("run ABORTED: {reason}"),
         RunOutcome::Interrupted => "run interrupted".to_string(),
+        RunOutcome::Degraded {
+            reasons, reason, ..
+        } => {
+            let stopped = reason
+                .as_ref()
+                .map(|r| format!("sweep {r}; "))
+                .unwrap_or_default();
+            format!("{stopped}run DEGRADED: {}", reasons.join("; "))
+        }
     }
 }
 
@@ -333,6 +359,7 @@ mod tests {
             annotation: None,
             skip_reason: None,
             check_interrupted: false,
+            degraded: None,
         }
     }
 

@@ -43,6 +43,7 @@ pub(super) fn barrier<A>(index: usize, drain: bool) -> StageResult<A> {
         annotation: None,
         skip_reason: None,
         check_interrupted: false,
+        degraded: None,
     }
 }
 
@@ -71,6 +72,7 @@ pub(super) fn stage_result<A>(
         annotation: None,
         skip_reason: None,
         check_interrupted: false,
+        degraded: None,
     }
 }
 
