@@ -332,6 +332,7 @@ mod tests {
                         name: "sweep.star:3:10".into(),
                     },
                     params: vec![],
+                    judged_params: Vec::new(),
                     roles: vec![],
                     coverage: vec![],
                     signal_errors: vec![],

@@ -168,6 +168,11 @@ pub struct CongestionRecord {
     /// policy's defaults), so that `policy replay` can judge the stage again.
     #[serde(default)]
     pub params: Vec<Param>,
+    /// Every parameter the policy judged with: those written, and its
+    /// defaults for the others (durations in seconds). Absent from records
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub judged_params: Vec<Param>,
     /// The server signals per role the policy was shown.
     pub roles: Vec<RoleSignals>,
     /// Per role and signal: whether series were found (a missing signal
@@ -218,6 +223,16 @@ impl CongestionRecord {
     /// True when the policy said "congested".
     pub fn congested(&self) -> bool {
         self.verdict.as_ref().is_some_and(|v| v.congested)
+    }
+
+    /// The value the policy judged parameter `name` with, and whether it was
+    /// the policy's default (not written in the scenario).
+    pub fn param(&self, name: &str) -> Option<(&nyann_model::Value, bool)> {
+        let written = self.params.iter().find(|p| p.name == name);
+        match self.judged_params.iter().find(|p| p.name == name) {
+            Some(judged) => Some((&judged.value, written.is_none())),
+            None => written.map(|p| (&p.value, false)),
+        }
     }
 }
 
@@ -382,6 +397,7 @@ impl CongestionCheck {
             mode: self.mode,
             sweep: stop.sweep.clone(),
             params: stop.condition.params.clone(),
+            judged_params: stop.params.clone(),
             roles: observation.roles.clone(),
             coverage: signals.coverage,
             signal_errors: observation.signal_errors.clone(),

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::browser::Browser;
-use crate::support::{nyann_bench, serial};
+use crate::support::{generate, nyann_bench, scrape_flags, serial, simulator, sweep};
 
 /// What the browser measured of the charts: per SVG, its rendered area and
 /// how many drawn shapes it holds.
@@ -44,10 +44,13 @@ fn page_text(browser: &mut Browser) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     let _serial = serial().await;
-    let dir = tempfile::tempdir().unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    // Named like the run it holds: the report's title is the directory's
+    // name (and this page is the README's picture).
+    let dir = temp.path().join("demo");
     let out = nyann_bench()
         .args(["demo", "-q", "--output-dir"])
-        .arg(dir.path())
+        .arg(&dir)
         .output()
         .await
         .unwrap();
@@ -57,11 +60,11 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report = dir.path().join("report.html");
+    let report = dir.as_path().join("report.html");
     let size = std::fs::metadata(&report).unwrap().len();
     assert!(size < 512 * 1024, "report.html is {size} bytes");
     for saved in ["scenario.json", "scenario.star"] {
-        assert!(dir.path().join(saved).exists(), "{saved} not saved");
+        assert!(dir.as_path().join(saved).exists(), "{saved} not saved");
     }
 
     let mut browser = Browser::launch();
@@ -69,8 +72,9 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     let errors = browser.console_errors();
     assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
     let charts = charts(&mut browser);
-    // 2 throughput, 3 latency, 4 server signals, 3 timeline charts.
-    assert_eq!(charts.len(), 12, "{charts:?}");
+    // 2 throughput, 3 latency, 4 server signals, 2 timeline charts (no
+    // errors chart: the demo has none).
+    assert_eq!(charts.len(), 11, "{charts:?}");
     for (title, area, shapes) in &charts {
         assert!(
             *area > 10_000.0 && *shapes > 10,
@@ -81,7 +85,8 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     // Where the demo stops is the simulator's business: the page must say
     // what the run's summary says.
     let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(dir.as_path().join("summary.json")).unwrap())
+            .unwrap();
     let stop = summary["outcome"]["stage"].as_u64().unwrap() as usize;
     assert!(stop >= 1, "the demo stopped at its first stage: {summary}");
     let label = |i: usize| summary["stages"][i]["label"].as_str().unwrap().to_string();
@@ -100,24 +105,25 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
         "{text}"
     );
     assert!(text.contains("policy builtin"), "{text}");
+    assert!(text.starts_with("nyann-bench report: demo"), "{text}");
     let png = browser.screenshot();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 50_000,
         "{} bytes",
         png.len()
     );
-    std::fs::write(dir.path().join("report.png"), &png).unwrap();
+    std::fs::write(dir.as_path().join("report.png"), &png).unwrap();
     // `NYANN_REPORT_SCREENSHOT=docs/report.png` refreshes the README's picture.
     if let Some(path) = std::env::var_os("NYANN_REPORT_SCREENSHOT") {
         std::fs::write(Path::new(&path), &png).unwrap();
     }
 
     // Two runs in one report: both named, both in the legends and headlines.
-    let overlay = dir.path().join("overlay.html");
+    let overlay = dir.as_path().join("overlay.html");
     let out = nyann_bench()
         .arg("report")
-        .arg(dir.path())
-        .arg(dir.path())
+        .arg(dir.as_path())
+        .arg(dir.as_path())
         .args(["--label", "before", "--label", "after", "-o"])
         .arg(&overlay)
         .output()
@@ -153,12 +159,14 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     );
     assert_eq!(
         charts_len(&mut browser),
-        12 + 3,
-        "one more timeline per run"
+        11 + 2,
+        "two more timelines for the second run"
     );
+    let text = page_text(&mut browser);
+    assert!(text.contains("Compared at equal levels"), "{text}");
     assert!(browser.console_errors().is_empty());
 
-    extreme_readings_are_reported(dir.path(), stop, &mut browser).await;
+    extreme_readings_are_reported(dir.as_path(), stop, &mut browser).await;
 }
 
 /// The run again with its congested stage's TTFT p99 read as `f64::MAX` (a
@@ -260,4 +268,82 @@ fn the_browser_checks_catch_a_broken_chart() {
     let charts = charts(&mut browser);
     assert_eq!(charts.len(), 1);
     assert!(charts[0].1 == 0.0 && charts[0].2 == 0, "{charts:?}");
+}
+
+/// Per chart: its title, its legend entries, and how many congested marks
+/// (circles of radius 7) it holds.
+const MARKED: &str = "Array.from(document.querySelectorAll('figure svg')).map(svg => [\
+    svg.querySelector('text') ? svg.querySelector('text').textContent : '', \
+    Array.from(svg.querySelectorAll('text')).map(t => t.textContent).join('|'), \
+    svg.querySelectorAll('circle[r=\"7\"]').length])";
+
+/// A sweep the queueing rule stops, written with only some parameters: the
+/// KV-cache threshold is the policy's default (drawn and listed as such),
+/// the preemptions threshold of 1,000,000 (the KV rule switched off) is
+/// marked above the axis with its value instead of flattening the data, and
+/// the congested stage is circled on the queueing rule's charts only, not
+/// on the KV chart (its usage reached 100% there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_draws_defaults_off_scale_thresholds_and_the_rule_that_fired() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let params = r#"waiting_requests_p50=4, ttft_p99="500ms", preemptions=1000000"#;
+    let run = generate(&sim, &sweep(&[4, 8, 32, 64], params), &scrape_flags(&sim)).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
+    let reasons = run.congestion(2)["verdict"]["reasons"].to_string();
+    assert!(reasons.contains("queue"), "{reasons}");
+    assert!(
+        run.congestion(2)["roles"][0]["kv_cache_usage_max"]
+            .as_f64()
+            .unwrap()
+            >= 0.95,
+        "the KV chart would have been circled: {}",
+        run.congestion(2)
+    );
+
+    let mut browser = Browser::launch();
+    browser.open(&run.dir().join("report.html"));
+    assert!(browser.console_errors().is_empty());
+    let Value::Array(charts) = browser.evaluate(MARKED) else {
+        panic!("no charts")
+    };
+    let chart = |title: &str| -> (String, u64) {
+        let found = charts
+            .iter()
+            .find(|c| c[0].as_str().is_some_and(|t| t.trim().starts_with(title)))
+            .unwrap_or_else(|| panic!("no chart {title}: {charts:?}"));
+        (
+            found[1].as_str().unwrap().to_string(),
+            found[2].as_u64().unwrap(),
+        )
+    };
+    let (kv, kv_marks) = chart("Server KV-cache usage");
+    assert!(
+        kv.contains("threshold kv_cache_usage (policy default)"),
+        "{kv}"
+    );
+    assert_eq!(kv_marks, 0, "the KV rule did not fire: {kv}");
+    let (preemptions, _) = chart("Server preemptions");
+    assert!(
+        preemptions.contains("threshold preemptions 1000000 ↑"),
+        "{preemptions}"
+    );
+    let (_, waiting_marks) = chart("Server waiting requests");
+    assert_eq!(waiting_marks, 1);
+    let (_, ttft_marks) = chart("Server time to first token");
+    assert_eq!(ttft_marks, 1);
+    let text = page_text(&mut browser);
+    assert!(
+        text.contains("kv_cache_usage=0.95 (policy default)")
+            && text.contains("preemptions=1000000")
+            && !text.contains("preemptions=1000000 (policy default)"),
+        "{text}"
+    );
+    // Skipped stages sit along the top edge, off the data, in the throughput chart.
+    let (throughput, _) = chart("Requests per second");
+    assert!(
+        throughput.contains("skipped (not run, no value)"),
+        "{throughput}"
+    );
 }

@@ -138,7 +138,8 @@ pub struct Line {
 pub enum MarkKind {
     /// The stage the policy called congested (at the stage's value).
     Congested,
-    /// A stage that did not run (on the x axis).
+    /// A stage that did not run (along the top edge, off the data: at the
+    /// bottom it read as "fell to zero").
     Skipped,
     /// A judged stage whose server signal had no data (on the x axis).
     NoData,
@@ -305,6 +306,16 @@ fn draw_legend(
     Ok(())
 }
 
+/// Where a mark sits on an axis spanning `y`: at its value, else a
+/// skipped stage along the top edge and a missing value on the bottom.
+fn mark_y(mark: &Mark, y: &std::ops::Range<f64>) -> f64 {
+    match mark.y.filter(|v| !v.is_nan()) {
+        Some(v) => v,
+        None if mark.kind == MarkKind::Skipped => y.end,
+        None => y.start,
+    }
+}
+
 fn mark_style(kind: MarkKind) -> (RGBColor, u32) {
     match kind {
         MarkKind::Congested => (CONGESTED, 3),
@@ -415,10 +426,7 @@ pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
                 .marks
                 .iter()
                 .filter(|m| m.kind == kind)
-                .filter_map(|m| {
-                    let y_at = m.y.filter(|v| !v.is_nan()).unwrap_or(y.start);
-                    at(on_axis((m.x, y_at), y.end)?.0)
-                })
+                .filter_map(|m| at(on_axis((m.x, mark_y(m, &y)), y.end)?.0))
                 .collect();
             if points.is_empty() {
                 continue;
@@ -439,7 +447,7 @@ pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
             .map_err(plot_error)?;
             let name = match kind {
                 MarkKind::Congested => "congested",
-                MarkKind::Skipped => "skipped (not run)",
+                MarkKind::Skipped => "skipped (not run, no value)",
                 MarkKind::NoData => "no data",
             };
             legend.push((name.to_owned(), Glyph::Mark(kind)));
@@ -632,7 +640,7 @@ mod tests {
             "Throughput",
             "concurrency",
             "congested",
-            "skipped (not run)",
+            "skipped (not run, no value)",
             ">\n16\n<",
         ] {
             assert!(svg.contains(text), "{text} missing");
@@ -699,6 +707,17 @@ mod tests {
         assert_eq!(Unit::Millis.format(2.5), "2500");
         assert_eq!(Unit::Percent.format(0.95), "95%");
         assert_eq!(Unit::Count.format(17.25), "17.2");
+    }
+
+    /// A skipped stage is marked along the top edge, off the data (at 0 it
+    /// read as "throughput fell to zero"); a missing value on the bottom.
+    #[test]
+    fn skipped_stages_sit_on_the_top_edge() {
+        let axis = 0.0..20.0;
+        let mark = |kind, y| Mark { kind, x: 32.0, y };
+        assert_eq!(mark_y(&mark(MarkKind::Skipped, None), &axis), 20.0);
+        assert_eq!(mark_y(&mark(MarkKind::NoData, None), &axis), 0.0);
+        assert_eq!(mark_y(&mark(MarkKind::Congested, Some(7.0)), &axis), 7.0);
     }
 
     #[test]

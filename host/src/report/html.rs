@@ -72,6 +72,9 @@ pub fn page(runs: &[SavedRun]) -> anyhow::Result<String> {
         );
     }
 
+    if runs.len() > 1 {
+        comparison(&mut out, runs, axis.1);
+    }
     for (i, run) in runs.iter().enumerate() {
         run_details(&mut out, run, i)?;
     }
@@ -88,7 +91,8 @@ figure{margin:0;border:1px solid #eee}figure svg{display:block;max-width:100%;he
 table{border-collapse:collapse;font-size:12px;margin:8px 0}\
 td,th{border:1px solid #ddd;padding:3px 6px;white-space:nowrap}td.num{text-align:right}\
 tr.congested td{background:#fde8e8}tr.skipped td{color:#999}\
-pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}.note{color:#666;font-size:12px}";
+pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}.note{color:#666;font-size:12px}\
+.scroll{overflow-x:auto;max-width:100%}td.better{color:#2ca02c}td.worse{color:#d62728}";
 
 fn section(out: &mut String, title: &str) {
     let _ = write!(out, "<h2>{}</h2>\n<div class=\"grid\">\n", esc(title));
@@ -431,8 +435,9 @@ fn server_signal(
         x: axis.clone(),
         y_label: match signal.unit {
             Unit::Millis => "ms".into(),
-            Unit::Percent => "%".into(),
-            Unit::Count => "".into(),
+            Unit::Percent => "% of the KV cache".into(),
+            Unit::Count if signal.param == "preemptions" => "preemptions per stage".into(),
+            Unit::Count => "requests".into(),
         },
         unit: signal.unit,
         lines: Vec::new(),
@@ -485,47 +490,233 @@ fn server_signal(
                 y: None,
             }));
         }
-        // The threshold at every stage that carries it, judged or skipped.
+        // The threshold at every stage that carries it, judged or skipped:
+        // the value the policy judged with (its default when the scenario
+        // did not write it), else the value written.
+        let thresholds = Thresholds::of(run, signal.param);
         let threshold: Vec<(f64, f64)> = run
             .result
             .stages
             .iter()
             .enumerate()
             .filter_map(|(index, stage)| {
-                let param = run
-                    .stop_params(index)?
-                    .iter()
-                    .find(|p| p.name == signal.param)?;
-                Some((stage_level(stage, *by_rate)?, param_value(&param.value)?))
+                Some((stage_level(stage, *by_rate)?, thresholds.at(run, index)?.0))
             })
             .collect();
         if !threshold.is_empty() {
+            let default = if thresholds.defaulted {
+                " (policy default)"
+            } else {
+                ""
+            };
             figure.lines.push(Line {
-                name: series_name(runs, run, &format!("threshold {}", signal.param)),
+                name: series_name(runs, run, &format!("threshold {}{default}", signal.param)),
                 color: CONGESTED,
                 points: threshold,
                 dashed: true,
             });
         }
-        figure.marks.extend(
-            judged
+        // A congested stage is marked on a signal's chart only on the
+        // roles of a rule that fired: the KV chart of a stage the queueing
+        // rule stopped stays clean.
+        for (x, record, _) in judged.iter().filter(|(_, r, _)| r.congested()) {
+            let fired = fired_roles(record, signal);
+            let reached = record
+                .roles
                 .iter()
-                .filter(|(_, record, _)| record.congested())
-                .map(|(x, record, _)| Mark {
+                .filter(|r| has_data(record, &r.role, signal.field))
+                .filter(|r| fired.as_ref().is_none_or(|roles| roles.contains(&r.role)))
+                .map(signal.value)
+                .reduce(f64::max);
+            if let Some(y) = reached {
+                figure.marks.push(Mark {
                     kind: MarkKind::Congested,
                     x: *x,
-                    y: record
-                        .roles
-                        .iter()
-                        .filter(|r| has_data(record, &r.role, signal.field))
-                        .map(signal.value)
-                        .fold(None, |max: Option<f64>, v| {
-                            Some(max.map_or(v, |m| m.max(v)))
-                        }),
-                }),
-        );
+                    y: Some(y),
+                });
+            }
+        }
     }
     figure
+}
+
+/// The roles on which `signal`'s rule of the built-in policy fired in a
+/// congested stage (none when it did not fire); `None` when the record
+/// does not say the thresholds (another policy's parameters): then every
+/// role is marked. Sustained queueing fires on the largest waiting p50 and
+/// the largest TTFT p99, whatever their roles; KV pressure on a role whose
+/// KV usage and preemptions both reach their thresholds.
+fn fired_roles(record: &CongestionRecord, signal: Signal) -> Option<Vec<String>> {
+    let threshold = |param: &str| record.param(param).and_then(|(v, _)| param_value(v));
+    let value_of = |field: &str| SIGNALS.iter().find(|s| s.param == field).map(|s| s.value);
+    let reaches = |role: &RoleSignals, param: &str| -> Option<bool> {
+        Some((value_of(param)?)(role) >= threshold(param)?)
+    };
+    let roles = record.roles.iter();
+    match signal.param {
+        "waiting_requests_p50" | "ttft_p99" => {
+            let (waiting, ttft) = (threshold("waiting_requests_p50")?, threshold("ttft_p99")?);
+            let fired = roles.clone().any(|r| r.waiting_requests_p50 >= waiting)
+                && roles.clone().any(|r| r.ttft_p99_seconds >= ttft);
+            Some(if fired {
+                roles
+                    .filter(|r| reaches(r, signal.param) == Some(true))
+                    .map(|r| r.role.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            })
+        }
+        "kv_cache_usage" | "preemptions" => {
+            threshold("kv_cache_usage")?;
+            threshold("preemptions")?;
+            Some(
+                roles
+                    .filter(|r| {
+                        reaches(r, "kv_cache_usage") == Some(true)
+                            && reaches(r, "preemptions") == Some(true)
+                    })
+                    .map(|r| r.role.clone())
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// The values one parameter of the stop conditions took in a run.
+struct Thresholds {
+    /// Per sweep, what its judged stages were judged with.
+    by_sweep: Vec<(u32, f64)>,
+    /// The policy's default filled it in (the scenario did not write it).
+    defaulted: bool,
+    param: &'static str,
+}
+
+impl Thresholds {
+    fn of(run: &SavedRun, param: &'static str) -> Thresholds {
+        let mut by_sweep = Vec::new();
+        let mut defaulted = false;
+        for record in run.records.iter().flatten() {
+            if let Some((value, default)) = record.param(param)
+                && let Some(v) = param_value(value)
+                && !by_sweep.iter().any(|(s, _)| *s == record.sweep.index)
+            {
+                by_sweep.push((record.sweep.index, v));
+                defaulted |= default;
+            }
+        }
+        Thresholds {
+            by_sweep,
+            defaulted,
+            param,
+        }
+    }
+
+    /// The threshold of step `index` (judged or skipped), and whether it
+    /// was the policy's default.
+    fn at(&self, run: &SavedRun, index: usize) -> Option<(f64, bool)> {
+        let stage = run.result.stages.get(index)?;
+        if let Some(record) = run.records.get(index).and_then(Option::as_ref)
+            && let Some((value, default)) = record.param(self.param)
+        {
+            return Some((param_value(value)?, default));
+        }
+        if let Some(sweep) = stage.sweep
+            && let Some((_, v)) = self.by_sweep.iter().find(|(s, _)| *s == sweep)
+        {
+            return Some((*v, self.defaulted));
+        }
+        let written = run
+            .stop_params(index)?
+            .iter()
+            .find(|p| p.name == self.param)?;
+        Some((param_value(&written.value)?, false))
+    }
+}
+
+/// A figure the comparison shows: its name, how to read it from a stage's
+/// client statistics, and whether higher is better.
+type Compared = (&'static str, fn(&ClientStats) -> f64, bool);
+
+/// The runs side by side at the levels each pair measured: every later run
+/// against the first, the differences in percent.
+fn comparison(out: &mut String, runs: &[SavedRun], by_rate: bool) {
+    let _ = writeln!(out, "<h2>Compared at equal levels</h2>");
+    let base = &runs[0];
+    let figures: [Compared; 5] = [
+        ("req/s", |c| c.requests_per_second, true),
+        ("output tok/s", |c| c.output_tokens_per_second, true),
+        ("TTFT p99 ms", |c| c.ttft_p99_seconds * 1000.0, false),
+        ("ITL p99 ms", |c| c.itl_p99_seconds * 1000.0, false),
+        ("E2E p99 ms", |c| c.e2e_p99_seconds * 1000.0, false),
+    ];
+    for other in &runs[1..] {
+        let theirs = measured(other, by_rate);
+        let pairs: Vec<_> = measured(base, by_rate)
+            .into_iter()
+            .filter_map(|(i, level, ours)| {
+                let (j, _, theirs) = theirs.iter().find(|(_, l, _)| *l == level)?;
+                Some((level, (i, ours), (*j, *theirs)))
+            })
+            .collect();
+        if pairs.is_empty() {
+            let _ = writeln!(
+                out,
+                "<p class=\"note\">{} and {} measured no level in common.</p>",
+                esc(&base.label),
+                esc(&other.label)
+            );
+            continue;
+        }
+        let _ = write!(out, "<div class=\"scroll\"><table><tr><th>level</th>");
+        for (name, _, _) in &figures {
+            let _ = write!(
+                out,
+                "<th>{name}: {}</th><th>{}</th><th>change</th>",
+                esc(&base.label),
+                esc(&other.label)
+            );
+        }
+        let _ = writeln!(out, "<th>judged</th></tr>");
+        for (level, (i, ours), (j, theirs)) in pairs {
+            let _ = write!(out, "<tr><td>{}</td>", esc(&Unit::Count.format(level)));
+            for (_, value, higher_is_better) in &figures {
+                let (a, b) = (value(ours), value(theirs));
+                let change = (a > 0.0).then(|| 100.0 * (b - a) / a);
+                let class = match change {
+                    Some(c) if c.abs() >= 5.0 && (c > 0.0) == *higher_is_better => {
+                        " class=\"num better\""
+                    }
+                    Some(c) if c.abs() >= 5.0 => " class=\"num worse\"",
+                    _ => " class=\"num\"",
+                };
+                let _ = write!(
+                    out,
+                    "<td class=\"num\">{a:.1}</td><td class=\"num\">{b:.1}</td><td{class}>{}</td>",
+                    change.map_or_else(|| "-".into(), |c| format!("{c:+.1}%"))
+                );
+            }
+            let verdict =
+                |run: &SavedRun, k: usize| match run.records.get(k).and_then(Option::as_ref) {
+                    Some(r) if r.congested() => "congested",
+                    Some(_) => "ok",
+                    None => "-",
+                };
+            let _ = writeln!(
+                out,
+                "<td>{} / {}</td></tr>",
+                verdict(base, i),
+                verdict(other, j)
+            );
+        }
+        out.push_str("</table></div>\n");
+    }
+    let _ = writeln!(
+        out,
+        "<p class=\"note\">Each later run against the first, at the levels both measured; \
+         green: better by 5% or more, red: worse.</p>"
+    );
 }
 
 /// A run's own sections: timeline, errors, stage table, scenario.
@@ -603,28 +794,32 @@ fn run_details(out: &mut String, run: &SavedRun, index: usize) -> anyhow::Result
             }],
         })?,
     );
-    figure(
-        out,
-        timeline_chart(&TimelineFigure {
-            title: "Errors per second".into(),
-            y_label: "errors/s".into(),
-            unit: Unit::Count,
-            end_s,
-            spans,
-            band: None,
-            lines: vec![Line {
-                name: "errors per second".into(),
-                color: CONGESTED,
-                points: timeline
-                    .bins
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| (at(i), per_second(b.errors)))
-                    .collect(),
-                dashed: false,
-            }],
-        })?,
-    );
+    // No error, no chart: an empty chart reads as a measurement of nothing.
+    let any_error = timeline.bins.iter().any(|b| b.errors > 0);
+    if any_error {
+        figure(
+            out,
+            timeline_chart(&TimelineFigure {
+                title: "Errors per second".into(),
+                y_label: "errors/s".into(),
+                unit: Unit::Count,
+                end_s,
+                spans,
+                band: None,
+                lines: vec![Line {
+                    name: "errors per second".into(),
+                    color: CONGESTED,
+                    points: timeline
+                        .bins
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| (at(i), per_second(b.errors)))
+                        .collect(),
+                    dashed: false,
+                }],
+            })?,
+        );
+    }
     let _ = writeln!(
         out,
         "</div><p class=\"note\">Binned in {:.0} s steps ({} bins; requests by the time they were sent, \
@@ -702,7 +897,7 @@ fn spans(run: &SavedRun) -> Vec<Span> {
 
 fn stage_table(out: &mut String, run: &SavedRun) {
     let table = StageTable::of(&run.result);
-    out.push_str("<table>\n");
+    out.push_str("<div class=\"scroll\"><table>\n");
     for (r, row) in table.rows.iter().enumerate() {
         let class = match row.get(1).map(String::as_str) {
             Some("CONGESTED") => " class=\"congested\"",
@@ -721,7 +916,7 @@ fn stage_table(out: &mut String, run: &SavedRun) {
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</table>\n");
+    out.push_str("</table></div>\n");
     for note in &table.notes {
         let _ = writeln!(out, "<p class=\"note\">{}</p>", esc(note));
     }
@@ -746,7 +941,10 @@ fn scenario(out: &mut String, run: &SavedRun) {
     };
     let _ = writeln!(out, "<h3>Stop conditions (compiled)</h3>");
     let mut seen: Vec<&nyann_model::StopCondition> = Vec::new();
-    out.push_str("<table><tr><th>until_congested</th><th>parameters</th><th>stages</th></tr>\n");
+    out.push_str(
+        "<table><tr><th>until_congested</th><th>parameters the policy judged with</th>\
+         <th>stages</th></tr>\n",
+    );
     for step in &scenario.steps {
         let nyann_model::Step::Stage(stage) = step else {
             continue;
@@ -766,11 +964,36 @@ fn scenario(out: &mut String, run: &SavedRun) {
             })
             .map(|(s, _)| s.label.clone())
             .collect::<Vec<_>>();
-        let params: Vec<String> = stop
-            .params
+        // What the policy judged with, its defaults marked; else as written.
+        let judged = run
+            .result
+            .stages
             .iter()
-            .map(|p| format!("{}={}", p.name, param_text(&p.value)))
-            .collect();
+            .zip(&run.records)
+            .zip(&scenario.steps)
+            .filter(|(_, step)| {
+                matches!(step, nyann_model::Step::Stage(s) if s.stop.as_ref() == Some(stop))
+            })
+            .find_map(|((_, record), _)| record.as_ref().filter(|r| !r.judged_params.is_empty()));
+        let params: Vec<String> = match judged {
+            Some(record) => record
+                .judged_params
+                .iter()
+                .map(|p| {
+                    let default = if stop.params.iter().any(|w| w.name == p.name) {
+                        ""
+                    } else {
+                        " (policy default)"
+                    };
+                    format!("{}={}{default}", p.name, param_text(&p.value))
+                })
+                .collect(),
+            None => stop
+                .params
+                .iter()
+                .map(|p| format!("{}={}", p.name, param_text(&p.value)))
+                .collect(),
+        };
         let location = stop
             .location
             .as_ref()
@@ -829,7 +1052,7 @@ mod tests {
                 ..ClientStats::default()
             }),
             detail: ran.then(StageDetail::default),
-            sweep: None,
+            sweep: Some(0),
             annotation: None,
             skip_reason: (!ran).then(|| "stopped after stage #1 c=128: congested".into()),
             check_interrupted: false,
@@ -847,6 +1070,7 @@ mod tests {
             mode: PolicyMode::Enforce,
             sweep: Default::default(),
             params: Vec::new(),
+            judged_params: Vec::new(),
             roles,
             signal_errors: vec![],
             verdict: Some(Verdict {
@@ -884,7 +1108,10 @@ mod tests {
             judged(
                 stage(1, 128, StageStatus::Measured, 15.0),
                 true,
-                vec![role(40.0)],
+                vec![RoleSignals {
+                    ttft_p99_seconds: 2.5,
+                    ..role(40.0)
+                }],
             ),
             stage(2, 256, StageStatus::Skipped, 0.0),
         ];
@@ -974,6 +1201,92 @@ mod tests {
                 .marks
                 .iter()
                 .any(|m| m.kind == MarkKind::Congested && m.x == 128.0 && m.y == Some(40.0))
+        );
+    }
+
+    /// Parameters the scenario did not write were judged with the policy's
+    /// defaults: drawn and named as such. A congested stage is circled only
+    /// on the charts of the rule that fired (here queueing: not the KV
+    /// chart, although KV usage reached 95%, since the preemptions threshold
+    /// of 1,000,000 switched that rule off).
+    #[test]
+    fn defaults_are_drawn_and_only_the_rule_that_fired_is_marked() {
+        let mut run = sweep();
+        let param = |name: &str, value: f64| Param {
+            name: name.into(),
+            value: Value::Number(value),
+        };
+        for (i, stage) in run.result.stages.iter_mut().enumerate().take(2) {
+            let record = &mut stage.annotation.as_mut().unwrap().congestion;
+            // As written in the scenario: kv_cache_usage is left out.
+            record.params = vec![
+                param("waiting_requests_p50", 32.0),
+                Param {
+                    name: "ttft_p99".into(),
+                    value: Value::Text("2s".into()),
+                },
+                param("preemptions", 1_000_000.0),
+            ];
+            record.judged_params = vec![
+                param("waiting_requests_p50", 32.0),
+                param("ttft_p99", 2.0),
+                param("kv_cache_usage", 0.95),
+                param("preemptions", 1_000_000.0),
+            ];
+            record.roles[0].kv_cache_usage_max = if i == 1 { 1.0 } else { 0.5 };
+            record.roles[0].preemptions = 52.0;
+            run.records[i] = Some(record.clone());
+        }
+        let axis = level_axis(std::slice::from_ref(&run));
+        let kv = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[2]);
+        let threshold = kv.lines.iter().find(|l| l.dashed).unwrap();
+        assert_eq!(threshold.name, "threshold kv_cache_usage (policy default)");
+        assert_eq!(
+            threshold.points,
+            vec![(64.0, 0.95), (128.0, 0.95), (256.0, 0.95)]
+        );
+        assert!(
+            !kv.marks.iter().any(|m| m.kind == MarkKind::Congested),
+            "{:?}",
+            kv.marks
+        );
+        let waiting = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
+        assert_eq!(
+            waiting.lines.iter().find(|l| l.dashed).unwrap().name,
+            "threshold waiting_requests_p50"
+        );
+        assert!(
+            waiting
+                .marks
+                .iter()
+                .any(|m| m.kind == MarkKind::Congested && m.x == 128.0 && m.y == Some(40.0))
+        );
+        let page = page(std::slice::from_ref(&run)).unwrap();
+        assert!(
+            page.contains("kv_cache_usage=0.95 (policy default)"),
+            "listed"
+        );
+        assert!(
+            page.contains("threshold preemptions 1000000 ↑"),
+            "off the axis"
+        );
+    }
+
+    /// Two runs: a table of their figures at the levels both measured.
+    #[test]
+    fn overlaid_runs_are_compared_at_equal_levels() {
+        let (a, mut b) = (sweep(), sweep());
+        b.label = "run-b".into();
+        b.result.stages[0]
+            .client
+            .as_mut()
+            .unwrap()
+            .requests_per_second = 12.0;
+        let page = page(&[a, b]).unwrap();
+        assert!(page.contains("<h2>Compared at equal levels</h2>"), "{page}");
+        assert!(
+            page.contains("<td class=\"num\">10.0</td><td class=\"num\">12.0</td><td class=\"num better\">+20.0%</td>"),
+            "{page}"
         );
     }
 

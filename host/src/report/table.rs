@@ -471,6 +471,7 @@ mod tests {
             mode: PolicyMode::Enforce,
             sweep: Default::default(),
             params: Vec::new(),
+            judged_params: Vec::new(),
             roles,
             coverage,
             signal_errors: vec![],
