@@ -399,12 +399,12 @@ async fn demo_runs_and_names_the_congested_stage() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("CONGESTED"), "{stderr}");
     assert!(
-        stderr.contains("sweep stopped after stage #3 c=16: congested"),
+        stderr.contains("sweep stopped after stage #2 c=16: congested"),
         "{stderr}"
     );
     // A log, not a terminal: no escape codes, a line per stage start and end.
     assert!(!stderr.contains('\x1b'), "{stderr:?}");
-    for stage in ["#1 c=4", "#2 c=8", "#3 c=16"] {
+    for stage in ["#0 c=4", "#1 c=8", "#2 c=16"] {
         assert!(
             stderr.contains(&format!("stage {stage}: started for 4s")),
             "{stderr}"
@@ -421,7 +421,7 @@ async fn demo_runs_and_names_the_congested_stage() {
     let stderr = String::from_utf8_lossy(&quiet.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        stderr.starts_with("sweep stopped after stage #3 c=16: congested"),
+        stderr.starts_with("sweep stopped after stage #2 c=16: congested"),
         "{stderr}"
     );
 }
