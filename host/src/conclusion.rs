@@ -339,6 +339,7 @@ mod tests {
                     verdict: Some(Verdict {
                         congested,
                         reasons: vec![],
+                        fired: Vec::new(),
                     }),
                     policy_error: None,
                     stopped: congested,

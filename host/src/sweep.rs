@@ -30,7 +30,7 @@ use nyann_model::{
     Verdict,
 };
 use nyann_policy_host::{HostConfig, Policy, PolicyError, PolicyHost};
-use nyann_signals::{ClientEvidence, SignalOptions, SignalSource};
+use nyann_signals::{ClientEvidence, SignalOptions, SignalSource, StageSignals};
 use serde::{Deserialize, Serialize};
 
 /// How the verdicts are used.
@@ -238,7 +238,9 @@ impl CongestionRecord {
 
 /// The stage hook that judges congestion.
 pub struct CongestionCheck {
-    source: SignalSource,
+    /// `None` when the policy judges client figures only and no source was
+    /// given.
+    source: Option<SignalSource>,
     policy: Policy,
     mode: PolicyMode,
     on_error: OnPolicyError,
@@ -253,9 +255,10 @@ pub struct CongestionCheck {
 
 impl CongestionCheck {
     /// Everything that can fail before load is sent: `Ok(None)` when no stage
-    /// carries a stop condition; otherwise a signal source must be configured,
-    /// the policy must load, and every `until_congested(...)` call's
-    /// parameters must pass the policy's checks (all errors reported at once).
+    /// carries a stop condition; otherwise the policy must load, a signal
+    /// source must be configured unless the policy reads no server signals,
+    /// and every `until_congested(...)` call's parameters must pass the
+    /// policy's checks (all errors reported at once).
     pub async fn prepare(
         scenario: &Scenario,
         signal_options: &SignalOptions,
@@ -281,10 +284,12 @@ impl CongestionCheck {
             }
             return Ok(None);
         };
-        let Some(source) = SignalSource::from_options(signal_options)
+        // Its errors name the policy already ("cannot load policy X: ...").
+        let policy = policy_args.load()?;
+        let source = SignalSource::from_options(signal_options)
             .await
-            .map_err(crate::cli::signals::explain)?
-        else {
+            .map_err(crate::cli::signals::explain)?;
+        if source.is_none() && policy.info().server_signals {
             let at = first
                 .location
                 .as_ref()
@@ -293,11 +298,10 @@ impl CongestionCheck {
             bail!(
                 "the scenario stops on congestion{at} but no server signals are configured: \
                  give --prometheus-url URL with --deploy-name NAME (or --selector ROLE='{{...}}'), \
-                 or --scrape [ROLE=]URL to sample the servers' /metrics directly"
+                 or --scrape [ROLE=]URL to sample the servers' /metrics directly \
+                 (a policy that judges client figures only says so and needs neither)"
             );
-        };
-        // Its errors name the policy already ("cannot load policy X: ...").
-        let policy = policy_args.load()?;
+        }
         let checked = check_stop_conditions(scenario, &policy)
             .map_err(|errors| anyhow::anyhow!("{}", errors.join("\n")))?;
         let stops = stops
@@ -312,20 +316,26 @@ impl CongestionCheck {
                 (index, stop)
             })
             .collect();
-        let warnings = source
-            .preflight()
-            .await
-            .map_err(crate::cli::signals::explain)?;
-        for warning in &warnings {
-            tracing::warn!("{}", crate::cli::signals::warning(warning));
+        if let Some(source) = &source {
+            let warnings = source
+                .preflight()
+                .await
+                .map_err(crate::cli::signals::explain)?;
+            for warning in &warnings {
+                tracing::warn!("{}", crate::cli::signals::warning(warning));
+            }
         }
         let info = policy.info();
         tracing::info!(
-            "congestion policy {} {} ({}, mode {}); server signals: {source}",
+            "congestion policy {} {} ({}, mode {}); server signals: {}",
             info.name,
             info.version,
             policy.origin(),
-            format!("{:?}", policy_args.policy_mode).to_lowercase()
+            format!("{:?}", policy_args.policy_mode).to_lowercase(),
+            match &source {
+                Some(source) => source.to_string(),
+                None => "none (the policy judges client figures only)".to_string(),
+            }
         );
         Ok(Some(CongestionCheck {
             source,
@@ -340,7 +350,9 @@ impl CongestionCheck {
     /// Starts sampling the servers' `/metrics` (for `--scrape`; a no-op for
     /// Prometheus). Call it before the first stage.
     pub fn start(&self) {
-        self.source.start();
+        if let Some(source) = &self.source {
+            source.start();
+        }
     }
 
     async fn judge(
@@ -349,16 +361,17 @@ impl CongestionCheck {
         stop: &Stop,
     ) -> HookOutcome<Judged> {
         let started = Instant::now();
-        let signals = self
-            .source
-            .stage_signals(
-                done.start_unix,
-                done.end_unix,
-                ClientEvidence {
+        let signals = match &self.source {
+            Some(source) => {
+                let client = ClientEvidence {
                     longest_first_token_wait_seconds: done.stats.longest_first_token_wait(),
-                },
-            )
-            .await;
+                };
+                source
+                    .stage_signals(done.start_unix, done.end_unix, client)
+                    .await
+            }
+            None => StageSignals::default(),
+        };
         let observation = StageObservation {
             index: u32::try_from(done.index).unwrap_or(u32::MAX),
             name: done.label.to_string(),
@@ -375,12 +388,14 @@ impl CongestionCheck {
             tracing::warn!("stage {}: {error} (reads as 0)", done.label);
         }
         for (role, coverage) in observation.roles.iter().zip(&signals.coverage) {
-            if coverage.nothing_found() {
+            if coverage.nothing_found()
+                && let Some(source) = &self.source
+            {
                 tracing::warn!(
                     "stage {}: role {} has no series of any signal ({}): every signal of the role reads 0 for this verdict",
                     done.label,
                     role.role,
-                    self.source.place(&role.role)
+                    source.place(&role.role)
                 );
             }
             tracing::info!("stage {}: {}", done.label, describe_role(role, coverage));

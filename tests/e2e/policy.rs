@@ -83,17 +83,25 @@ async fn a_new_policy_builds_outside_the_repository_and_stops_a_sweep() {
         "{stdout}{}",
         text(&check.stderr)
     );
-    assert!(stdout.contains("interface: nyann:policy@0.2"), "{stdout}");
+    assert!(stdout.contains("interface: nyann:policy@0.3"), "{stdout}");
     assert!(stdout.contains("check passed"), "{stdout}");
 
-    // In a sweep: client TTFT p99 ~50 ms at c=8, ~400 ms at c=16.
+    // In a sweep: client TTFT p99 ~50 ms at c=8, ~400 ms at c=16. The
+    // scaffold's policy judges client figures only and says so: it runs
+    // with no --scrape and no Prometheus.
     let _serial = serial().await;
     let sim = simulator(false).await;
-    let mut args = scrape_flags(&sim);
-    args.extend(["--policy".into(), wasm.display().to_string()]);
+    let args = vec!["--policy".to_string(), wasm.display().to_string()];
     let run = generate(&sim, &sweep(&LEVELS, r#"ttft_p99="200ms""#), &args).await;
     assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
     assert_eq!(run.congestion(2)["policy"]["name"], "my-policy");
+    assert_eq!(run.congestion(2)["roles"], serde_json::json!([]));
+    assert!(
+        run.stderr()
+            .contains("server signals: none (the policy judges client figures only)"),
+        "{}",
+        run.stderr()
+    );
 }
 
 async fn nyann(args: &[&str], dir: &Path) -> (Option<i32>, String, String) {

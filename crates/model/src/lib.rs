@@ -23,7 +23,8 @@ pub use duration::{DURATION_HELP, parse_duration, parse_seconds};
 pub use header::parse_header;
 
 pub use observation::{
-    ClientStats, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, SweepRef, Verdict,
+    ClientStats, FiredRule, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation,
+    SweepRef, Verdict,
 };
 pub use scenario::{
     CacheSalt, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition, Value, Workload,

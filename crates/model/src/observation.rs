@@ -98,6 +98,30 @@ pub struct StageObservation {
 pub struct Verdict {
     pub congested: bool,
     pub reasons: Vec<String>,
+    /// The rules that fired (interface 0.3 on; empty from older policies,
+    /// which do not say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fired: Vec<FiredRule>,
+}
+
+/// One rule that found a stage congested: which figures, on which role.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FiredRule {
+    /// The rule's name as its policy documents it (`queueing`, `kv-cache`).
+    pub rule: String,
+    /// The server role it fired on; `None` for a rule over client figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// The figures it compared, by their names in the results
+    /// (`waiting_requests_p50`, `kv_cache_usage_max`, ...).
+    pub signals: Vec<String>,
+}
+
+impl FiredRule {
+    /// Whether this rule compared `signal` on `role`.
+    pub fn covers(&self, role: &str, signal: &str) -> bool {
+        self.role.as_deref() == Some(role) && self.signals.iter().any(|s| s == signal)
+    }
 }
 
 /// How a parameter is written in `until_congested(...)` and passed to `judge`.
@@ -133,4 +157,7 @@ pub struct PolicyInfo {
     pub version: String,
     pub summary: String,
     pub params: Vec<ParamSpec>,
+    /// Whether the policy reads server signals (policies built before
+    /// interface 0.3 all may): without them it runs with no signal source.
+    pub server_signals: bool,
 }

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nyann_model::observation::{PolicyInfo, StageObservation, Verdict};
+use nyann_model::observation::{FiredRule, PolicyInfo, StageObservation, Verdict};
 use nyann_model::scenario::{Param, StopCondition};
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store};
@@ -458,37 +458,61 @@ impl Policy {
             })?;
         self.check_verdict(&verdict)
             .map_err(|what| self.call_error(index, CallFailure::OversizedOutput(what)))?;
-        // Reasons reach the stage table, the log and the stop line.
+        // Reasons reach the stage table, the log and the stop line; rule
+        // names the report.
+        let text = |t: String| printable(&t).into_owned();
         Ok(Verdict {
-            reasons: verdict
-                .reasons
+            reasons: verdict.reasons.into_iter().map(text).collect(),
+            fired: verdict
+                .fired
                 .into_iter()
-                .map(|r| printable(&r).into_owned())
+                .map(|f| FiredRule {
+                    rule: text(f.rule),
+                    role: f.role.map(text),
+                    signals: f.signals.into_iter().map(text).collect(),
+                })
                 .collect(),
             ..verdict
         })
     }
 
+    /// Refuse a verdict larger than the limits: as many fired rules as
+    /// reasons, as many signals per rule, every text within the reason size.
     fn check_verdict(&self, verdict: &Verdict) -> Result<(), String> {
-        let (max_reasons, max_bytes) = (self.inner.max_reasons, self.inner.max_reason_bytes);
-        if verdict.reasons.len() > max_reasons {
-            return Err(format!(
-                "{} reasons; the limit is {max_reasons}",
-                verdict.reasons.len()
-            ));
+        let (max_items, max_bytes) = (self.inner.max_reasons, self.inner.max_reason_bytes);
+        let count = |what: &str, n: usize| {
+            if n > max_items {
+                Err(format!("{n} {what}; the limit is {max_items}"))
+            } else {
+                Ok(())
+            }
+        };
+        let size = |what: String, text: &str| {
+            if text.len() > max_bytes {
+                Err(format!(
+                    "{what} is {} bytes; the limit is {}",
+                    text.len(),
+                    human_bytes(max_bytes)
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        count("reasons", verdict.reasons.len())?;
+        for (i, reason) in verdict.reasons.iter().enumerate() {
+            size(format!("reason {}", i + 1), reason)?;
         }
-        if let Some((i, r)) = verdict
-            .reasons
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.len() > max_bytes)
-        {
-            return Err(format!(
-                "reason {} is {} bytes; the limit is {}",
-                i + 1,
-                r.len(),
-                human_bytes(max_bytes)
-            ));
+        count("fired rules", verdict.fired.len())?;
+        for (i, fired) in verdict.fired.iter().enumerate() {
+            let what = format!("fired rule {}", i + 1);
+            count(&format!("signals in {what}"), fired.signals.len())?;
+            for text in [&fired.rule]
+                .into_iter()
+                .chain(&fired.role)
+                .chain(&fired.signals)
+            {
+                size(format!("a name in {what}"), text)?;
+            }
         }
         Ok(())
     }

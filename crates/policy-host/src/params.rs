@@ -160,6 +160,7 @@ mod tests {
             name: "builtin".into(),
             version: "1".into(),
             summary: String::new(),
+            server_signals: true,
             params: vec![
                 spec("waiting_requests_p50", ParamKind::Number, true, None),
                 spec("ttft_p99", ParamKind::Duration, true, None),

@@ -520,7 +520,7 @@ fn server_signal(
         // roles of a rule that fired: the KV chart of a stage the queueing
         // rule stopped stays clean.
         for (x, record, _) in judged.iter().filter(|(_, r, _)| r.congested()) {
-            let fired = fired_roles(record, signal);
+            let fired = said_fired_roles(record, signal).or_else(|| fired_roles(record, signal));
             let reached = record
                 .roles
                 .iter()
@@ -540,7 +540,25 @@ fn server_signal(
     figure
 }
 
-/// The roles on which `signal`'s rule of the built-in policy fired in a
+/// The roles on which the verdict says a rule compared `signal` (policies
+/// on interface 0.3 say); `None` when it does not say.
+fn said_fired_roles(record: &CongestionRecord, signal: Signal) -> Option<Vec<String>> {
+    let fired = &record.verdict.as_ref()?.fired;
+    if fired.is_empty() {
+        return None;
+    }
+    Some(
+        record
+            .roles
+            .iter()
+            .filter(|r| fired.iter().any(|f| f.covers(&r.role, signal.field)))
+            .map(|r| r.role.clone())
+            .collect(),
+    )
+}
+
+/// For records whose verdict does not say which rule fired (policies before
+/// interface 0.3): the roles on which `signal`'s rule of the built-in policy fired in a
 /// congested stage (none when it did not fire); `None` when the record
 /// does not say the thresholds (another policy's parameters): then every
 /// role is marked. Sustained queueing fires on the largest waiting p50 and
@@ -1028,7 +1046,9 @@ mod tests {
     use super::*;
     use crate::sweep::{Judged, PolicyMode, PolicyRef, RunResult};
     use nyann_load::{RunOutcome, StageDetail};
-    use nyann_model::{Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload};
+    use nyann_model::{
+        FiredRule, Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload,
+    };
 
     fn stage(index: usize, c: u32, status: StageStatus, rps: f64) -> StageResult {
         let ran = status == StageStatus::Measured;
@@ -1076,6 +1096,7 @@ mod tests {
             verdict: Some(Verdict {
                 congested,
                 reasons: vec![],
+                fired: Vec::new(),
             }),
             policy_error: None,
             stopped: false,
@@ -1270,6 +1291,38 @@ mod tests {
             page.contains("threshold preemptions 1000000 ↑"),
             "off the axis"
         );
+    }
+
+    /// A verdict that names its rules (interface 0.3) is taken at its word,
+    /// whatever the parameters: here a custom policy with no thresholds
+    /// fired on the decode role's KV figures only.
+    #[test]
+    fn the_rules_a_verdict_names_are_the_ones_marked() {
+        let mut run = sweep();
+        let record = &mut run.result.stages[1].annotation.as_mut().unwrap().congestion;
+        let mut decode = record.roles[0].clone();
+        decode.role = "decode".into();
+        decode.kv_cache_usage_max = 0.9;
+        record.roles[0].kv_cache_usage_max = 0.99;
+        record.roles.push(decode);
+        record.verdict.as_mut().unwrap().fired = vec![FiredRule {
+            rule: "kv-cache".into(),
+            role: Some("decode".into()),
+            signals: vec!["kv_cache_usage_max".into()],
+        }];
+        run.records[1] = Some(record.clone());
+        let axis = level_axis(std::slice::from_ref(&run));
+        let marks = |signal: Signal| -> Vec<(f64, Option<f64>)> {
+            server_signal(std::slice::from_ref(&run), &axis, signal)
+                .marks
+                .iter()
+                .filter(|m| m.kind == MarkKind::Congested)
+                .map(|m| (m.x, m.y))
+                .collect()
+        };
+        assert_eq!(marks(SIGNALS[2]), [(128.0, Some(0.9))], "decode's KV only");
+        assert_eq!(marks(SIGNALS[0]), [], "no waiting mark");
+        assert_eq!(marks(SIGNALS[3]), [], "no preemptions mark");
     }
 
     /// Two runs: a table of their figures at the levels both measured.

@@ -478,6 +478,7 @@ mod tests {
             verdict: Some(Verdict {
                 congested: true,
                 reasons: vec!["queueing".into()],
+                fired: Vec::new(),
             }),
             policy_error: None,
             stopped: false,

@@ -9,6 +9,9 @@
 //! - KV-cache pressure: on one and the same role, the KV-cache usage max
 //!   reaches `kv_cache_usage` AND the preemptions reach `preemptions`.
 //!
+//! The verdict names each rule that fired (`queueing`, `kv-cache`) with its
+//! roles and figures.
+//!
 //! The rules live in [`rules`], plain Rust tested natively.
 
 pub mod rules;
@@ -53,7 +56,7 @@ impl Policy for Builtin {
         _history: &[StageObservation],
     ) -> Result<Verdict, String> {
         let thresholds = rules::Thresholds::from_params(params)?;
-        Ok(Verdict::from_reasons(rules::reasons(&thresholds, stage)))
+        Ok(rules::verdict(&thresholds, stage))
     }
 }
 

@@ -1,7 +1,7 @@
 //! The built-in rules as plain functions over the observation, so they are
 //! tested natively (no wasm involved).
 
-use nyann_policy::{Params, RoleSignals, StageObservation};
+use nyann_policy::{Params, RoleSignals, StageObservation, Verdict};
 
 /// Default KV-cache usage threshold (fraction).
 pub const DEFAULT_KV_CACHE_USAGE: f64 = 0.95;
@@ -30,25 +30,54 @@ impl Thresholds {
     }
 }
 
+/// The verdict: a reason per rule that holds, and which roles and figures
+/// each compared (the report marks those). Rule names: `queueing`,
+/// `kv-cache`.
+pub fn verdict(t: &Thresholds, stage: &StageObservation) -> Verdict {
+    let mut verdict = Verdict::ok();
+    if let Some((reason, waiting, ttft)) = queueing(t, &stage.roles) {
+        verdict.reasons.push(reason);
+        verdict = if waiting == ttft {
+            verdict.fired(
+                "queueing",
+                Some(waiting),
+                &["waiting_requests_p50", "ttft_p99_seconds"],
+            )
+        } else {
+            verdict
+                .fired("queueing", Some(waiting), &["waiting_requests_p50"])
+                .fired("queueing", Some(ttft), &["ttft_p99_seconds"])
+        };
+    }
+    for role in &stage.roles {
+        if let Some(reason) = kv_pressure(t, role) {
+            verdict.reasons.push(reason);
+            verdict = verdict.fired(
+                "kv-cache",
+                Some(&role.role),
+                &["kv_cache_usage_max", "preemptions"],
+            );
+        }
+    }
+    verdict.congested = !verdict.reasons.is_empty();
+    verdict
+}
+
 /// Every reason the stage is congested; empty when it is not.
 pub fn reasons(t: &Thresholds, stage: &StageObservation) -> Vec<String> {
-    let mut reasons = Vec::new();
-    if let Some(reason) = queueing(t, &stage.roles) {
-        reasons.push(reason);
-    }
-    reasons.extend(stage.roles.iter().filter_map(|role| kv_pressure(t, role)));
-    reasons
+    verdict(t, stage).reasons
 }
 
 /// Sustained queueing: the largest waiting p50 and the largest TTFT p99,
-/// each from whichever role has it, both at or over their thresholds.
-fn queueing(t: &Thresholds, roles: &[RoleSignals]) -> Option<String> {
+/// each from whichever role has it, both at or over their thresholds. The
+/// reason, and the roles of the waiting and of the TTFT figure.
+fn queueing<'a>(t: &Thresholds, roles: &'a [RoleSignals]) -> Option<(String, &'a str, &'a str)> {
     let waiting = max_by(roles, |r| r.waiting_requests_p50)?;
     let ttft = max_by(roles, |r| r.ttft_p99_seconds)?;
     (waiting.waiting_requests_p50 >= t.waiting_requests_p50
         && ttft.ttft_p99_seconds >= t.ttft_p99_seconds)
         .then(|| {
-            format!(
+            let reason = format!(
                 "queueing: waiting p50 {} on {} (threshold {}), TTFT p99 {}s on {} (threshold {}s)",
                 num(waiting.waiting_requests_p50),
                 waiting.role,
@@ -56,7 +85,8 @@ fn queueing(t: &Thresholds, roles: &[RoleSignals]) -> Option<String> {
                 num(ttft.ttft_p99_seconds),
                 ttft.role,
                 num(t.ttft_p99_seconds),
-            )
+            );
+            (reason, waiting.role.as_str(), ttft.role.as_str())
         })
 }
 
@@ -124,6 +154,53 @@ mod tests {
             kv_cache_usage: kv,
             preemptions,
         }
+    }
+
+    #[test]
+    fn the_verdict_names_the_roles_and_figures_of_each_rule_that_fired() {
+        let s = stage(vec![
+            role("prefill", 40.0, 0.1, 0.99, 5.0),
+            role("decode", 0.0, 2.5, 0.5, 0.0),
+        ]);
+        let v = verdict(&thresholds(32.0, 2.0, 0.95, 2.0), &s);
+        assert!(v.congested);
+        let fired: Vec<_> = v
+            .fired
+            .iter()
+            .map(|f| (f.rule.as_str(), f.role.as_deref(), f.signals.clone()))
+            .collect();
+        assert_eq!(
+            fired,
+            vec![
+                (
+                    "queueing",
+                    Some("prefill"),
+                    vec!["waiting_requests_p50".to_string()]
+                ),
+                (
+                    "queueing",
+                    Some("decode"),
+                    vec!["ttft_p99_seconds".to_string()]
+                ),
+                (
+                    "kv-cache",
+                    Some("prefill"),
+                    vec!["kv_cache_usage_max".to_string(), "preemptions".to_string()]
+                ),
+            ]
+        );
+        // One role holding both queueing figures: one rule entry.
+        let s = stage(vec![role("aggregate", 40.0, 2.5, 0.5, 0.0)]);
+        let v = verdict(&thresholds(32.0, 2.0, 0.95, 2.0), &s);
+        assert_eq!(v.fired.len(), 1);
+        assert_eq!(
+            v.fired[0].signals,
+            ["waiting_requests_p50", "ttft_p99_seconds"]
+        );
+        // Not congested: nothing fired.
+        let s = stage(vec![role("aggregate", 1.0, 0.1, 0.5, 0.0)]);
+        let v = verdict(&thresholds(32.0, 2.0, 0.95, 2.0), &s);
+        assert!(!v.congested && v.fired.is_empty() && v.reasons.is_empty());
     }
 
     // The Go tool's cases.

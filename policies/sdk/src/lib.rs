@@ -1,7 +1,7 @@
 //! SDK for nyann-bench congestion policies.
 //!
 //! A policy is a WebAssembly component implementing the WIT contract
-//! `nyann:policy@0.2.0` (shipped with this crate in `wit/policy.wit`, and
+//! `nyann:policy@0.3.0` (shipped with this crate in `wit/policy.wit`, and
 //! printed by `nyann-bench policy wit`). This crate hides the wit-bindgen
 //! plumbing: implement [`Policy`] for a unit struct, call
 //! [`export_policy!`], and build with
@@ -40,11 +40,11 @@ extern crate self as nyann_policy;
 #[doc(hidden)]
 pub use wit_bindgen;
 
-/// The WIT contract this SDK implements (the repository's `wit/0.2`).
+/// The WIT contract this SDK implements (the repository's `wit/0.3`).
 pub const WIT: &str = include_str!("../wit/policy.wit");
 
 /// The interface version this SDK builds components for.
-pub const INTERFACE_VERSION: &str = "0.2.0";
+pub const INTERFACE_VERSION: &str = "0.3.0";
 
 #[doc(hidden)]
 pub mod __private {
@@ -93,8 +93,8 @@ pub mod __private {
 }
 
 pub use __private::bindings::nyann::policy::types::{
-    ClientStats, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation, Sweep,
-    Value, Verdict,
+    ClientStats, FiredRule, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation,
+    Sweep, Value, Verdict,
 };
 
 /// A congestion policy. Implement it for a unit struct and export it with
@@ -265,14 +265,23 @@ impl From<Vec<Param>> for Params {
 }
 
 impl PolicyInfo {
-    /// Start a description: name, version, one-sentence summary.
+    /// Start a description: name, version, one-sentence summary. The policy
+    /// reads server signals unless [`PolicyInfo::client_only`] says not.
     pub fn new(name: &str, version: &str, summary: &str) -> Self {
         PolicyInfo {
             name: name.to_string(),
             version: version.to_string(),
             summary: summary.to_string(),
             params: Vec::new(),
+            server_signals: true,
         }
+    }
+
+    /// The policy judges the client's figures only: nyann-bench runs it
+    /// without a signal source (no `--scrape` or `--prometheus-url`).
+    pub fn client_only(mut self) -> Self {
+        self.server_signals = false;
+        self
     }
 
     /// Add a parameter (see [`spec`]).
@@ -288,6 +297,7 @@ impl Verdict {
         Verdict {
             congested: false,
             reasons: Vec::new(),
+            fired: Vec::new(),
         }
     }
 
@@ -296,7 +306,21 @@ impl Verdict {
         Verdict {
             congested: !reasons.is_empty(),
             reasons,
+            fired: Vec::new(),
         }
+    }
+
+    /// Say which rule fired, on which role (`None`: client figures) and
+    /// which figures it compared, named as in the results files
+    /// (`waiting_requests_p50`, `kv_cache_usage_max`, `ttft_p99_seconds`...).
+    /// The report marks exactly those.
+    pub fn fired(mut self, rule: &str, role: Option<&str>, signals: &[&str]) -> Self {
+        self.fired.push(FiredRule {
+            rule: rule.to_string(),
+            role: role.map(str::to_string),
+            signals: signals.iter().map(|s| s.to_string()).collect(),
+        });
+        self
     }
 
     /// Congested with one reason when `condition` holds.
@@ -524,7 +548,7 @@ mod tests {
     #[test]
     fn shipped_wit_is_the_interface_version() {
         assert!(WIT.contains(&format!("package nyann:policy@{INTERFACE_VERSION};")));
-        assert!(env!("CARGO_PKG_VERSION").starts_with("0.2."));
+        assert!(env!("CARGO_PKG_VERSION").starts_with("0.3."));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The interface versions this host supports, side by side: one bindgen
-//! module per version (`v0_1`, `v0_2`), each adapting its own generated
+//! module per version (`v0_1`, `v0_2`, `v0_3`), each adapting its own generated
 //! types to the shared model (`nyann_model`), the way Zed keeps its
 //! `since_v*` extension interfaces. The model follows the newest version;
 //! an older component sees it through its own, smaller records.
@@ -11,7 +11,8 @@
 /// The glue every version module shares, written once: the `host` import
 /// (`log`), linking, and `describe`/`validate`/`judge` over the module's own
 /// conversions (`value_to_wit`, `value_from_wit`, `kind_from_wit`,
-/// `client_to_wit`, `stage_to_wit`), which each module writes by hand. Use
+/// `client_to_wit`, `stage_to_wit`, `server_signals`, `verdict_from_wit`),
+/// which each module writes by hand. Use
 /// it right after the module's `bindgen!`.
 macro_rules! version_glue {
     () => {
@@ -42,6 +43,7 @@ macro_rules! version_glue {
             let policy = pre.instantiate(&mut *store)?;
             let info = policy.nyann_policy_policy().call_describe(&mut *store)?;
             Ok(PolicyInfo {
+                server_signals: server_signals(&info),
                 name: info.name,
                 version: info.version,
                 summary: info.summary,
@@ -85,10 +87,7 @@ macro_rules! version_glue {
                 policy
                     .nyann_policy_policy()
                     .call_judge(&mut *store, &params, &stage, &history)?;
-            Ok(verdict.map(|v| Verdict {
-                congested: v.congested,
-                reasons: v.reasons,
-            }))
+            Ok(verdict.map(verdict_from_wit))
         }
 
         fn params_to_wit(params: &[Param]) -> Vec<wit::Param> {
@@ -116,6 +115,7 @@ macro_rules! version_glue {
 
 mod v0_1;
 mod v0_2;
+mod v0_3;
 
 use nyann_model::observation::{PolicyInfo, StageObservation, Verdict};
 use nyann_model::scenario::Param;
@@ -133,22 +133,25 @@ pub const PACKAGE: &str = "nyann:policy";
 pub enum Interface {
     /// `nyann:policy@0.1`: frozen; adapted to the model by the host.
     V0_1,
-    /// `nyann:policy@0.2`: the current line, which the SDK builds.
+    /// `nyann:policy@0.2`: frozen; adapted to the model by the host.
     V0_2,
+    /// `nyann:policy@0.3`: the current line, which the SDK builds.
+    V0_3,
 }
 
 impl Interface {
     /// Every supported line, oldest first.
-    pub const ALL: [Interface; 2] = [Interface::V0_1, Interface::V0_2];
+    pub const ALL: [Interface; 3] = [Interface::V0_1, Interface::V0_2, Interface::V0_3];
 
     /// The line new policies are built against.
-    pub const NEWEST: Interface = Interface::V0_2;
+    pub const NEWEST: Interface = Interface::V0_3;
 
     /// `0.1`, `0.2`.
     pub fn line(self) -> &'static str {
         match self {
             Interface::V0_1 => "0.1",
             Interface::V0_2 => "0.2",
+            Interface::V0_3 => "0.3",
         }
     }
 
@@ -157,6 +160,7 @@ impl Interface {
         match self {
             Interface::V0_1 => include_str!("../../../../wit/0.1/policy.wit"),
             Interface::V0_2 => include_str!("../../../../wit/0.2/policy.wit"),
+            Interface::V0_3 => include_str!("../../../../wit/0.3/policy.wit"),
         }
     }
 
@@ -181,7 +185,7 @@ impl std::fmt::Display for Interface {
     }
 }
 
-/// `nyann:policy@0.1.x, nyann:policy@0.2.x`.
+/// `nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x`.
 pub fn supported_versions() -> String {
     Interface::ALL
         .iter()
@@ -193,7 +197,8 @@ pub fn supported_versions() -> String {
 /// Link the host imports (`host`, `types`) of every supported line.
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     v0_1::add_to_linker(linker)?;
-    v0_2::add_to_linker(linker)
+    v0_2::add_to_linker(linker)?;
+    v0_3::add_to_linker(linker)
 }
 
 /// A component ready to instantiate, typed by its interface line: the
@@ -202,6 +207,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
 pub(crate) enum Pre {
     V0_1(v0_1::CongestionPolicyPre<HostState>),
     V0_2(v0_2::CongestionPolicyPre<HostState>),
+    V0_3(v0_3::CongestionPolicyPre<HostState>),
 }
 
 impl Pre {
@@ -209,6 +215,7 @@ impl Pre {
         Ok(match interface {
             Interface::V0_1 => Pre::V0_1(v0_1::CongestionPolicyPre::new(pre)?),
             Interface::V0_2 => Pre::V0_2(v0_2::CongestionPolicyPre::new(pre)?),
+            Interface::V0_3 => Pre::V0_3(v0_3::CongestionPolicyPre::new(pre)?),
         })
     }
 
@@ -216,6 +223,7 @@ impl Pre {
         match self {
             Pre::V0_1(_) => Interface::V0_1,
             Pre::V0_2(_) => Interface::V0_2,
+            Pre::V0_3(_) => Interface::V0_3,
         }
     }
 
@@ -224,6 +232,7 @@ impl Pre {
         match self {
             Pre::V0_1(pre) => v0_1::describe(pre, store),
             Pre::V0_2(pre) => v0_2::describe(pre, store),
+            Pre::V0_3(pre) => v0_3::describe(pre, store),
         }
     }
 
@@ -236,6 +245,7 @@ impl Pre {
         match self {
             Pre::V0_1(pre) => v0_1::validate(pre, store, params),
             Pre::V0_2(pre) => v0_2::validate(pre, store, params),
+            Pre::V0_3(pre) => v0_3::validate(pre, store, params),
         }
     }
 
@@ -250,6 +260,7 @@ impl Pre {
         match self {
             Pre::V0_1(pre) => v0_1::judge(pre, store, params, stage, history),
             Pre::V0_2(pre) => v0_2::judge(pre, store, params, stage, history),
+            Pre::V0_3(pre) => v0_3::judge(pre, store, params, stage, history),
         }
     }
 }
@@ -263,7 +274,8 @@ mod tests {
         assert_eq!(Interface::of_version("0.1.0"), Some(Interface::V0_1));
         assert_eq!(Interface::of_version("0.1.7"), Some(Interface::V0_1));
         assert_eq!(Interface::of_version("0.2.3"), Some(Interface::V0_2));
-        assert_eq!(Interface::of_version("0.3.0"), None);
+        assert_eq!(Interface::of_version("0.3.0"), Some(Interface::V0_3));
+        assert_eq!(Interface::of_version("0.4.0"), None);
         assert_eq!(Interface::of_version("1.0.0"), None);
         assert_eq!(Interface::of_version(""), None);
         assert_eq!(
@@ -272,7 +284,7 @@ mod tests {
         );
         assert_eq!(
             supported_versions(),
-            "nyann:policy@0.1.x, nyann:policy@0.2.x"
+            "nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x"
         );
     }
 

@@ -75,3 +75,17 @@ fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
         signal_errors: s.signal_errors.clone(),
     }
 }
+
+/// Policies before 0.3 do not say; the host assumes they may read them.
+fn server_signals(_: &wit::PolicyInfo) -> bool {
+    true
+}
+
+/// Policies before 0.3 do not say which rule fired.
+fn verdict_from_wit(v: wit::Verdict) -> Verdict {
+    Verdict {
+        congested: v.congested,
+        reasons: v.reasons,
+        fired: Vec::new(),
+    }
+}

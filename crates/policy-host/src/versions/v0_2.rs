@@ -1,5 +1,6 @@
-//! `nyann:policy@0.2`: the current line. Its records match the model field
-//! for field.
+//! `nyann:policy@0.2`: frozen (`wit/0.2`). The host adapts the model to it:
+//! a 0.2 policy does not say whether it reads server signals (it is assumed
+//! to) nor which rule fired.
 
 use nyann_model::observation::{
     ClientStats, ParamKind, PolicyInfo, RoleSignals, StageObservation, Verdict,
@@ -79,5 +80,19 @@ fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
         roles: s.roles.iter().map(role_to_wit).collect(),
         client: client_to_wit(&s.client),
         signal_errors: s.signal_errors.clone(),
+    }
+}
+
+/// Policies before 0.3 do not say; the host assumes they may read them.
+fn server_signals(_: &wit::PolicyInfo) -> bool {
+    true
+}
+
+/// Policies before 0.3 do not say which rule fired.
+fn verdict_from_wit(v: wit::Verdict) -> Verdict {
+    Verdict {
+        congested: v.congested,
+        reasons: v.reasons,
+        fired: Vec::new(),
     }
 }

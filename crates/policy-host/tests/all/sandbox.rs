@@ -428,8 +428,9 @@ fn versions_this_host_cannot_run_are_named() {
     assert_eq!(
         err,
         "cannot load policy rc.wasm: is built for nyann:policy@0.2.1-rc.1, a pre-release of the \
-         interface; this host runs the released nyann:policy@0.1.x, nyann:policy@0.2.x (rebuild \
-         the policy against a released WIT, e.g. the one `nyann-bench policy wit` prints)"
+         interface; this host runs the released nyann:policy@0.1.x, nyann:policy@0.2.x, \
+         nyann:policy@0.3.x (rebuild the policy against a released WIT, e.g. the one \
+         `nyann-bench policy wit` prints)"
     );
     let newer_wit = Interface::V0_2
         .wit()
@@ -600,6 +601,24 @@ async fn too_many_reasons_are_refused() {
 }
 
 #[tokio::test]
+async fn fired_rules_are_bounded_like_reasons() {
+    let err = judge_err("many-fired", 5).await;
+    assert_eq!(err.failure().map(CallFailure::kind), Some("output"));
+    assert!(
+        err.to_string()
+            .contains("10000 fired rules; the limit is 32"),
+        "{err}"
+    );
+    let err = judge_err("huge-fired-name", 5).await;
+    assert!(
+        err.to_string()
+            .contains("a name in fired rule 1 is 10485760 bytes; the limit is 1 KiB"),
+        "{err}"
+    );
+    assert_host_healthy().await;
+}
+
+#[tokio::test]
 async fn stderr_flood_is_bounded() {
     let err = judge_err("stderr-flood", 6).await;
     assert_eq!(
@@ -671,10 +690,23 @@ async fn control_characters_in_what_a_policy_says_are_escaped() {
     );
     let banner = info.params.iter().find(|p| p.name == "banner").unwrap();
     assert_eq!(banner.doc, "unused\\r\\u{1b}[31mred\\u{1b}[0m");
+    let fired = &verdict.fired[0];
+    assert_eq!(
+        (
+            fired.rule.as_str(),
+            fired.role.as_deref(),
+            &fired.signals[..]
+        ),
+        (
+            "queue\\u{1b}[2J",
+            Some("pre\\nfill"),
+            &["waiting\\r".to_string()][..]
+        )
+    );
     for text in verdict
         .reasons
         .iter()
-        .chain([&err, &info.summary, &banner.doc])
+        .chain([&err, &info.summary, &banner.doc, &fired.rule])
     {
         assert!(!text.chars().any(char::is_control), "{text:?}");
     }
@@ -789,7 +821,7 @@ async fn disallowed_import_is_refused_at_load() {
 
 #[tokio::test]
 async fn other_interface_versions_are_refused_naming_the_supported_ones() {
-    for version in ["0.3.0", "1.0.0"] {
+    for version in ["0.4.0", "1.0.0"] {
         let err = load_err(&wat_component(
             None,
             &format!("nyann:policy/policy@{version}"),
@@ -798,8 +830,8 @@ async fn other_interface_versions_are_refused_naming_the_supported_ones() {
             err,
             format!(
                 "cannot load policy test.wasm: is built for nyann:policy@{version}; this host supports \
-                 nyann:policy@0.1.x, nyann:policy@0.2.x (a newer nyann-bench is needed, or rebuild \
-                 the policy against the WIT printed by `nyann-bench policy wit`)"
+                 nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x (a newer nyann-bench is \
+                 needed, or rebuild the policy against the WIT printed by `nyann-bench policy wit`)"
             )
         );
     }

@@ -1,12 +1,13 @@
 //! Interface versions side by side: a component built against the frozen
-//! 0.1 WIT (with wit-bindgen, no SDK) and 0.2 components load and run on the
-//! same host; the host adapts what 0.1 lacks.
+//! 0.1 WIT (with wit-bindgen, no SDK), the built-in as it was built for 0.2
+//! (a committed fixture) and 0.3 components load and run on the same host;
+//! the host adapts what the older lines lack.
 
 use std::time::Duration;
 
 use nyann_guests::assembled::Assembled;
 use nyann_model::SweepRef;
-use nyann_model::observation::{ClientStats, StageObservation};
+use nyann_model::observation::{ClientStats, RoleSignals, StageObservation};
 use nyann_model::scenario::Value;
 use nyann_policy_host::{CallFailure, Interface};
 
@@ -70,6 +71,71 @@ async fn the_sandbox_applies_to_0_1_components_too() {
     assert_eq!(
         err.failure(),
         Some(&CallFailure::Blocked(Duration::from_secs(10)))
+    );
+}
+
+/// `tests/fixtures/builtin-0.2.wasm` is the built-in policy's component as
+/// its source built it for `nyann:policy@0.2` (as committed at 5624f13), kept so
+/// that the 0.2 adapter always runs a real 0.2 component.
+#[tokio::test]
+async fn the_0_2_built_in_judges_as_the_0_3_one_without_naming_rules() {
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/builtin-0.2.wasm"
+    ))
+    .unwrap();
+    let old = common::host()
+        .load_bytes("builtin-0.2.wasm", &bytes)
+        .unwrap();
+    let new = common::builtin();
+    assert_eq!(old.interface(), Interface::V0_2);
+    assert_eq!(new.interface(), Interface::V0_3);
+    assert!(old.info().server_signals && new.info().server_signals);
+    let stop = stop(&[
+        ("waiting_requests_p50", Value::Number(8.0)),
+        ("ttft_p99", Value::Text("1s".into())),
+    ]);
+    let stage = StageObservation {
+        roles: vec![RoleSignals {
+            role: "aggregate".into(),
+            waiting_requests_p50: 20.0,
+            ttft_p99_seconds: 2.0,
+            kv_cache_usage_max: 0.99,
+            preemptions: 5.0,
+            extra: Vec::new(),
+        }],
+        ..stage(3, 0)
+    };
+    let old_verdict = old
+        .judge(&old.check_params(&stop).unwrap(), &stage, &[])
+        .await
+        .unwrap();
+    let new_verdict = new
+        .judge(&new.check_params(&stop).unwrap(), &stage, &[])
+        .await
+        .unwrap();
+    assert!(old_verdict.congested && new_verdict.congested);
+    assert_eq!(old_verdict.reasons, new_verdict.reasons);
+    assert!(old_verdict.fired.is_empty(), "0.2 does not say");
+    let fired: Vec<_> = new_verdict
+        .fired
+        .iter()
+        .map(|f| (f.rule.as_str(), f.role.as_deref(), f.signals.join(",")))
+        .collect();
+    assert_eq!(
+        fired,
+        [
+            (
+                "queueing",
+                Some("aggregate"),
+                "waiting_requests_p50,ttft_p99_seconds".to_string()
+            ),
+            (
+                "kv-cache",
+                Some("aggregate"),
+                "kv_cache_usage_max,preemptions".to_string()
+            ),
+        ]
     );
 }
 

@@ -80,6 +80,8 @@ impl Policy for ClientSlo {
             env!("CARGO_PKG_VERSION"),
             "Congested when the client's TTFT p99 or error rate break the SLO for `consecutive` stages in a row.",
         )
+        // Client figures only: runs without a signal source.
+        .client_only()
         .param(spec::duration("ttft_p99", "client TTFT p99 limit").required())
         .param(spec::fraction("max_error_rate", "largest acceptable share of failed requests").default_number(0.01))
         .param(spec::integer("consecutive", "stages in a row that must break the SLO").default_integer(1))

@@ -17,6 +17,8 @@ impl Policy for ThroughputKnee {
             env!("CARGO_PKG_VERSION"),
             "Congested when output tokens/s stops growing while client TTFT p99 keeps growing, stage over stage.",
         )
+        // Client figures only: runs without a signal source.
+        .client_only()
         .param(spec::number("min_throughput_gain_pct", "least output tokens/s growth (percent) that still counts as growth").default_number(5.0))
         .param(spec::number("max_ttft_growth_pct", "client TTFT p99 growth (percent) that signals queueing").default_number(50.0))
     }

@@ -26,7 +26,7 @@ const SDK_FILES: [(&str, &str); 4] = [
     ),
     (
         "wit/policy.wit",
-        include_str!("../../../../wit/0.2/policy.wit"),
+        include_str!("../../../../policies/sdk/wit/policy.wit"),
     ),
 ];
 
@@ -113,7 +113,7 @@ fn readme(name: &str) -> String {
         r#"# {name}
 
 A congestion policy for nyann-bench: a WebAssembly component implementing
-`nyann:policy@0.2` (`vendor/nyann-policy/wit/policy.wit`). The rules are in
+`nyann:policy@0.3` (`vendor/nyann-policy/wit/policy.wit`). The rules are in
 `src/lib.rs`, plain Rust, tested natively.
 
 ```sh
@@ -144,7 +144,7 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-# The nyann-bench policy SDK (nyann:policy@0.2), copied here by
+# The nyann-bench policy SDK (nyann:policy@0.3), copied here by
 # `nyann-bench policy new` so that this crate builds anywhere.
 nyann-policy = {{ path = "{VENDORED_SDK}" }}
 
@@ -179,6 +179,9 @@ impl Policy for MyPolicy {{
             env!("CARGO_PKG_VERSION"),
             "Congested when client TTFT p99 or the error rate is too high.",
         )
+        // It judges the client's figures only, so it runs without
+        // --scrape or --prometheus-url; drop this line to read stage.roles.
+        .client_only()
         .param(spec::duration("ttft_p99", "client TTFT p99 limit").required())
         .param(
             spec::fraction("max_error_rate", "largest share of failed requests")
@@ -275,7 +278,7 @@ mod tests {
         // The vendored SDK builds on its own: no workspace inheritance.
         let sdk = file(&files, "vendor/nyann-policy/Cargo.toml");
         assert!(!sdk.contains("workspace = true"), "{sdk}");
-        assert!(file(&files, "vendor/nyann-policy/wit/policy.wit").contains("nyann:policy@0.2.0"));
+        assert!(file(&files, "vendor/nyann-policy/wit/policy.wit").contains("nyann:policy@0.3.0"));
         // Its own README, and the toolchain the SDK needs.
         assert!(file(&files, "README.md").contains("release/my_policy.wasm"));
         let toolchain = file(&files, "rust-toolchain.toml");

@@ -76,8 +76,21 @@ impl Policy for Hostile {
                 nyann_policy::log::warn("log line\nstage #9: a forged log line\x1b[2J");
                 Ok(Verdict::from_reasons(vec![
                     "\x1b[2J\rreal reason\nsweep stopped after stage #0: forged".into(),
-                ]))
+                ])
+                .fired("queue\x1b[2J", Some("pre\nfill"), &["waiting\r"]))
             }
+            "many-fired" => {
+                let mut verdict = Verdict::from_reasons(vec!["congested".into()]);
+                for i in 0..10_000 {
+                    verdict = verdict.fired(&format!("rule {i}"), None, &[]);
+                }
+                Ok(verdict)
+            }
+            "huge-fired-name" => Ok(Verdict::from_reasons(vec!["congested".into()]).fired(
+                "queueing",
+                None,
+                &[&"s".repeat(10 << 20)],
+            )),
             "escape-err" => Err("\x1b]0;title\x07bad\nsweep stopped after stage #0: forged".into()),
             "sleep" => {
                 std::thread::sleep(std::time::Duration::from_secs(10));
