@@ -11,8 +11,14 @@ fn main() {
     // for a worktree, the shared one.
     for dir in ["--git-dir", "--git-common-dir"] {
         if let Some(dir) = git(&["rev-parse", "--path-format=absolute", dir]) {
+            // Only files that exist: cargo reruns a build script that
+            // watches a missing one on every build (no `packed-refs` before
+            // the first `git gc`), and relinks the binary each time.
             for file in ["HEAD", "refs/heads", "packed-refs"] {
-                println!("cargo::rerun-if-changed={dir}/{file}");
+                let path = std::path::Path::new(&dir).join(file);
+                if path.exists() {
+                    println!("cargo::rerun-if-changed={}", path.display());
+                }
             }
         }
     }
