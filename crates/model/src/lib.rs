@@ -9,11 +9,14 @@
 //! small crate and not on each other. `rules` are the checks every scenario
 //! passes, whoever built it. `duration` is the one duration grammar
 //! of the scenario language and of every flag; `header` the one grammar of a
-//! header flag.
+//! header flag. `math` is the one definition of the signal arithmetic (the
+//! steady window, quantiles, Prometheus' `histogram_quantile`), shared by the
+//! signal sources and the simulator.
 
 pub mod coverage;
 pub mod duration;
 pub mod header;
+pub mod math;
 pub mod observation;
 pub mod rules;
 pub mod scenario;

@@ -49,12 +49,16 @@ use nyann_model::{RoleCoverage, RoleSignals};
 pub mod config;
 pub mod exposition;
 mod http;
-pub mod math;
 mod preflight;
 pub mod profile;
 pub mod prometheus;
 mod scrape;
 pub mod spec;
+
+/// The signal arithmetic (windows, quantiles, counter increases) lives in
+/// `nyann_model::math` so that the simulator computes its figures with the
+/// same code; re-exported here so `nyann_signals::math` keeps working.
+pub use nyann_model::math;
 
 pub use config::{RoleSelector, ScrapeTarget, SignalOptions};
 pub use http::{ClientCertError, ClientCertFile};

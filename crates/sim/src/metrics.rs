@@ -7,6 +7,8 @@
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use nyann_model::math::{self, Bucket};
+
 /// TTFT bucket upper bounds (vLLM defaults).
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -109,26 +111,28 @@ impl Histogram {
     }
 
     /// The `q` quantile as Prometheus' `histogram_quantile` reads these
-    /// buckets: linear interpolation inside the bucket holding rank
-    /// `q * count` (from 0 for the first bucket), the highest finite bound
-    /// when the rank falls in `+Inf`, NaN without observations.
+    /// buckets ([`math::histogram_quantile`], the signal sources' own):
+    /// linear interpolation inside the bucket holding rank `q * count` (from
+    /// 0 for the first bucket), the highest finite bound when the rank falls
+    /// in `+Inf`, NaN without observations.
     pub fn quantile(&self, q: f64) -> f64 {
-        if self.count == 0 {
-            return f64::NAN;
-        }
-        let rank = q.clamp(0.0, 1.0) * self.count as f64;
+        math::histogram_quantile(q, &self.cumulative())
+    }
+
+    /// The buckets as an exposition shows them: cumulative counts, `+Inf` last.
+    fn cumulative(&self) -> Vec<Bucket> {
+        let bounds = self.bounds.iter().copied().chain([f64::INFINITY]);
         let mut below = 0u64;
-        for (i, &n) in self.counts.iter().enumerate() {
-            if n > 0 && (below + n) as f64 >= rank {
-                let Some(&upper) = self.bounds.get(i) else {
-                    return self.bounds.last().copied().unwrap_or(f64::NAN);
-                };
-                let lower = if i == 0 { 0.0 } else { self.bounds[i - 1] };
-                return lower + (upper - lower) * (rank - below as f64) / n as f64;
-            }
-            below += n;
-        }
-        self.bounds.last().copied().unwrap_or(f64::NAN)
+        bounds
+            .zip(&self.counts)
+            .map(|(upper_bound, &n)| {
+                below += n;
+                Bucket {
+                    upper_bound,
+                    count: below as f64,
+                }
+            })
+            .collect()
     }
 
     /// Index of the bucket that holds `v` (`bounds.len()` for `+Inf`).
@@ -676,6 +680,21 @@ mod tests {
         assert_eq!(format_value(0.001), "0.001");
         assert_eq!(format_value(2560.0), "2560.0");
         assert_eq!(format_value(f64::INFINITY), "+Inf");
+    }
+
+    #[test]
+    fn quantiles_are_read_as_histogram_quantile_reads_the_exposition() {
+        let mut h = Histogram::new(TTFT_BUCKETS);
+        assert!(h.quantile(0.99).is_nan(), "no observations, no value");
+        // 50 in (0.001, 0.005], 50 in (0.01, 0.02].
+        h.observe_n(0.003, 50);
+        h.observe_n(0.015, 50);
+        // Rank 50 closes the first of them; rank 99 is 49/50 into the second.
+        assert!((h.quantile(0.5) - 0.005).abs() < 1e-12);
+        assert!((h.quantile(0.99) - 0.0198).abs() < 1e-12);
+        // A rank past the last finite bound reads that bound.
+        h.observe_n(3000.0, 100);
+        assert_eq!(h.quantile(0.99), 2560.0);
     }
 
     #[test]

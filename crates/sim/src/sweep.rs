@@ -12,13 +12,16 @@
 //! over the steady window (the stage without its first 20% and last 5%, the
 //! whole stage under 5 s), the waiting p50 of the sampled gauge, the TTFT
 //! p99 of vLLM's histogram as Prometheus' `histogram_quantile` reads it, the
-//! KV usage max, and the preemptions of the whole stage.
+//! KV usage max, and the preemptions of the whole stage. The window and the
+//! quantiles are the signal sources' own ([`nyann_model::math`]), so the
+//! simulator and a real sweep read the same samples the same way.
 //!
 //! The fit ([`crate::fit`]) runs it for every candidate time model; the
 //! tests run it to compare a profile with a recorded server.
 
 use std::collections::HashMap;
 
+use nyann_model::math::{self, Window};
 use nyann_model::{ClientStats, RoleSignals};
 
 use crate::engine::{Engine, EngineConfig, NewSeq, SeqId};
@@ -29,9 +32,6 @@ use crate::tokens::mix;
 /// Gauges are read this often (a scrape; finer than Prometheus' usual 1 s
 /// so that a 10 s stage has enough samples for a stable median).
 pub const SAMPLE_INTERVAL: f64 = 0.25;
-
-/// Below this length (seconds) the steady window is the whole stage.
-const MIN_STEADY_SECONDS: f64 = 5.0;
 
 /// One stage of a sweep: closed loop at `concurrency` for `duration_s`, each
 /// request with `prompt_tokens` in and `output_tokens` out.
@@ -154,7 +154,7 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
     let mut figures = Vec::with_capacity(stages.len());
     for (index, stage) in stages.iter().enumerate() {
         let end = now + stage.duration_s;
-        let steady = steady_window(now, end);
+        let steady = Window::steady(Window::new(now, end));
         let mut observed = Observed {
             preemptions_at_start: load.engine.metrics().preemptions(),
             ..Observed::default()
@@ -165,7 +165,7 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
             streams += 1;
         }
         let mut gaps = Vec::new();
-        let mut next_sample = steady.0;
+        let mut next_sample = steady.start;
         while now < end || load.pending > 0 {
             let Some(step) = load.engine.begin_step(now) else {
                 match load.engine.next_arrival() {
@@ -179,8 +179,8 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
                 continue;
             };
             // The gauges hold the planned step's values until it ends.
-            while next_sample < now + step && next_sample <= steady.1 {
-                if next_sample >= steady.0 {
+            while next_sample < now + step && next_sample <= steady.end {
+                if next_sample >= steady.start {
                     observed.waiting.push(load.engine.num_waiting() as f64);
                     observed.running.push(load.engine.num_running() as f64);
                     observed.kv.push(load.engine.kv_usage());
@@ -188,7 +188,7 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
                 next_sample += SAMPLE_INTERVAL;
             }
             now += step;
-            let in_steady = (steady.0..=steady.1).contains(&now);
+            let in_steady = (steady.start..=steady.end).contains(&now);
             let mut finished = 0;
             for event in load.engine.end_step(now) {
                 let Some(r) = load.requests.get_mut(&event.id) else {
@@ -238,16 +238,6 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
     figures
 }
 
-/// `[start + 20%, start + 95%]`, or the whole stage when that is under 5 s.
-fn steady_window(start: f64, end: f64) -> (f64, f64) {
-    let len = end - start;
-    if 0.75 * len < MIN_STEADY_SECONDS {
-        (start, end)
-    } else {
-        (start + 0.2 * len, start + 0.95 * len)
-    }
-}
-
 /// The client statistics of a stage's requests; `itl` holds every gap
 /// between two tokens of those requests.
 fn client_stats<'a>(
@@ -266,6 +256,7 @@ fn client_stats<'a>(
         ttft.push(first - r.arrival);
         e2e.push(end - r.arrival);
     }
+    let (ttft, itl, e2e) = (sorted(&mut ttft), sorted(itl), sorted(&mut e2e));
     let per_second = |n: u64| {
         if duration_s > 0.0 {
             n as f64 / duration_s
@@ -278,12 +269,12 @@ fn client_stats<'a>(
         requests_failed: 0,
         requests_per_second: per_second(ok),
         output_tokens_per_second: per_second(tokens),
-        ttft_p50_seconds: quantile(&mut ttft, 0.5),
-        ttft_p99_seconds: quantile(&mut ttft, 0.99),
+        ttft_p50_seconds: quantile(ttft, 0.5),
+        ttft_p99_seconds: quantile(ttft, 0.99),
         itl_p50_seconds: quantile(itl, 0.5),
         itl_p99_seconds: quantile(itl, 0.99),
-        e2e_p50_seconds: quantile(&mut e2e, 0.5),
-        e2e_p99_seconds: quantile(&mut e2e, 0.99),
+        e2e_p50_seconds: quantile(e2e, 0.5),
+        e2e_p99_seconds: quantile(e2e, 0.99),
         // The virtual sweep's server never sheds or outlasts a stage.
         ..ClientStats::default()
     }
@@ -297,26 +288,32 @@ fn server_signals(o: &mut Observed, preemptions: u64) -> RoleSignals {
     let kv_max = o.kv.iter().copied().fold(0.0, f64::max);
     RoleSignals {
         role: "aggregate".into(),
-        waiting_requests_p50: quantile(&mut o.waiting, 0.5),
+        waiting_requests_p50: quantile(sorted(&mut o.waiting), 0.5),
         ttft_p99_seconds: ttft.quantile(0.99),
         kv_cache_usage_max: kv_max,
         preemptions: preemptions as f64,
         extra: vec![
             ("ttft_p50_seconds".into(), ttft.quantile(0.5)),
-            ("running_requests_p50".into(), quantile(&mut o.running, 0.5)),
+            (
+                "running_requests_p50".into(),
+                quantile(sorted(&mut o.running), 0.5),
+            ),
         ],
     }
 }
 
-/// Quantile with linear interpolation between ranks (numpy's default); 0 when empty.
-fn quantile(values: &mut [f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
+/// `values` sorted in place, for [`quantile`]: a series is sorted once and
+/// read at each quantile (the fit runs this sweep hundreds of times).
+fn sorted(values: &mut [f64]) -> &[f64] {
     values.sort_by(f64::total_cmp);
-    let rank = q.clamp(0.0, 1.0) * (values.len() - 1) as f64;
-    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-    values[lo] + (values[hi] - values[lo]) * (rank - lo as f64)
+    values
+}
+
+/// The signals' quantile ([`math::quantile`]) of a sorted series, 0 when it
+/// is empty (as the client statistics report a stage without requests).
+/// Every value the sweep records is finite, so nothing needs filtering.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    math::quantile_of_sorted(sorted, q).unwrap_or(0.0)
 }
 
 #[cfg(test)]

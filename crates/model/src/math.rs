@@ -1,9 +1,13 @@
-//! The arithmetic both sources share: stage windows, the p50 of a series,
-//! Prometheus' `histogram_quantile` and counter increases.
+//! The signal arithmetic: stage windows, the p50 of a series, Prometheus'
+//! `histogram_quantile` and counter increases.
 //!
-//! Everything here is pure and deterministic so that the two sources compute
-//! the same numbers from the same samples, and so that the window and
-//! quantile rules are tested in one place.
+//! The policy interface documents these definitions as part of its contract,
+//! so they exist once: both signal sources (`nyann-signals`: the Prometheus
+//! API and direct `/metrics` scraping) and the simulator's virtual-clock
+//! sweep (`nyann-sim`) compute with them. Everything here is pure and
+//! deterministic so that they all get the same numbers from the same
+//! samples, and so that the window and quantile rules are tested in one
+//! place.
 
 /// Below this length (seconds) the steady window is the whole stage.
 pub const MIN_STEADY_SECONDS: f64 = 5.0;
@@ -44,15 +48,22 @@ impl Window {
 /// `None` when nothing is left.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
+    v.sort_by(f64::total_cmp);
+    quantile_of_sorted(&v, q)
+}
+
+/// [`quantile`] of values already sorted ascending and finite, without the
+/// copy and the sort: for callers that read several quantiles of one large
+/// series (the simulator's sweep, run hundreds of times by a fit).
+pub fn quantile_of_sorted(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let rank = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let rank = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
     let lo = rank.floor() as usize;
     let hi = rank.ceil() as usize;
     let frac = rank - lo as f64;
-    Some(v[lo] + (v[hi] - v[lo]) * frac)
+    Some(sorted[lo] + (sorted[hi] - sorted[lo]) * frac)
 }
 
 /// One cumulative histogram bucket: observations `<= upper_bound`.
@@ -224,6 +235,10 @@ mod tests {
         assert_eq!(quantile(&[4.0, 1.0, 3.0, 2.0], 0.5), Some(2.5));
         assert_eq!(quantile(&[1.0, 2.0, 3.0], 0.5), Some(2.0));
         assert_eq!(quantile(&[0.0, 10.0], 0.99), Some(9.9));
+        // The sorted variant is the same rule without the sort.
+        assert_eq!(quantile_of_sorted(&[], 0.5), None);
+        assert_eq!(quantile_of_sorted(&[1.0, 2.0, 3.0, 4.0], 0.5), Some(2.5));
+        assert_eq!(quantile_of_sorted(&[0.0, 10.0], 0.99), Some(9.9));
     }
 
     #[test]
