@@ -63,9 +63,8 @@ pub enum SimError {
     InvalidArgs(String),
     #[error(transparent)]
     Profile(#[from] ProfileError),
-    #[error(
-        "cannot listen on {addr}: {source} (is the port in use? use port 0 for an ephemeral one)"
-    )]
+    // The OS error is the source (printed once, after the hint).
+    #[error("cannot listen on {addr} (is the port in use? use port 0 for an ephemeral one)")]
     Bind {
         addr: String,
         #[source]

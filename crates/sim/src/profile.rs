@@ -239,7 +239,9 @@ pub struct ServerProfile {
 /// Why a profile file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    #[error("cannot read profile file {path}: {source}")]
+    // The OS error is the source, printed after the message by whoever
+    // prints the chain (`{:#}`): naming it here too printed it twice.
+    #[error("cannot read profile file {path}")]
     Read {
         path: String,
         #[source]
@@ -526,6 +528,25 @@ impl ServerProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error chain as the binary prints it (`{:#}`).
+    fn chain(err: &dyn std::error::Error) -> String {
+        let mut text = err.to_string();
+        let mut source = err.source();
+        while let Some(cause) = source {
+            text = format!("{text}: {cause}");
+            source = cause.source();
+        }
+        text
+    }
+
+    #[test]
+    fn an_unreadable_file_names_the_os_error_once() {
+        let err = ServerProfile::read(Path::new("/nonexistent/profile.toml")).unwrap_err();
+        let text = chain(&err);
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert!(text.starts_with("cannot read profile file /nonexistent/profile.toml: "));
+    }
 
     #[test]
     fn built_in_profiles_survive_their_file() {
