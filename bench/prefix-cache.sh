@@ -50,7 +50,7 @@ STAR
         stop_sim
         python3 - "$WORK/run/stages.json" "$WORK/metrics.txt" "$pool" "$cache" <<'PY'
 import json, sys
-stage = json.load(open(sys.argv[1]))[0]
+stage = json.load(open(sys.argv[1]))["stages"][0]
 counters = {}
 for line in open(sys.argv[2]):
     for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):

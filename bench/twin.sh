@@ -49,7 +49,7 @@ import json, sys
 real = {1: (357, 0, 0.024, 0.11, 0), 4: (1241, 0, 0.035, 0.41, 0), 8: (1824, 0, 0.087, 0.79, 0),
         12: (2405, 0, 0.19, 1.0, 174), 16: (1905, 4, 0.67, 1.0, 333), 24: (1949, 13, 2.36, 1.0, 320),
         32: (1867, 18, 2.47, 1.0, 330), 64: (2159, 50, 4.97, 1.0, 394)}
-stages, seconds = json.load(open(sys.argv[1])), float(sys.argv[2])
+stages, seconds = json.load(open(sys.argv[1]))["stages"], float(sys.argv[2])
 print("| c | twin output tok/s | real | twin waiting p50 | real | twin server TTFT p99 | real | twin KV max | real | twin preemptions/s | real |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for s in stages:

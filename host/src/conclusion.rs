@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::sweep::{CongestionRecord, RunResult, StageResult};
 
 /// The run's conclusion (`summary.json`: `conclusion`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Conclusion {
     /// One entry per `until_congested(...)` sweep that ran, in order.
     pub sweeps: Vec<SweepConclusion>,
@@ -22,7 +22,7 @@ pub struct Conclusion {
 }
 
 /// What one sweep found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SweepConclusion {
     /// The sweep's number (from 0) and where its `until_congested` is written.
     pub sweep: u32,
@@ -38,7 +38,7 @@ pub struct SweepConclusion {
 }
 
 /// A stage of the run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StageRef {
     /// Position in the scenario's steps (as in `stages.json`).
     pub stage: usize,
@@ -48,7 +48,7 @@ pub struct StageRef {
 }
 
 /// A stage's load level: its concurrency or its arrival rate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Level {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
@@ -58,7 +58,7 @@ pub struct Level {
 }
 
 /// The knee: the most load the server took before congestion, as measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Knee {
     #[serde(flatten)]
     pub stage: StageRef,
@@ -71,7 +71,7 @@ pub struct Knee {
 }
 
 /// Load not sent because a sweep stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LoadNotSent {
     /// Stages skipped.
     pub stages: usize,
@@ -249,8 +249,8 @@ impl Conclusion {
 
 /// `summary.json`: the run (`R`: one process's, or a fleet's merged
 /// result), with its conclusion.
-#[derive(Serialize)]
-struct Summary<'a, R> {
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct Summary<'a, R> {
     #[serde(flatten)]
     result: &'a R,
     conclusion: &'a Conclusion,
@@ -261,7 +261,7 @@ pub fn summary_json<R: Serialize>(
     result: &R,
     conclusion: &Conclusion,
 ) -> serde_json::Result<String> {
-    serde_json::to_string_pretty(&Summary { result, conclusion })
+    nyann_results::summary_json(&Summary { result, conclusion })
 }
 
 /// Writes `summary.json` into `dir` again, with the conclusion (the runner
@@ -271,8 +271,7 @@ pub fn write_summary<R: Serialize>(
     result: &R,
     conclusion: &Conclusion,
 ) -> std::io::Result<()> {
-    let json = summary_json(result, conclusion).map_err(std::io::Error::other)?;
-    std::fs::write(dir.join("summary.json"), json)
+    nyann_results::RunDir::at(dir).write_summary(&Summary { result, conclusion })
 }
 
 /// Milliseconds for the closing lines.

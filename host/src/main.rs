@@ -9,6 +9,8 @@ mod conclusion;
 mod recorded;
 mod replay;
 mod report;
+#[cfg(test)]
+mod schema;
 mod sweep;
 
 use std::process::ExitCode;

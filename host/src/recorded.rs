@@ -8,11 +8,11 @@
 //! file is an error naming the file and what to do.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::Path;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use nyann_model::{ClientStats, RoleSignals};
+use nyann_results::RunDir;
 use nyann_sim::fit::{RecordedRun, RecordedStage};
 use serde::Deserialize;
 
@@ -94,23 +94,12 @@ impl Tokens {
 
 /// Read `dir` (its `stages.json` and `requests.jsonl`).
 pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
-    let stages_path = dir.join("stages.json");
-    let text = std::fs::read_to_string(&stages_path).with_context(|| {
-        format!(
-            "cannot read {}: give the directory a sweep wrote with --output-dir",
-            stages_path.display()
-        )
-    })?;
-    let entries: Vec<StageEntry> = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{} is not a stages.json of nyann-bench",
-            stages_path.display()
-        )
-    })?;
+    let run_dir = RunDir::open(dir)?;
+    let entries: Vec<StageEntry> = run_dir.stages()?;
     let Requests {
         tokens,
         prompt_sizes,
-    } = read_requests(&dir.join("requests.jsonl"))?;
+    } = read_requests(&run_dir)?;
 
     let mut stages = Vec::new();
     let mut skipped = Vec::new();
@@ -143,7 +132,7 @@ pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
                  them when the sweep runs with --stream-usage): record with --stream-usage, or \
                  give --chars-per-token (the `ISL calibration` line of the sweep's log) and \
                  --chat-template-tokens",
-                dir.join("requests.jsonl").display(),
+                run_dir.file(nyann_results::REQUESTS).display(),
                 e.label
             );
         };
@@ -186,28 +175,19 @@ struct Requests {
     prompt_sizes: Vec<(f64, f64)>,
 }
 
-fn read_requests(path: &Path) -> anyhow::Result<Requests> {
-    let file = std::fs::File::open(path).with_context(|| {
-        format!(
-            "cannot read {}: the fit needs each request's prompt and output tokens \
+fn read_requests(dir: &RunDir) -> anyhow::Result<Requests> {
+    let Some(records) = dir.records::<RequestLine>()? else {
+        bail!(
+            "{} holds no {}: the fit needs each request's prompt and output tokens \
              (a sweep run with --output-dir writes it)",
-            path.display()
-        )
-    })?;
+            dir.path().display(),
+            nyann_results::REQUESTS
+        );
+    };
     let mut tokens: BTreeMap<usize, Tokens> = BTreeMap::new();
     let mut sizes = Vec::new();
-    for (number, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let r: RequestLine = serde_json::from_str(&line).with_context(|| {
-            format!(
-                "{}:{}: not a request record of nyann-bench",
-                path.display(),
-                number + 1
-            )
-        })?;
+    for record in records {
+        let r = record?;
         let Some(output) = r.output_tokens else {
             continue;
         };

@@ -4,7 +4,7 @@
 //! GPU time; a policy author asserts verdicts on recorded runs in CI
 //! (`policy check --fixture`).
 //!
-//! A results directory is read as `generate --output-dir` writes it
+//! A results directory is read through [`nyann_results::RunDir`]
 //! (`stages.json`, else the `stages` of `summary.json`), tolerantly: fields
 //! it does not know are ignored and fields that older versions did not
 //! write read as defaults, so runs recorded before and after a change of
@@ -56,11 +56,6 @@ struct RecordedDetail {
     dropped: u64,
 }
 
-#[derive(Debug, Deserialize)]
-struct RecordedSummary {
-    stages: Vec<RecordedStage>,
-}
-
 /// A judged stage of a recorded run.
 #[derive(Debug, Clone)]
 pub struct JudgedStage {
@@ -86,26 +81,7 @@ pub struct RecordedRun {
 impl RecordedRun {
     /// Read `dir/stages.json` (else `dir/summary.json`).
     pub fn read(dir: &Path) -> anyhow::Result<RecordedRun> {
-        let stages_file = dir.join("stages.json");
-        let summary_file = dir.join("summary.json");
-        if !dir.is_dir() {
-            bail!(
-                "{} is not a directory: give the directory a run wrote with \
-                 `nyann-bench generate --output-dir DIR`",
-                dir.display()
-            );
-        }
-        let stages: Vec<RecordedStage> = if stages_file.is_file() {
-            read_json(&stages_file)?
-        } else if summary_file.is_file() {
-            read_json::<RecordedSummary>(&summary_file)?.stages
-        } else {
-            bail!(
-                "{} holds no stages.json or summary.json: give the directory a run wrote with \
-                 `nyann-bench generate --output-dir DIR`",
-                dir.display()
-            );
-        };
+        let stages: Vec<RecordedStage> = nyann_results::RunDir::open(dir)?.stages()?;
         let stages: Vec<JudgedStage> = stages.into_iter().filter_map(judged).collect();
         if stages.is_empty() {
             bail!(
@@ -124,17 +100,6 @@ impl RecordedRun {
             s.mode == PolicyMode::Enforce && s.recorded.as_ref().is_ok_and(|v| v.congested)
         })
     }
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{} is not a results file nyann-bench wrote (stages with an index each)",
-            path.display()
-        )
-    })
 }
 
 /// The judged stage a recorded stage is, if it was judged.

@@ -34,7 +34,9 @@ use nyann_signals::{ClientEvidence, SignalOptions, SignalSource, StageSignals};
 use serde::{Deserialize, Serialize};
 
 /// How the verdicts are used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyMode {
     /// A congested verdict stops the sweep.
@@ -157,7 +159,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 /// What the check recorded for one judged stage: stored with the stage's
 /// result (`stages.json`, the summary) as its [`Judged`] annotation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CongestionRecord {
     pub policy: PolicyRef,
     pub mode: PolicyMode,
@@ -194,7 +196,7 @@ pub struct CongestionRecord {
 }
 
 /// Which policy judged.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PolicyRef {
     pub name: String,
     pub version: String,
@@ -204,7 +206,7 @@ pub struct PolicyRef {
 
 /// What the congestion check stores with a judged stage: its annotation
 /// in `stages.json` and the summary (`{"congestion": {...}}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Judged {
     pub congestion: CongestionRecord,
 }

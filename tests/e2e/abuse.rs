@@ -226,7 +226,7 @@ async fn a_second_signal_skips_the_grace_period_and_still_writes_every_result() 
         serde_json::from_str(&text).unwrap()
     };
     let summary = read("summary.json");
-    let stages = read("stages.json");
+    let stages = read("stages.json")["stages"].clone();
     assert_eq!(summary["outcome"]["kind"], "interrupted");
     assert_eq!(stages[0]["status"], "interrupted");
     let records: Vec<Value> = std::fs::read_to_string(dir.path().join("requests.jsonl"))

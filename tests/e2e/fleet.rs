@@ -13,7 +13,9 @@ use nyann_testkit::{PrometheusServer, ScrapeJob};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::support::{policy_wasm, scrape_flags, serial, simulator, sweep};
+use crate::support::{
+    policy_wasm, scrape_flags, serial, simulator, sweep, validate_against_schema,
+};
 use crate::sweep::STOPS_AT_16;
 
 /// The binary under test; `NYANN_FLEET_BIN` runs these tests against
@@ -296,6 +298,7 @@ async fn three_workers_stop_at_the_same_stage_with_fleet_statistics() {
     .await;
     let codes = fleet.wait(Duration::from_secs(120)).await;
     assert_eq!(codes, [Some(0); 3], "{}", fleet.all_stderr());
+    validate_against_schema(&fleet.path("w0"));
 
     let summary = fleet.json("w0/summary.json");
     assert_eq!(
@@ -529,7 +532,7 @@ async fn a_killed_worker_is_recorded_as_lost_and_abort_mode_exits_1() {
             );
             assert!(fleet.stderr(0).contains("run DEGRADED"), "{stderr}");
             let on_disk = fleet.json("w0/stages.json");
-            for stages in [stages, on_disk.as_array().unwrap()] {
+            for stages in [stages, on_disk["stages"].as_array().unwrap()] {
                 // 3 streams, one per worker.
                 assert_eq!(stages[0]["concurrency"], 3);
                 assert_eq!(stages[0]["degraded"], Value::Null);

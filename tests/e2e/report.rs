@@ -7,7 +7,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::browser::Browser;
-use crate::support::{generate, nyann_bench, scrape_flags, serial, simulator, sweep};
+use crate::support::{
+    generate, nyann_bench, scrape_flags, serial, simulator, sweep, validate_against_schema,
+};
 
 /// What the browser measured of the charts: per SVG, its rendered area and
 /// how many drawn shapes it holds.
@@ -66,6 +68,7 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     for saved in ["scenario.json", "scenario.star"] {
         assert!(dir.as_path().join(saved).exists(), "{saved} not saved");
     }
+    validate_against_schema(dir.as_path());
 
     let mut browser = Browser::launch();
     browser.open(&report);
@@ -177,12 +180,7 @@ async fn extreme_readings_are_reported(dir: &Path, stop: usize, browser: &mut Br
     for file in ["stages.json", "summary.json"] {
         let path = dir.join(file);
         let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let stages = if file == "stages.json" {
-            &mut json
-        } else {
-            &mut json["stages"]
-        };
-        let stage = &mut stages[stop];
+        let stage = &mut json["stages"][stop];
         stage["client"]["ttft_p99_seconds"] = Value::from(f64::MAX);
         stage["annotation"]["congestion"]["roles"][0]["ttft_p99_seconds"] = Value::from(f64::MAX);
         std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
@@ -233,7 +231,7 @@ fn report_refuses_what_is_not_a_run() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("summary.json") && stderr.contains("--output-dir of a nyann-bench run"),
+        stderr.contains("holds no summary.json") && stderr.contains("generate --output-dir DIR"),
         "{stderr}"
     );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nyann-bench"))

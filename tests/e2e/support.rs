@@ -208,3 +208,58 @@ pub fn policy_wasm(package: &str) -> PathBuf {
     };
     built.unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// Validates the run in `dir` (`stages.json`, `summary.json`, every line
+/// of `requests.jsonl`) against the committed JSON Schema (`docs/schema/`)
+/// with Python's `jsonschema`, an independent validator. `.ci/run`
+/// installs it (kubernetes-validate brings it); with `CI` set it is
+/// required, elsewhere its absence is said and the check skipped.
+pub fn validate_against_schema(dir: &std::path::Path) {
+    const VALIDATE: &str = r#"
+import json, sys
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+schemas, run = sys.argv[1], sys.argv[2]
+def report(errors, where):
+    for e in errors[:3]:
+        while e.context:  # the branch of an anyOf that came closest
+            e = best_match(e.context)
+        print(f"{where}: {e.json_path}: {e.message[:300]}")
+    return not errors
+def check(schema, doc, where):
+    validator = Draft202012Validator(json.load(open(f"{schemas}/{schema}")))
+    return report(list(validator.iter_errors(doc)), where)
+ok = check("stages.schema.json", json.load(open(f"{run}/stages.json")), "stages.json")
+ok &= check("summary.schema.json", json.load(open(f"{run}/summary.json")), "summary.json")
+validator = Draft202012Validator(json.load(open(f"{schemas}/request.schema.json")))
+for number, line in enumerate(open(f"{run}/requests.jsonl"), 1):
+    if not report(list(validator.iter_errors(json.loads(line))), f"requests.jsonl:{number}"):
+        ok = False
+        break
+sys.exit(0 if ok else 1)
+"#;
+    let schemas = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema");
+    let out = std::process::Command::new("python3")
+        .args(["-c", VALIDATE])
+        .arg(&schemas)
+        .arg(dir)
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named 'jsonschema'") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Python's jsonschema is not installed (CI must install it: pip install kubernetes-validate)"
+        );
+        eprintln!(
+            "Python's jsonschema is not installed: the run was not validated against docs/schema"
+        );
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{} does not match docs/schema:\n{}{stderr}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

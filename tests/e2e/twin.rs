@@ -308,7 +308,7 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
     };
     refused(
         fit(&["--kv-blocks", "64", "--block-size", "32"]),
-        "stages.json: give the directory a sweep wrote with --output-dir",
+        "holds no stages.json or summary.json: give the directory a run wrote with",
     )
     .await;
     recording(&run_dir, true);

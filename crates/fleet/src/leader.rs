@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 use crate::merge::{FleetRun, Judgement, LostWorker, RecordsFile, WorkerRun};
 use crate::protocol::{ToLeader, ToWorker, marker_name, receive, scenario_digest, send};
 use crate::share::{first_id, scenario_share, worker_seed};
-use crate::{FleetError, RECORDS, UPLOADED_RECORDS, lock, worker_dir};
+use crate::{FleetError, UPLOADED_RECORDS, lock, worker_dir};
 
 /// What the leader does when a worker is lost (or leaves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -706,7 +706,7 @@ async fn receive_records(
     shared: bool,
 ) -> Result<RecordsFile, StoreError> {
     if shared {
-        let path = dir.join(RECORDS);
+        let path = dir.join(nyann_results::REQUESTS);
         let found = tokio::fs::metadata(&path)
             .await
             .map_err(|err| StoreError::Local(format!("cannot read {}: {err}", path.display())))?

@@ -23,8 +23,6 @@ pub use coordinator::{Coordinator, CoordinatorError};
 pub use leader::{Leader, LeaderConfig, LeaderGate, OnWorkerLoss};
 pub use worker::{WorkerConfig, WorkerGate, join};
 
-/// A worker's records file, in its own directory.
-pub const RECORDS: &str = "requests.jsonl";
 /// Where the leader stores a worker's uploaded records, in that worker's
 /// directory under the leader's results: a name no worker writes, so that
 /// a results directory shared by every worker loses nothing.

@@ -13,7 +13,7 @@
 //! `degraded`: never `completed` with load it did not send.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use nyann_load::stats::StageAccumulator;
@@ -21,6 +21,7 @@ use nyann_load::{
     DegradedStage, Phase, RequestRecord, RunOutcome, RunResult, StageResult, StageStatus,
 };
 use nyann_model::{Scenario, Step};
+use nyann_results::{RecordError, Records};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -48,7 +49,7 @@ pub struct WorkerRun {
 }
 
 /// A worker that stopped answering, or (`left`) that said it leaves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LostWorker {
     pub worker: usize,
     /// The step that was running (or last started) when it was lost.
@@ -61,7 +62,7 @@ pub struct LostWorker {
 }
 
 /// How much of the fleet a stage's decision saw.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Judgement {
     /// The workers whose statistics were merged (0 is the leader).
     pub judged_workers: Vec<usize>,
@@ -69,7 +70,7 @@ pub struct Judgement {
 }
 
 /// One worker's part of a stage, in the fleet's `stages.json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct WorkerStage {
     pub worker: usize,
     pub status: StageStatus,
@@ -89,7 +90,7 @@ impl WorkerStage {
 }
 
 /// The fleet's part of a stage (`annotation.fleet` in `stages.json`).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct StageFleet {
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub judgement: Option<Judgement>,
@@ -184,7 +185,7 @@ pub fn write<A: Serialize + Clone>(
 ) -> std::io::Result<Merged<A>> {
     let mut result = fleet.leader.clone();
     let mut accs: Vec<Option<StageAccumulator>> = vec![None; result.stages.len()];
-    let mut out = BufWriter::new(std::fs::File::create(dir.join(crate::RECORDS))?);
+    let mut out = BufWriter::new(std::fs::File::create(dir.join(nyann_results::REQUESTS))?);
     let mut lines = 0u64;
     let mut missing: Vec<MissingRecords> = fleet
         .missing
@@ -219,8 +220,9 @@ pub fn write<A: Serialize + Clone>(
             }
             continue;
         };
-        let file = match std::fs::File::open(&records.path) {
-            Ok(file) => file,
+        // Only what the worker declared: a file still growing adds nothing.
+        let read = match Records::<Value>::open(&records.path, records.bytes) {
+            Ok(read) => read,
             Err(err) => {
                 missing.push(MissingRecords {
                     worker,
@@ -229,19 +231,17 @@ pub fn write<A: Serialize + Clone>(
                 continue;
             }
         };
-        // Only what the worker declared: a file still growing adds nothing.
-        let file = std::io::BufReader::new(file.take(records.bytes));
-        for line in file.lines() {
-            let line = match line {
-                Ok(line) => line,
-                Err(err) => {
-                    tracing::warn!("{}: {err}", records.path.display());
+        for record in read {
+            let mut fields = match record {
+                Ok(Value::Object(fields)) => fields,
+                Err(err @ RecordError::Io { .. }) => {
+                    tracing::warn!("{err}");
                     break;
                 }
-            };
-            let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(&line) else {
-                tracing::warn!("{}: skipping an unreadable record", records.path.display());
-                continue;
+                Ok(_) | Err(RecordError::Line { .. }) => {
+                    tracing::warn!("{}: skipping an unreadable record", records.path.display());
+                    continue;
+                }
             };
             fields.insert("worker".into(), json!(worker));
             let record = Value::Object(fields);

@@ -32,7 +32,7 @@ thread_local! {
 }
 
 /// Why a stage's requests were sent: counted, warm-up, or held load between stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Sent during a measured stage: counts in its statistics.
@@ -45,7 +45,7 @@ pub enum Phase {
 }
 
 /// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Ok,
@@ -65,7 +65,7 @@ pub enum Status {
 }
 
 /// Where the output token count came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenSource {
     /// The server's `usage.completion_tokens`.
@@ -75,7 +75,7 @@ pub enum TokenSource {
 }
 
 /// One request. Times are unix seconds; durations are seconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RequestRecord {
     /// Unique within the run, in send (or drop) order.
     pub id: u64,
@@ -212,7 +212,7 @@ impl RecordSink {
                 },
             ));
         };
-        let path = dir.join("requests.jsonl");
+        let path = dir.join(nyann_results::REQUESTS);
         let file = std::fs::File::create(&path)?;
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
         let task = tokio::task::spawn_blocking(move || write_chunks(file, rx));

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::StageDetail;
 
 /// How a step ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StageStatus {
     /// Ran to its end; its statistics count.
@@ -25,7 +25,7 @@ pub enum StageStatus {
 }
 
 /// One step of the scenario, as run (`A`: what the stage hook recorded).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StageResult<A = serde_json::Value> {
     /// Position in the scenario's steps (0-based, barriers counted).
     pub index: usize,
@@ -64,7 +64,7 @@ pub struct StageResult<A = serde_json::Value> {
 
 /// A stage that ran at a lower level than configured (a worker of a fleet
 /// was lost or left during it, or before it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DegradedStage {
     pub configured_concurrency: Option<u32>,
     pub configured_rate: Option<f64>,
@@ -104,7 +104,7 @@ impl<A> StageResult<A> {
 pub const EXIT_DEGRADED: u8 = 3;
 
 /// Why the run ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RunOutcome {
     /// Every step ran.
@@ -143,7 +143,7 @@ impl RunOutcome {
 }
 
 /// The whole run (`A`: what the stage hook recorded with each stage).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunResult<A = serde_json::Value> {
     pub outcome: RunOutcome,
     pub start_unix: f64,
@@ -202,9 +202,8 @@ impl<A: Serialize> RunResult<A> {
 
     /// Writes `stages.json` and `summary.json` into `dir`.
     pub fn write_files(&self, dir: &Path) -> std::io::Result<()> {
-        let stages = serde_json::to_vec_pretty(&self.stages).map_err(std::io::Error::other)?;
-        std::fs::write(dir.join("stages.json"), stages)?;
-        let summary = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(dir.join("summary.json"), summary)
+        let dir = nyann_results::RunDir::at(dir);
+        dir.write_stages(&self.stages)?;
+        dir.write_summary(self)
     }
 }

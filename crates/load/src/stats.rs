@@ -23,7 +23,7 @@ use crate::record::{RequestRecord, Status};
 const MAX_MICROS: u64 = 3_600_000_000;
 
 /// The figures of one stage beyond [`ClientStats`] (the tables and summary use them).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StageDetail {
     /// Requests sent in the stage (ok + failed + rejected + late + cancelled).
     pub sent: u64,

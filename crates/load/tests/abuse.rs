@@ -282,8 +282,8 @@ async fn a_check_interrupted_mid_way_is_recorded_on_its_stage() {
     assert_eq!(first["check_interrupted"], true, "{first}");
     let stages: Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("stages.json")).unwrap()).unwrap();
-    assert_eq!(stages[0]["check_interrupted"], true);
-    assert_eq!(stages[1]["status"], "skipped");
+    assert_eq!(stages["stages"][0]["check_interrupted"], true);
+    assert_eq!(stages["stages"][1]["status"], "skipped");
 }
 
 /// An OpenAI-like server that answers in bursts: every 200 ms, each waiting

@@ -76,8 +76,13 @@ async fn concurrent_stages_grow_and_shrink_without_aborting_requests() {
             <= 6
     );
     // The outputs are on disk and agree with the result.
-    let stages: Vec<nyann_load::StageResult> =
+    let on_disk: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("stages.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["schema_version"], nyann_results::SCHEMA_VERSION);
+    let stages: Vec<nyann_load::StageResult> = nyann_results::RunDir::open(dir.path())
+        .unwrap()
+        .stages()
+        .unwrap();
     assert_eq!(stages.len(), result.stages.len());
     for (file, mem) in stages.iter().zip(&result.stages) {
         assert_eq!(

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Whether a signal's series were found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SeriesStatus {
     /// The value was computed from the series found.
@@ -38,7 +38,7 @@ impl SeriesStatus {
 }
 
 /// One signal of one role over one stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SignalCoverage {
     /// The `RoleSignals` field or `extra` key, e.g. `preemptions`.
     pub signal: String,
@@ -61,7 +61,7 @@ fn is_false(b: &bool) -> bool {
 
 /// The signals of one role over one stage, in the order of `RoleSignals`
 /// (the four policy inputs, then the extras).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RoleCoverage {
     pub role: String,
     pub signals: Vec<SignalCoverage>,

@@ -13,7 +13,7 @@ use crate::scenario::Value;
 /// Server-side signals of one role (`aggregate`, `prefill` or `decode`) over one stage.
 /// Missing series evaluate as zero (and so do fields missing from a record);
 /// [`RoleCoverage`](crate::RoleCoverage) says which signals had series.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct RoleSignals {
     pub role: String,
@@ -40,7 +40,7 @@ impl RoleSignals {
 /// Client-side statistics of one stage (measured by nyann-bench itself).
 /// Read tolerantly (`#[serde(default)]`): results written by older versions
 /// lack the newer counts, which then read as zero.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct ClientStats {
     pub requests_ok: u64,
@@ -65,7 +65,7 @@ pub struct ClientStats {
 }
 
 /// Which sweep a stage belongs to: one `until_congested(...)` list.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SweepRef {
     /// Position among the scenario's sweeps (0-based).
     pub index: u32,
@@ -94,7 +94,7 @@ pub struct StageObservation {
 }
 
 /// A policy's answer for one stage.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Verdict {
     pub congested: bool,
     pub reasons: Vec<String>,
@@ -105,7 +105,7 @@ pub struct Verdict {
 }
 
 /// One rule that found a stage congested: which figures, on which role.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FiredRule {
     /// The rule's name as its policy documents it (`queueing`, `kv-cache`).
     pub rule: String,

@@ -36,7 +36,7 @@ pub enum Step {
 }
 
 /// How a stage sends its requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// `concurrency` closed-loop streams.
@@ -130,7 +130,7 @@ impl StopCondition {
 }
 
 /// A named parameter value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Param {
     pub name: String,
@@ -139,7 +139,7 @@ pub struct Param {
 
 /// A typed parameter value. Durations stay text (`"2s"`) in the IR; the
 /// policy host converts them to seconds using the policy's parameter kinds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum Value {
     Flag(bool),

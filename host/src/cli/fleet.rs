@@ -196,7 +196,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let waited = gate
         .finish(
             result,
-            Some(own_dir.join(nyann_fleet::RECORDS)),
+            Some(own_dir.join(nyann_results::REQUESTS)),
             grace + Duration::from_secs(60),
         )
         .await;
@@ -308,7 +308,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     let conclusion = Conclusion::of(&judged, 1);
     show_ending(&judged, &conclusion, Some(&own_dir), ui);
     print_summary(&judged, &conclusion, args.json)?;
-    let records = own_dir.join(nyann_fleet::RECORDS);
+    let records = own_dir.join(nyann_results::REQUESTS);
     let uploaded = gate
         .upload(&result, Some(&records), Some(dir), Duration::from_secs(120))
         .await;

@@ -282,12 +282,9 @@ pub async fn run_scenario(
 /// Refuses an output directory that holds a run already (its results would
 /// be overwritten), unless asked to overwrite it.
 pub(super) fn refuse_a_previous_run(dir: &std::path::Path, overwrite: bool) -> anyhow::Result<()> {
-    let held = ["summary.json", "stages.json", "requests.jsonl"]
-        .into_iter()
-        .find(|file| dir.join(file).exists());
-    match held {
-        Some(file) if !overwrite => {
-            let when = std::fs::metadata(dir.join(file))
+    match nyann_results::RunDir::at(dir).held_result() {
+        Some((file, path)) if !overwrite => {
+            let when = std::fs::metadata(path)
                 .and_then(|m| m.modified())
                 .ok()
                 .map(|t| format!(", written {}", humantime::format_rfc3339_seconds(t)))
@@ -408,13 +405,12 @@ fn write_report(
     scenario: &Scenario,
     source: Option<&str>,
 ) -> anyhow::Result<()> {
-    use report::saved::{REPORT_FILE, SCENARIO_FILE, SOURCE_FILE, SavedRun};
+    use report::saved::SavedRun;
     {
-        let ir = serde_json::to_vec_pretty(scenario).context("encoding the scenario")?;
-        std::fs::write(dir.join(SCENARIO_FILE), ir).context(SCENARIO_FILE)?;
-        if let Some(source) = source {
-            std::fs::write(dir.join(SOURCE_FILE), source).context(SOURCE_FILE)?;
-        }
+        let run_dir = nyann_results::RunDir::at(dir);
+        run_dir
+            .write_scenario(scenario, source)
+            .with_context(|| format!("cannot write the scenario into {}", dir.display()))?;
         let label = dir.file_name().map_or_else(
             || dir.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -425,8 +421,11 @@ fn write_report(
             Some(scenario.clone()),
             source.map(str::to_owned),
         );
-        run.read_requests(&dir.join("requests.jsonl"))?;
-        super::report::write(std::slice::from_ref(&run), &dir.join(REPORT_FILE))?;
+        run.read_requests(&run_dir)?;
+        super::report::write(
+            std::slice::from_ref(&run),
+            &run_dir.file(nyann_results::REPORT),
+        )?;
         Ok(())
     }
 }

@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use super::Ui;
 use crate::report::html;
-use crate::report::saved::{REPORT_FILE, SavedRun};
+use crate::report::saved::SavedRun;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -48,8 +48,8 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     }
     let output = match (&args.output, args.dirs.as_slice()) {
         (Some(path), _) => path.clone(),
-        (None, [one]) => one.join(REPORT_FILE),
-        (None, _) => PathBuf::from(REPORT_FILE),
+        (None, [one]) => one.join(nyann_results::REPORT),
+        (None, _) => PathBuf::from(nyann_results::REPORT),
     };
     let size = write(&runs, &output)?;
     if !ui.quiet {

@@ -2,21 +2,14 @@
 //! (`summary.json`, `scenario.json`, the scenario's source, and
 //! `requests.jsonl` binned into a timeline), read back from DIR.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use nyann_model::{Scenario, Step};
+use nyann_results::{RecordError, RunDir};
 
 use super::timeline::{ErrorCount, ErrorTally, RecordLine, Timeline, TimelineBuilder};
 use crate::sweep::{CongestionRecord, RunResult};
-
-/// The compiled scenario, saved beside the results.
-pub const SCENARIO_FILE: &str = "scenario.json";
-/// The scenario as written (Starlark), when the run was given one.
-pub const SOURCE_FILE: &str = "scenario.star";
-/// The report itself.
-pub const REPORT_FILE: &str = "report.html";
 
 /// One run, ready to be drawn.
 pub struct SavedRun {
@@ -36,27 +29,13 @@ pub struct SavedRun {
 impl SavedRun {
     /// Reads the run saved in `dir`.
     pub fn load(dir: &Path, label: Option<String>) -> anyhow::Result<SavedRun> {
-        let summary = dir.join("summary.json");
-        let text = std::fs::read_to_string(&summary).with_context(|| {
-            format!(
-                "cannot read {}: is {} the --output-dir of a nyann-bench run?",
-                summary.display(),
-                dir.display()
-            )
-        })?;
-        let result: RunResult = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a nyann-bench summary", summary.display()))?;
-        let scenario = match std::fs::read_to_string(dir.join(SCENARIO_FILE)) {
-            Ok(text) => Some(
-                serde_json::from_str(&text)
-                    .with_context(|| format!("{} is not a scenario", SCENARIO_FILE))?,
-            ),
-            Err(_) => None,
-        };
-        let source = std::fs::read_to_string(dir.join(SOURCE_FILE)).ok();
+        let run_dir = RunDir::open(dir)?;
+        let result: RunResult = run_dir.summary()?;
+        let scenario = run_dir.scenario()?;
+        let source = run_dir.scenario_source();
         let label = label.unwrap_or_else(|| dir_label(dir));
         let mut run = SavedRun::new(label, result, scenario, source);
-        run.read_requests(&dir.join("requests.jsonl"))?;
+        run.read_requests(&run_dir)?;
         Ok(run)
     }
 
@@ -85,36 +64,23 @@ impl SavedRun {
         }
     }
 
-    /// Bins the records of `requests.jsonl` (streamed: memory does not grow
-    /// with the file); a missing file leaves the timeline empty.
-    pub fn read_requests(&mut self, path: &Path) -> anyhow::Result<()> {
-        let file = match std::fs::File::open(path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    /// Bins the request records of `dir` (streamed: memory does not grow
+    /// with the file); without records the timeline stays empty.
+    pub fn read_requests(&mut self, dir: &RunDir) -> anyhow::Result<()> {
+        let Some(records) = dir.records::<RecordLine>()? else {
+            return Ok(());
         };
         let mut timeline = TimelineBuilder::new(self.result.start_unix, self.result.end_unix);
         let mut errors = ErrorTally::default();
-        let mut reader = BufReader::with_capacity(1 << 20, file);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let read = reader
-                .read_line(&mut line)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            if read == 0 {
-                break;
-            }
-            if line.trim().is_empty() {
-                continue;
-            }
-            match serde_json::from_str::<RecordLine>(&line) {
+        for record in records {
+            match record {
                 Ok(record) => {
                     timeline.add(&record);
                     errors.add(&record);
                 }
                 // A line cut short by a crash, or not a record: skip it.
-                Err(_) => self.unreadable_lines += 1,
+                Err(RecordError::Line { .. }) => self.unreadable_lines += 1,
+                Err(err) => return Err(err).context("reading the request records"),
             }
         }
         self.timeline = timeline.finish();

@@ -211,7 +211,7 @@ pub async fn run<H: StageHook>(
             .output_dir
             .clone()
             .unwrap_or_default()
-            .join("requests.jsonl"),
+            .join(nyann_results::REQUESTS),
         error,
     })?;
     let result = RunResult {

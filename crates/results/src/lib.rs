@@ -1,0 +1,512 @@
+//! The run directory: what `generate --output-dir DIR` writes, and the one
+//! place that writes and reads it back (the report, replay, `sim fit` and
+//! the fleet's merge all go through [`RunDir`]).
+//!
+//! | file | what | written |
+//! |------|------|---------|
+//! | `requests.jsonl` | one record per request | streamed during the run |
+//! | `stages.json` | per step of the scenario, as run | at the end |
+//! | `summary.json` | the run: outcome, totals, stages, conclusion | at the end |
+//! | `scenario.json`, `scenario.star` | the compiled scenario and its source | at the end |
+//! | `report.html` | the report | at the end |
+//!
+//! `stages.json` and `summary.json` carry a `schema_version`
+//! ([`SCHEMA_VERSION`]); users' pipelines read these files, so their shape
+//! changes only with that number. Version 0 is what runs wrote before the
+//! field existed (`stages.json` a bare array); it is still read. This crate
+//! knows the envelope, not the records: each reader says what it
+//! deserializes, so a tool that needs three fields of a stage reads three.
+
+use std::io::BufRead;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The version of `stages.json` and `summary.json` this build writes, and
+/// the newest it reads.
+///
+/// - 1: `stages.json` is an object, `{"schema_version": 1, "stages": [...]}`
+///   (version 0 was the bare array); `summary.json` gains `schema_version`.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One JSON record per request, one per line.
+pub const REQUESTS: &str = "requests.jsonl";
+/// Each step of the scenario as run.
+pub const STAGES: &str = "stages.json";
+/// The run's outcome, totals, stages and conclusion (also printed on stdout).
+pub const SUMMARY: &str = "summary.json";
+/// The compiled scenario.
+pub const SCENARIO: &str = "scenario.json";
+/// The scenario as written (Starlark), when the run was given one.
+pub const SCENARIO_SOURCE: &str = "scenario.star";
+/// The HTML report.
+pub const REPORT: &str = "report.html";
+
+/// Files whose presence means a directory holds a run's results.
+const RESULT_FILES: [&str; 3] = [SUMMARY, STAGES, REQUESTS];
+
+/// Why a run directory could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(
+        "{} is not a directory: give the directory a run wrote with \
+         `nyann-bench generate --output-dir DIR`",
+        .0.display()
+    )]
+    NotADirectory(PathBuf),
+    #[error(
+        "{} holds no {file}: give the directory a run wrote with \
+         `nyann-bench generate --output-dir DIR`",
+        dir.display()
+    )]
+    Missing { dir: PathBuf, file: String },
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not {what} nyann-bench wrote: {source}", path.display())]
+    Malformed {
+        path: PathBuf,
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    #[error(
+        "{} was written by a newer nyann-bench (schema_version {found}; this one reads up \
+         to {SCHEMA_VERSION}): read it with that version or a newer one",
+        path.display()
+    )]
+    Newer { path: PathBuf, found: u32 },
+}
+
+/// A directory that holds (or will hold) a run's files.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// The run directory at `path`, to write into (nothing is checked).
+    pub fn at(path: impl Into<PathBuf>) -> RunDir {
+        RunDir { path: path.into() }
+    }
+
+    /// The run directory at `path`, to read: it must be a directory.
+    pub fn open(path: impl Into<PathBuf>) -> Result<RunDir, ReadError> {
+        let path = path.into();
+        if !path.is_dir() {
+            return Err(ReadError::NotADirectory(path));
+        }
+        Ok(RunDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path of one of its files (`REQUESTS`, `STAGES`...).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// The first result file already there, if the directory holds a run.
+    pub fn held_result(&self) -> Option<(&'static str, PathBuf)> {
+        RESULT_FILES
+            .into_iter()
+            .map(|name| (name, self.file(name)))
+            .find(|(_, path)| path.exists())
+    }
+
+    /// The stages of the run: `stages.json`, else the `stages` of
+    /// `summary.json` (a run cut short may have written only one).
+    pub fn stages<T: DeserializeOwned>(&self) -> Result<Vec<T>, ReadError> {
+        #[derive(Deserialize)]
+        struct Stages<T> {
+            stages: Vec<T>,
+        }
+        let (path, text) = match self.read_text(STAGES) {
+            Err(ReadError::Missing { .. }) => {
+                return self
+                    .summary::<Stages<T>>()
+                    .map(|s| s.stages)
+                    .map_err(|err| match err {
+                        ReadError::Missing { dir, .. } => ReadError::Missing {
+                            dir,
+                            file: format!("{STAGES} or {SUMMARY}"),
+                        },
+                        err => err,
+                    });
+            }
+            read => read?,
+        };
+        let what = "a stages.json";
+        if text.trim_start().starts_with('[') {
+            // Version 0: the bare array.
+            return serde_json::from_str(&text).map_err(malformed(&path, what));
+        }
+        check_version(&path, &text, what)?;
+        serde_json::from_str(&text)
+            .map(|s: Stages<T>| s.stages)
+            .map_err(malformed(&path, what))
+    }
+
+    /// `summary.json`, as `T` (fields `T` does not name are ignored).
+    pub fn summary<T: DeserializeOwned>(&self) -> Result<T, ReadError> {
+        let (path, text) = self.read_text(SUMMARY)?;
+        let what = "a summary.json";
+        check_version(&path, &text, what)?;
+        serde_json::from_str(&text).map_err(malformed(&path, what))
+    }
+
+    /// `scenario.json`, if the run saved it.
+    pub fn scenario<T: DeserializeOwned>(&self) -> Result<Option<T>, ReadError> {
+        match self.read_text(SCENARIO) {
+            Ok((path, text)) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(malformed(&path, "a scenario.json")),
+            Err(ReadError::Missing { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The scenario's source, if the run was given one.
+    pub fn scenario_source(&self) -> Option<String> {
+        std::fs::read_to_string(self.file(SCENARIO_SOURCE)).ok()
+    }
+
+    /// The request records, streamed (None when the run wrote none).
+    pub fn records<T: DeserializeOwned>(&self) -> Result<Option<Records<T>>, ReadError> {
+        let path = self.file(REQUESTS);
+        match std::fs::File::open(&path) {
+            Ok(file) => Ok(Some(Records::new(path, file, u64::MAX))),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(ReadError::Io { path, source }),
+        }
+    }
+
+    /// Writes `stages.json`.
+    pub fn write_stages<T: Serialize>(&self, stages: &[T]) -> std::io::Result<()> {
+        let json = serde_json::to_vec_pretty(&StagesFile {
+            schema_version: SCHEMA_VERSION,
+            stages,
+        })
+        .map_err(std::io::Error::other)?;
+        std::fs::write(self.file(STAGES), json)
+    }
+
+    /// Writes `summary.json`: `summary` (a JSON object) with the schema version.
+    pub fn write_summary<T: Serialize>(&self, summary: &T) -> std::io::Result<()> {
+        let json = summary_json(summary).map_err(std::io::Error::other)?;
+        std::fs::write(self.file(SUMMARY), json)
+    }
+
+    /// Writes the compiled scenario and, if given, its source.
+    pub fn write_scenario<T: Serialize>(
+        &self,
+        scenario: &T,
+        source: Option<&str>,
+    ) -> std::io::Result<()> {
+        let json = serde_json::to_vec_pretty(scenario).map_err(std::io::Error::other)?;
+        std::fs::write(self.file(SCENARIO), json)?;
+        match source {
+            Some(source) => std::fs::write(self.file(SCENARIO_SOURCE), source),
+            None => Ok(()),
+        }
+    }
+
+    fn read_text(&self, name: &str) -> Result<(PathBuf, String), ReadError> {
+        let path = self.file(name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok((path, text)),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(ReadError::Missing {
+                dir: self.path.clone(),
+                file: name.to_string(),
+            }),
+            Err(source) => Err(ReadError::Io { path, source }),
+        }
+    }
+}
+
+/// `stages.json`: the stages (`T`), versioned.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct StagesFile<'a, T> {
+    /// The version of this file's shape: 1 (absent in files written before it existed).
+    pub schema_version: u32,
+    /// Each step of the scenario, as run, in order.
+    pub stages: &'a [T],
+}
+
+/// `summary.json`: the summary (`T`, a JSON object), versioned.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct SummaryFile<'a, T> {
+    /// The version of this file's shape: 1 (absent in files written before it existed).
+    pub schema_version: u32,
+    #[serde(flatten)]
+    pub summary: &'a T,
+}
+
+/// `summary` (a JSON object) with the schema version, as `summary.json`
+/// holds it and `generate` prints it on stdout.
+pub fn summary_json<T: Serialize>(summary: &T) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(&SummaryFile {
+        schema_version: SCHEMA_VERSION,
+        summary,
+    })
+}
+
+/// Refuses a file written with a newer schema than this build reads.
+fn check_version(path: &Path, text: &str, what: &'static str) -> Result<(), ReadError> {
+    #[derive(Deserialize)]
+    struct Version {
+        #[serde(default)]
+        schema_version: u32,
+    }
+    let found = serde_json::from_str::<Version>(text)
+        .map_err(malformed(path, what))?
+        .schema_version;
+    if found > SCHEMA_VERSION {
+        return Err(ReadError::Newer {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    Ok(())
+}
+
+fn malformed(path: &Path, what: &'static str) -> impl Fn(serde_json::Error) -> ReadError {
+    move |source| ReadError::Malformed {
+        path: path.to_path_buf(),
+        what,
+        source,
+    }
+}
+
+/// A request record that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Reading the file failed: nothing after it can be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// One line is not a record (cut short by a crash, or not nyann-bench's).
+    #[error("{}:{line}: not a request record of nyann-bench: {source}", path.display())]
+    Line {
+        path: PathBuf,
+        line: u64,
+        source: serde_json::Error,
+    },
+}
+
+/// The records of a `requests.jsonl`, read one line at a time (memory does
+/// not grow with the file); blank lines are skipped.
+pub struct Records<T> {
+    path: PathBuf,
+    reader: std::io::BufReader<std::io::Take<std::fs::File>>,
+    line: String,
+    number: u64,
+    failed: bool,
+    record: PhantomData<T>,
+}
+
+impl<T: DeserializeOwned> Records<T> {
+    /// The records of the file at `path` (any name), up to its first
+    /// `max_bytes` bytes: a file still being written yields what it had.
+    pub fn open(path: &Path, max_bytes: u64) -> std::io::Result<Records<T>> {
+        Ok(Records::new(
+            path.to_path_buf(),
+            std::fs::File::open(path)?,
+            max_bytes,
+        ))
+    }
+
+    fn new(path: PathBuf, file: std::fs::File, max_bytes: u64) -> Records<T> {
+        use std::io::Read;
+        Records {
+            path,
+            reader: std::io::BufReader::with_capacity(1 << 20, file.take(max_bytes)),
+            line: String::new(),
+            number: 0,
+            failed: false,
+            record: PhantomData,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl<T: DeserializeOwned> Iterator for Records<T> {
+    type Item = Result<T, RecordError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.failed {
+            self.line.clear();
+            match self.reader.read_line(&mut self.line) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(source) => {
+                    self.failed = true;
+                    return Some(Err(RecordError::Io {
+                        path: self.path.clone(),
+                        source,
+                    }));
+                }
+            }
+            self.number += 1;
+            if self.line.trim().is_empty() {
+                continue;
+            }
+            return Some(
+                serde_json::from_str(&self.line).map_err(|source| RecordError::Line {
+                    path: self.path.clone(),
+                    line: self.number,
+                    source,
+                }),
+            );
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn stages_and_summary_round_trip_with_the_schema_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::at(dir.path());
+        run.write_stages(&[json!({"index": 0}), json!({"index": 1})])
+            .unwrap();
+        run.write_summary(&json!({"seed": 7, "stages": [{"index": 0}]}))
+            .unwrap();
+
+        let on_disk: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(STAGES)).unwrap()).unwrap();
+        assert_eq!(on_disk["schema_version"], SCHEMA_VERSION);
+        let summary: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(SUMMARY)).unwrap()).unwrap();
+        assert_eq!(summary["schema_version"], SCHEMA_VERSION);
+        assert_eq!(summary["seed"], 7);
+
+        let run = RunDir::open(dir.path()).unwrap();
+        let stages: Vec<Value> = run.stages().unwrap();
+        assert_eq!(stages, [json!({"index": 0}), json!({"index": 1})]);
+    }
+
+    #[test]
+    fn version_0_files_are_read() {
+        let dir = dir_with(&[(STAGES, r#"[{"index": 3}]"#)]);
+        let stages: Vec<Value> = RunDir::open(dir.path()).unwrap().stages().unwrap();
+        assert_eq!(stages, [json!({"index": 3})]);
+    }
+
+    #[test]
+    fn without_stages_json_the_summary_gives_the_stages() {
+        let dir = dir_with(&[(SUMMARY, r#"{"stages": [{"index": 2}]}"#)]);
+        let stages: Vec<Value> = RunDir::open(dir.path()).unwrap().stages().unwrap();
+        assert_eq!(stages, [json!({"index": 2})]);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_with_what_to_do() {
+        let dir = dir_with(&[
+            (STAGES, r#"{"schema_version": 99, "stages": "changed"}"#),
+            (SUMMARY, r#"{"schema_version": 99}"#),
+        ]);
+        let run = RunDir::open(dir.path()).unwrap();
+        let err = run.stages::<Value>().unwrap_err().to_string();
+        assert!(
+            err.contains("newer nyann-bench (schema_version 99; this one reads up to 1)"),
+            "{err}"
+        );
+        assert!(matches!(
+            run.summary::<Value>(),
+            Err(ReadError::Newer { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn missing_and_malformed_files_are_named() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = RunDir::open(empty.path())
+            .unwrap()
+            .stages::<Value>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("holds no stages.json or summary.json: give the directory a run wrote"),
+            "{err}"
+        );
+        let file = empty.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert!(matches!(
+            RunDir::open(&file),
+            Err(ReadError::NotADirectory(_))
+        ));
+
+        let bad = dir_with(&[(STAGES, "{\"schema_version\": 1, \"stages\": 3}")]);
+        let err = RunDir::open(bad.path())
+            .unwrap()
+            .stages::<Value>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is not a stages.json nyann-bench wrote"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn records_stream_skipping_blank_lines_and_naming_bad_ones() {
+        let dir = dir_with(&[(REQUESTS, "{\"id\": 1}\n\n{\"id\": 2\n{\"id\": 3}\n")]);
+        let run = RunDir::open(dir.path()).unwrap();
+        let read: Vec<Result<Value, RecordError>> = run.records().unwrap().unwrap().collect();
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[0].as_ref().unwrap()["id"], 1);
+        let bad = read[1].as_ref().unwrap_err().to_string();
+        assert!(
+            bad.contains("requests.jsonl:3: not a request record"),
+            "{bad}"
+        );
+        assert_eq!(read[2].as_ref().unwrap()["id"], 3);
+
+        let limited: Vec<_> = Records::<Value>::open(&dir.path().join(REQUESTS), 10)
+            .unwrap()
+            .collect();
+        assert_eq!(limited.len(), 1, "only the first line fits in 10 bytes");
+
+        let none = tempfile::tempdir().unwrap();
+        assert!(
+            RunDir::open(none.path())
+                .unwrap()
+                .records::<Value>()
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_directory_holds_a_run_once_a_result_file_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::at(dir.path());
+        assert!(run.held_result().is_none());
+        std::fs::write(dir.path().join(REQUESTS), "").unwrap();
+        assert_eq!(run.held_result().unwrap().0, REQUESTS);
+    }
+}
