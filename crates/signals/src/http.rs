@@ -81,6 +81,7 @@ impl Tls {
 
     /// A client builder that trusts the extra roots.
     pub(crate) fn builder(&self) -> reqwest::ClientBuilder {
+        install_crypto_provider();
         reqwest::Client::builder().tls_certs_merge(self.roots.iter().cloned())
     }
 
@@ -91,6 +92,14 @@ impl Tls {
             None => self.builder(),
         }
     }
+}
+
+/// Makes ring the process's TLS crypto provider, if none is yet: the
+/// workspace builds reqwest without its default one (aws-lc), whose C build
+/// costs minutes, and the load path uses ring already.
+fn install_crypto_provider() {
+    // An error only means a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Reads a PEM certificate chain and its PEM private key.

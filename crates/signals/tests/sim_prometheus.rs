@@ -23,7 +23,7 @@ use nyann_testkit::{PrometheusServer, ScrapeJob};
 /// sequences, KV usage swung between 0.3 and 1.0, and the two sources'
 /// maxima depended on which instants each sampled.
 fn load(base_url: String, concurrency: usize, until: Instant) -> Vec<tokio::task::JoinHandle<()>> {
-    let http = reqwest::Client::new();
+    let http = nyann_testkit::http_client().build().unwrap();
     let text = "the quick brown fox jumps over the lazy dog ".repeat(14);
     (0..concurrency)
         .map(|worker| {

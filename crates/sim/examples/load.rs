@@ -15,7 +15,7 @@ async fn main() {
     let c: usize = a.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let secs: f64 = a.get(3).and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let max_tokens: u32 = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(32);
-    let client = reqwest::Client::builder()
+    let client = nyann_testkit::http_client()
         .pool_max_idle_per_host(c)
         .build()
         .unwrap();

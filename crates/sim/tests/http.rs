@@ -10,7 +10,9 @@ use nyann_sim::{RunningSim, SimArgs, start};
 use serde_json::{Value, json};
 
 async fn post(sim: &RunningSim, path: &str, body: Value) -> reqwest::Response {
-    reqwest::Client::new()
+    nyann_testkit::http_client()
+        .build()
+        .unwrap()
         .post(format!("http://{}{path}", sim.endpoint()))
         .json(&body)
         .send()
@@ -185,7 +187,7 @@ async fn completions_stream_and_non_streaming() {
 #[tokio::test]
 async fn bad_requests_get_openai_errors() {
     let sim = start(SimArgs::for_tests()).await.unwrap();
-    let client = reqwest::Client::new();
+    let client = nyann_testkit::http_client().build().unwrap();
     let url = format!("http://{}/v1/chat/completions", sim.endpoint());
     let raw = client
         .post(&url)
@@ -642,7 +644,9 @@ async fn max_waiting_gives_429() {
     let second = tokio::spawn({
         let url = format!("http://{}/v1/completions", sim.endpoint());
         async move {
-            reqwest::Client::new()
+            nyann_testkit::http_client()
+                .build()
+                .unwrap()
                 .post(url)
                 .json(&json!({"prompt": "x", "max_tokens": 1}))
                 .send()
@@ -734,7 +738,9 @@ async fn faults_are_injected() {
     })
     .await
     .unwrap();
-    let r = reqwest::Client::new()
+    let r = nyann_testkit::http_client()
+        .build()
+        .unwrap()
         .post(format!("http://{}/v1/completions", sim.endpoint()))
         .json(&json!({"prompt": "x", "max_tokens": 2}))
         .send()
@@ -835,7 +841,7 @@ async fn same_seed_same_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_profile_serves_many_concurrent_streams() {
     let sim = start(SimArgs::fast_for_tests()).await.unwrap();
-    let client = reqwest::Client::builder()
+    let client = nyann_testkit::http_client()
         .pool_max_idle_per_host(1024)
         .build()
         .unwrap();

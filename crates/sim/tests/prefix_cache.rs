@@ -246,7 +246,7 @@ async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
     })
     .await
     .unwrap();
-    let client = reqwest::Client::new();
+    let client = nyann_testkit::http_client().build().unwrap();
     let chat = |messages: Value, salt: &str| {
         let body = json!({"messages": messages, "max_tokens": 16, "cache_salt": salt});
         let request = client

@@ -91,7 +91,9 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 async fn api(p: &Prometheus, path: &str, query: &[(&str, &str)]) -> Option<Value> {
-    let r = reqwest::Client::new()
+    let r = nyann_testkit::http_client()
+        .build()
+        .unwrap()
         .get(format!("{}{path}", p.url))
         .query(query)
         .send()
@@ -117,7 +119,7 @@ async fn prometheus_scrapes_aggregate_and_disaggregated() {
     ]);
 
     // Some traffic so that counters and histograms move.
-    let client = reqwest::Client::new();
+    let client = nyann_testkit::http_client().build().unwrap();
     for sim in [&agg, &dis] {
         for _ in 0..3 {
             let r = client

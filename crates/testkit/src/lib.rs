@@ -278,7 +278,7 @@ impl PrometheusServer {
         let log2 = log.try_clone().map_err(io("duplicating the log handle"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let mut command = Command::new(bin);
-        let mut http = reqwest::Client::builder();
+        let mut http = http_client();
         let mut scheme = "http";
         if let Some(tls) = tls {
             let web = dir.path().join("web.yml");
@@ -457,6 +457,15 @@ impl Drop for PrometheusServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A reqwest client builder for tests. The workspace builds reqwest without
+/// a crypto provider of its own (no aws-lc): this installs ring first, as
+/// the signal sources do.
+pub fn http_client() -> reqwest::ClientBuilder {
+    // An error only means a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
 }
 
 #[cfg(test)]

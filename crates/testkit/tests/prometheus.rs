@@ -35,7 +35,7 @@ async fn scrapes_a_target_with_job_and_labels_then_dies_on_drop() {
     let result = prom.query("sum(vllm:num_requests_waiting)").await.unwrap();
     assert_eq!(result[0]["value"][1], "7");
 
-    let http = reqwest::Client::new();
+    let http = nyann_testkit::http_client().build().unwrap();
     let url = format!(
         "{}/api/v1/query?query=vllm:num_requests_waiting{{job=%22vllm-aggregate%22,pod=%22model-0%22}}",
         prom.url()
