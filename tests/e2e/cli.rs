@@ -7,24 +7,13 @@ fn nyann_bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_nyann-bench"))
 }
 
+/// `--help` works from the binary (the text of every command's help is a
+/// snapshot test of `cli`).
 #[test]
-fn help_lists_every_command() {
+fn help_is_printed_on_stdout() {
     let out = nyann_bench().arg("--help").output().unwrap();
     assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
-    for command in [
-        "generate",
-        "demo",
-        "sim",
-        "scenario",
-        "policy",
-        "completions",
-    ] {
-        assert!(
-            help.contains(command),
-            "`{command}` missing from --help:\n{help}"
-        );
-    }
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Load generator"));
 }
 
 #[test]

@@ -214,6 +214,39 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// The help of every command, as `--help` prints it, against the
+    /// snapshots in `cli/snapshots/`: a change of what users read shows in
+    /// review. Accept an intended change with `INSTA_UPDATE=always` (or
+    /// `cargo insta review`) and commit the snapshots.
+    #[test]
+    fn help_of_every_command() {
+        fn walk(command: &mut clap::Command, path: &str, helps: &mut Vec<(String, String)>) {
+            // The values of environment variables are the machine's, not the help's.
+            let mut shown = command.clone().mut_args(|arg| arg.hide_env_values(true));
+            helps.push((path.to_string(), shown.render_long_help().to_string()));
+            // clap's own `help` subcommands only list the others.
+            for sub in command
+                .get_subcommands_mut()
+                .filter(|sub| sub.get_name() != "help")
+            {
+                let name = format!("{path}-{}", sub.get_name());
+                walk(sub, &name, helps);
+            }
+        }
+        let mut root = Cli::command().term_width(100);
+        root.build();
+        let mut helps = Vec::new();
+        walk(&mut root, "nyann-bench", &mut helps);
+        assert!(
+            helps.len() > 15,
+            "{} commands: the walk missed subcommands",
+            helps.len()
+        );
+        for (name, help) in helps {
+            insta::assert_snapshot!(name, help);
+        }
+    }
+
     #[test]
     fn color_flag_is_found_before_parsing() {
         let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
