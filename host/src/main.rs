@@ -5,13 +5,10 @@
 //! to an exit code; each command lives in its own file under `cli/`.
 
 mod cli;
-mod conclusion;
 mod recorded;
-mod replay;
 mod report;
 #[cfg(test)]
 mod schema;
-mod sweep;
 
 use std::process::ExitCode;
 

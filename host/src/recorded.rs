@@ -16,7 +16,7 @@ use nyann_results::RunDir;
 use nyann_sim::fit::{RecordedRun, RecordedStage};
 use serde::Deserialize;
 
-use crate::sweep::Judged;
+use nyann_check::Judged;
 
 /// One entry of `stages.json`, as far as the fit is concerned.
 #[derive(Deserialize)]

@@ -8,8 +8,8 @@ use nyann_fleet::merge::StageFleet;
 use nyann_load::RequestRecord;
 use schemars::{JsonSchema, Schema};
 
-use crate::conclusion::Summary;
-use crate::sweep::CongestionRecord;
+use nyann_check::CongestionRecord;
+use nyann_check::conclusion::Summary;
 
 /// A stage's `annotation` as the files hold it: the congestion check's
 /// record and, in the files of several workers, the fleet's part.

@@ -21,8 +21,8 @@ use super::generate::{
     signal_options, write_conclusion,
 };
 use super::interrupt::cancel_on_signals;
-use crate::conclusion::Conclusion;
-use crate::sweep::{CongestionCheck, RunResult};
+use nyann_check::Conclusion;
+use nyann_check::RunResult;
 
 /// Flags of a run by several workers.
 #[derive(Debug, Clone, clap::Args)]
@@ -129,7 +129,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     }
     let mut options = args.client.to_options()?;
     let signals = signal_options(args, &options);
-    let check = CongestionCheck::prepare(&scenario, &signals, &args.policy).await?;
+    let check = super::check::prepare(&scenario, &signals, &args.policy).await?;
     nyann_load::raise_fd_limit();
     let leader = Leader::bind(
         fleet.coordinator_listen,

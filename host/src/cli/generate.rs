@@ -15,13 +15,14 @@ use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_dur
 use nyann_signals::SignalOptions;
 
 use super::Ui;
+use super::check::PolicyArgs;
 use super::client::ClientArgs;
 use super::interrupt::{Signals, cancel_on_signals};
 use super::progress::Progress;
 use super::signals::SignalArgs;
-use crate::conclusion::{self, Conclusion};
 use crate::report;
-use crate::sweep::{CongestionCheck, CongestionRecord, PolicyArgs, RunResult};
+use nyann_check::conclusion::{self, Conclusion};
+use nyann_check::{CongestionRecord, RunResult};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -235,7 +236,7 @@ pub async fn run_scenario(
     let mut options = args.client.to_options()?;
     options.output_dir = args.output_dir.clone();
     let signals = signal_options(args, &options);
-    let check = CongestionCheck::prepare(scenario, &signals, &args.policy).await?;
+    let check = super::check::prepare(scenario, &signals, &args.policy).await?;
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
     }

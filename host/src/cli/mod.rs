@@ -1,6 +1,7 @@
 //! The command line: one file per command, each with its clap `Args` and a
 //! `run` that returns the process exit code.
 
+mod check;
 mod client;
 mod demo;
 mod fleet;
@@ -11,7 +12,7 @@ mod policy;
 pub mod progress;
 mod report;
 mod scenario;
-pub(crate) mod signals;
+mod signals;
 mod sim;
 
 use std::ffi::OsString;

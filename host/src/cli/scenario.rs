@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use nyann_model::Step;
 
-use crate::sweep::{SandboxArgs, check_stop_conditions};
+use super::check::SandboxArgs;
+use nyann_check::check_stop_conditions;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

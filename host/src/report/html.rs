@@ -19,7 +19,7 @@ use super::charts::{
 };
 use super::saved::SavedRun;
 use super::table::{StageTable, outcome_line};
-use crate::sweep::{CongestionRecord, StageResult};
+use nyann_check::{CongestionRecord, StageResult};
 
 /// The page for `runs` (at least one).
 pub fn page(runs: &[SavedRun]) -> anyhow::Result<String> {
@@ -145,8 +145,8 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
             esc(&record.policy.version),
             esc(&record.policy.origin),
             match record.mode {
-                crate::sweep::PolicyMode::Enforce => "enforce",
-                crate::sweep::PolicyMode::Monitor => "monitor",
+                nyann_check::PolicyMode::Enforce => "enforce",
+                nyann_check::PolicyMode::Monitor => "monitor",
             }
         );
     }
@@ -1044,7 +1044,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::sweep::{Judged, PolicyMode, PolicyRef, RunResult};
+    use nyann_check::{Judged, PolicyMode, PolicyRef, RunResult};
     use nyann_load::{RunOutcome, StageDetail};
     use nyann_model::{
         FiredRule, Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload,

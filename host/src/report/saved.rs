@@ -9,7 +9,7 @@ use nyann_model::{Scenario, Step};
 use nyann_results::{RecordError, RunDir};
 
 use super::timeline::{ErrorCount, ErrorTally, RecordLine, Timeline, TimelineBuilder};
-use crate::sweep::{CongestionRecord, RunResult};
+use nyann_check::{CongestionRecord, RunResult};
 
 /// One run, ready to be drawn.
 pub struct SavedRun {

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use nyann_load::{RunOutcome, StageStatus};
 use nyann_model::{ClientStats, RoleSignals};
 
-use crate::sweep::{CongestionRecord, RunResult, StageResult};
+use nyann_check::{CongestionRecord, RunResult, StageResult};
 
 /// Milliseconds with a precision that suits the magnitude.
 fn ms(seconds: f64) -> String {
@@ -336,7 +336,7 @@ pub fn outcome_line(result: &RunResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::{CongestionRecord, Judged, PolicyMode, PolicyRef};
+    use nyann_check::{CongestionRecord, Judged, PolicyMode, PolicyRef};
     use nyann_load::StageDetail;
     use nyann_model::{Mode, RoleCoverage, SignalCoverage, Verdict};
 

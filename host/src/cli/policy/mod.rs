@@ -16,8 +16,8 @@ use nyann_model::scenario::{Param, StopCondition, Value};
 use nyann_policy_host::{BUILTIN, Interface, Policy};
 use serde::Deserialize;
 
-use crate::replay::{Outcome, RecordedRun, ReplayedStage, show_params};
-use crate::sweep::SandboxArgs;
+use crate::cli::check::SandboxArgs;
+use nyann_check::replay::{Outcome, RecordedRun, ReplayedStage, show_params};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -502,7 +502,7 @@ async fn replay_off_runtime(
     params: &[Param],
 ) -> anyhow::Result<Vec<ReplayedStage>> {
     let (run, policy, params) = (run.clone(), policy.clone(), params.to_vec());
-    tokio::task::spawn_blocking(move || crate::replay::replay(&run, &policy, &params))
+    tokio::task::spawn_blocking(move || nyann_check::replay::replay(&run, &policy, &params))
         .await
         .context("the replay task failed")?
 }

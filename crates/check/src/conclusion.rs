@@ -1,0 +1,436 @@
+//! What a judged run concluded, in the words its users ask for: per sweep,
+//! the knee (the last stage before the first one judged congested) with
+//! its throughput and latencies, or that the very first stage was congested
+//! and where to start instead; and the load the skipped stages did not
+//! send. Written into `summary.json` (`conclusion`) and shown as the last
+//! lines on the terminal.
+
+use std::fmt::Write;
+
+use nyann_load::StageStatus;
+use serde::{Deserialize, Serialize};
+
+use crate::record::{CongestionRecord, RunResult, StageResult};
+
+/// The run's conclusion (`summary.json`: `conclusion`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Conclusion {
+    /// One entry per `until_congested(...)` sweep that ran, in order.
+    pub sweeps: Vec<SweepConclusion>,
+    /// What the stages skipped after a stop did not send.
+    pub load_not_sent: LoadNotSent,
+}
+
+/// What one sweep found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SweepConclusion {
+    /// The sweep's number (from 0) and where its `until_congested` is written.
+    pub sweep: u32,
+    pub name: String,
+    /// The first stage judged congested; absent when none was.
+    pub congested: Option<StageRef>,
+    /// The last stage before it that was judged not congested; absent when
+    /// the first stage was congested (or none was judged).
+    pub knee: Option<Knee>,
+    /// When the sweep's first stage was congested: a level to start from
+    /// instead (a quarter of that stage's).
+    pub suggested_start: Option<Level>,
+}
+
+/// A stage of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct StageRef {
+    /// Position in the scenario's steps (as in `stages.json`).
+    pub stage: usize,
+    pub label: String,
+    #[serde(flatten)]
+    pub level: Level,
+}
+
+/// A stage's load level: its concurrency or its arrival rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Level {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Requests per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+}
+
+/// The knee: the most load the server took before congestion, as measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Knee {
+    #[serde(flatten)]
+    pub stage: StageRef,
+    pub requests_per_second: f64,
+    pub output_tokens_per_second: f64,
+    pub ttft_p50_seconds: f64,
+    pub ttft_p99_seconds: f64,
+    pub itl_p50_seconds: f64,
+    pub itl_p99_seconds: f64,
+}
+
+/// Load not sent because a sweep stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LoadNotSent {
+    /// Stages skipped.
+    pub stages: usize,
+    /// Their configured durations, summed.
+    pub seconds: f64,
+    /// The same, times the processes that would have sent the load (one,
+    /// or the workers of a fleet).
+    pub worker_seconds: f64,
+}
+
+impl Level {
+    fn of(stage: &StageResult) -> Level {
+        Level {
+            concurrency: stage.concurrency,
+            rate: stage.rate,
+        }
+    }
+
+    /// A quarter of this level (at least one stream): where to start a
+    /// sweep whose first stage was already congested.
+    fn quarter(self) -> Level {
+        Level {
+            concurrency: self.concurrency.map(|c| (c / 4).max(1)),
+            rate: self.rate.map(|r| r / 4.0),
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.concurrency, self.rate) {
+            (_, Some(rate)) => write!(f, "rate={rate}"),
+            (Some(c), None) => write!(f, "concurrency={c}"),
+            (None, None) => write!(f, "-"),
+        }
+    }
+}
+
+impl StageRef {
+    fn of(stage: &StageResult) -> StageRef {
+        StageRef {
+            stage: stage.index,
+            label: stage.label.clone(),
+            level: Level::of(stage),
+        }
+    }
+}
+
+impl Conclusion {
+    /// The conclusion of `result`, a run of `workers` processes.
+    pub fn of(result: &RunResult, workers: usize) -> Conclusion {
+        let mut sweeps: Vec<SweepConclusion> = Vec::new();
+        for stage in &result.stages {
+            let Some(record) = CongestionRecord::of(stage) else {
+                continue;
+            };
+            let index = record.sweep.index;
+            let position = match sweeps.iter().position(|s| s.sweep == index) {
+                Some(position) => position,
+                None => {
+                    sweeps.push(SweepConclusion {
+                        sweep: index,
+                        name: record.sweep.name.clone(),
+                        congested: None,
+                        knee: None,
+                        suggested_start: None,
+                    });
+                    sweeps.len() - 1
+                }
+            };
+            let sweep = &mut sweeps[position];
+            if sweep.congested.is_some() || stage.status != StageStatus::Measured {
+                continue;
+            }
+            if record.congested() {
+                sweep.congested = Some(StageRef::of(stage));
+                if sweep.knee.is_none() {
+                    sweep.suggested_start = Some(Level::of(stage).quarter());
+                }
+            } else if record.verdict.is_some()
+                && let Some(client) = &stage.client
+            {
+                sweep.knee = Some(Knee {
+                    stage: StageRef::of(stage),
+                    requests_per_second: client.requests_per_second,
+                    output_tokens_per_second: client.output_tokens_per_second,
+                    ttft_p50_seconds: client.ttft_p50_seconds,
+                    ttft_p99_seconds: client.ttft_p99_seconds,
+                    itl_p50_seconds: client.itl_p50_seconds,
+                    itl_p99_seconds: client.itl_p99_seconds,
+                });
+            }
+        }
+        let skipped = result
+            .stages
+            .iter()
+            .filter(|s| s.status == StageStatus::Skipped);
+        let (stages, seconds) =
+            skipped.fold((0, 0.0), |(n, s), stage| (n + 1, s + stage.duration_s));
+        Conclusion {
+            sweeps,
+            load_not_sent: LoadNotSent {
+                stages,
+                seconds,
+                worker_seconds: seconds * workers.max(1) as f64,
+            },
+        }
+    }
+
+    /// The closing lines for a terminal: per sweep, its knee (or that its
+    /// first stage was congested, and where to start), then the load not sent.
+    pub fn lines(&self) -> String {
+        let mut out = String::new();
+        let several = self.sweeps.len() > 1;
+        for sweep in &self.sweeps {
+            let prefix = if several {
+                format!("sweep {} ({}): ", sweep.sweep, sweep.name)
+            } else {
+                String::new()
+            };
+            match (&sweep.knee, &sweep.congested, &sweep.suggested_start) {
+                (Some(knee), congested, _) => {
+                    let what = match congested {
+                        Some(c) => format!("knee (congested from {})", c.label),
+                        None => "no stage was congested; the highest level".to_string(),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{prefix}{what}: {} ({}): {:.1} req/s, {:.0} output tok/s, TTFT p50/p99 {}/{} ms, ITL p50/p99 {}/{} ms",
+                        knee.stage.label,
+                        knee.stage.level,
+                        knee.requests_per_second,
+                        knee.output_tokens_per_second,
+                        millis(knee.ttft_p50_seconds),
+                        millis(knee.ttft_p99_seconds),
+                        millis(knee.itl_p50_seconds),
+                        millis(knee.itl_p99_seconds),
+                    );
+                }
+                (None, Some(congested), Some(start)) => {
+                    let _ = writeln!(
+                        out,
+                        "{prefix}the first stage ({}) was already congested: no knee in this sweep; start lower, e.g. at {start}",
+                        congested.label
+                    );
+                }
+                _ => {}
+            }
+        }
+        let lost = &self.load_not_sent;
+        if lost.stages > 0 {
+            let _ = write!(
+                out,
+                "load not sent: {} stage{} skipped, {}",
+                lost.stages,
+                if lost.stages == 1 { "" } else { "s" },
+                humantime::format_duration(std::time::Duration::from_secs_f64(
+                    lost.seconds.max(0.0).round()
+                ))
+            );
+            if lost.worker_seconds > lost.seconds {
+                let _ = write!(
+                    out,
+                    " ({} of worker time)",
+                    humantime::format_duration(std::time::Duration::from_secs_f64(
+                        lost.worker_seconds.max(0.0).round()
+                    ))
+                );
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `summary.json`: the run (`R`: one process's, or a fleet's merged
+/// result), with its conclusion.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct Summary<'a, R> {
+    #[serde(flatten)]
+    result: &'a R,
+    conclusion: &'a Conclusion,
+}
+
+/// The summary as printed on stdout and written to `summary.json`.
+pub fn summary_json<R: Serialize>(
+    result: &R,
+    conclusion: &Conclusion,
+) -> serde_json::Result<String> {
+    nyann_results::summary_json(&Summary { result, conclusion })
+}
+
+/// Writes `summary.json` into `dir` again, with the conclusion (the runner
+/// or the fleet's merge wrote it without, as the run ended).
+pub fn write_summary<R: Serialize>(
+    dir: &std::path::Path,
+    result: &R,
+    conclusion: &Conclusion,
+) -> std::io::Result<()> {
+    nyann_results::RunDir::at(dir).write_summary(&Summary { result, conclusion })
+}
+
+/// Milliseconds for the closing lines.
+fn millis(seconds: f64) -> String {
+    let ms = seconds * 1000.0;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::record::{Judged, PolicyMode, PolicyRef};
+    use nyann_load::{RunOutcome, StageDetail};
+    use nyann_model::{ClientStats, Mode, SweepRef, Verdict};
+
+    fn stage(index: usize, c: u32, congested: Option<bool>) -> StageResult {
+        let ran = congested.is_some();
+        StageResult {
+            index,
+            label: format!("#{index} c={c}"),
+            name: None,
+            status: if ran {
+                StageStatus::Measured
+            } else {
+                StageStatus::Skipped
+            },
+            mode: Some(Mode::Concurrent),
+            concurrency: Some(c),
+            rate: None,
+            duration_s: 60.0,
+            drain: None,
+            sweep: Some(0),
+            start_unix: None,
+            end_unix: None,
+            client: ran.then(|| ClientStats {
+                requests_per_second: f64::from(c),
+                ttft_p99_seconds: 0.25,
+                ..ClientStats::default()
+            }),
+            detail: ran.then(StageDetail::default),
+            annotation: congested.map(|congested| Judged {
+                congestion: CongestionRecord {
+                    policy: PolicyRef {
+                        name: "builtin".into(),
+                        version: "0".into(),
+                        origin: "builtin".into(),
+                    },
+                    mode: PolicyMode::Enforce,
+                    sweep: SweepRef {
+                        index: 0,
+                        name: "sweep.star:3:10".into(),
+                    },
+                    params: vec![],
+                    judged_params: Vec::new(),
+                    roles: vec![],
+                    coverage: vec![],
+                    signal_errors: vec![],
+                    verdict: Some(Verdict {
+                        congested,
+                        reasons: vec![],
+                        fired: Vec::new(),
+                    }),
+                    policy_error: None,
+                    stopped: congested,
+                    check_seconds: 0.0,
+                },
+            }),
+            skip_reason: None,
+            check_interrupted: false,
+            degraded: None,
+        }
+    }
+
+    fn run(stages: Vec<StageResult>) -> RunResult {
+        RunResult {
+            outcome: RunOutcome::Completed,
+            start_unix: 0.0,
+            end_unix: 1.0,
+            seed: 1,
+            models: vec![],
+            targets: vec![],
+            totals: ClientStats::default(),
+            totals_detail: StageDetail::default(),
+            requests_recorded: 0,
+            stages,
+        }
+    }
+
+    #[test]
+    fn the_knee_is_the_last_stage_before_the_first_congested_one() {
+        let result = run(vec![
+            stage(0, 8, Some(false)),
+            stage(1, 16, Some(false)),
+            stage(2, 32, Some(true)),
+            stage(3, 64, None),
+            stage(4, 128, None),
+        ]);
+        let conclusion = Conclusion::of(&result, 3);
+        let sweep = &conclusion.sweeps[0];
+        let knee = sweep.knee.as_ref().unwrap();
+        assert_eq!((knee.stage.stage, knee.requests_per_second), (1, 16.0));
+        assert_eq!(sweep.congested.as_ref().unwrap().label, "#2 c=32");
+        assert_eq!(sweep.suggested_start, None);
+        assert_eq!(
+            conclusion.load_not_sent,
+            LoadNotSent {
+                stages: 2,
+                seconds: 120.0,
+                worker_seconds: 360.0
+            }
+        );
+        assert_eq!(
+            conclusion.lines(),
+            "knee (congested from #2 c=32): #1 c=16 (concurrency=16): 16.0 req/s, 0 output tok/s, \
+             TTFT p50/p99 0.0/250 ms, ITL p50/p99 0.0/0.0 ms\n\
+             load not sent: 2 stages skipped, 2m (6m of worker time)\n"
+        );
+        let json = serde_json::to_value(&conclusion).unwrap();
+        assert_eq!(json["sweeps"][0]["knee"]["concurrency"], 16);
+        assert_eq!(json["sweeps"][0]["knee"]["label"], "#1 c=16");
+        assert_eq!(json["load_not_sent"]["seconds"], 120.0);
+    }
+
+    /// A sweep congested from its first stage has no knee: it says so and
+    /// where to start (a quarter of the first level), not "knee: none".
+    #[test]
+    fn a_first_stage_congested_suggests_where_to_start() {
+        let result = run(vec![stage(0, 64, Some(true)), stage(1, 128, None)]);
+        let conclusion = Conclusion::of(&result, 1);
+        let sweep = &conclusion.sweeps[0];
+        assert_eq!(sweep.knee, None);
+        assert_eq!(
+            sweep.suggested_start,
+            Some(Level {
+                concurrency: Some(16),
+                rate: None
+            })
+        );
+        assert!(
+            conclusion.lines().starts_with(
+                "the first stage (#0 c=64) was already congested: no knee in this sweep; start \
+                 lower, e.g. at concurrency=16\n"
+            ),
+            "{}",
+            conclusion.lines()
+        );
+        // Nothing congested: the highest level is said as such.
+        let calm = Conclusion::of(&run(vec![stage(0, 8, Some(false))]), 1);
+        assert!(
+            calm.lines()
+                .starts_with("no stage was congested; the highest level: #0 c=8"),
+            "{}",
+            calm.lines()
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! The congestion check: after each measured stage that carries an
+//! `until_congested(...)` stop condition, read the server signals of the
+//! stage, ask the policy for a verdict, and stop the sweep when it says
+//! "congested". Each `until_congested(...)` call is a sweep of its own: the
+//! policy's history holds that sweep's stages only, and its stop skips the
+//! rest of that sweep only.
+//!
+//! It plugs into the stage runner as its [`StageHook`], so it runs after the
+//! stage's requests completed and before the next stage starts, while the
+//! load holds the finished stage's level. Everything it can check up front
+//! (a signal source is configured, the policy loads, every stop condition's
+//! parameters pass the policy's `describe`/`validate`, the signal source
+//! answers and every role finds its server's series) is checked by
+//! [`CongestionCheck::prepare`] before any request is sent.
+//!
+//! Failures never stop a sweep by themselves unless asked to: a failed
+//! signal query reads as zero and is recorded with the stage (fail-open); a failed policy call is recorded and, by default, the
+//! sweep goes on (`--on-policy-error stop` changes that). A signal without
+//! series also reads zero, but the record says "no data" for it, and a stage
+//! judged with a whole role missing is a warning naming the role.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use nyann_load::{FinishedStage, HookDecision, HookOutcome, StageHook};
+use nyann_model::{
+    Param, RoleCoverage, RoleSignals, Scenario, StageObservation, Step, StopCondition, SweepRef,
+    Verdict,
+};
+use nyann_policy_host::Policy;
+use nyann_signals::{ClientEvidence, SignalSource, StageSignals};
+
+use crate::record::{CongestionRecord, Judged, OnPolicyError, PolicyMode, PolicyRef};
+
+/// The stage hook that judges congestion.
+pub struct CongestionCheck {
+    /// `None` when the policy judges client figures only and no source was
+    /// given.
+    source: Option<SignalSource>,
+    policy: Policy,
+    mode: PolicyMode,
+    on_error: OnPolicyError,
+    /// For each step that carries a stop condition, by step index: its
+    /// condition, checked parameters (defaults filled, durations in
+    /// seconds) and sweep.
+    stops: BTreeMap<usize, Stop>,
+    /// Per sweep (`until_congested(...)` call), the stages judged so far,
+    /// oldest first: the policy's `history` (a sweep never sees another's).
+    history: BTreeMap<u32, Vec<StageObservation>>,
+}
+
+/// How a congestion check uses its verdicts.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckSettings {
+    pub mode: PolicyMode,
+    pub on_error: OnPolicyError,
+}
+
+/// Why a congestion check cannot judge the scenario.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The policy reads server signals and no source was given.
+    #[error(
+        "the scenario stops on congestion{} but no server signals are configured \
+         (a policy that judges client figures only says so and needs none)",
+        .at.as_ref().map(|at| format!(" (until_congested at {at})")).unwrap_or_default()
+    )]
+    NoSignalSource { at: Option<String> },
+    /// Parameters of `until_congested(...)` calls the policy refused, one
+    /// message per call.
+    #[error("{}", .0.join("\n"))]
+    Params(Vec<String>),
+}
+
+/// Whether any stage of `scenario` carries a stop condition (is judged).
+pub fn judges_any_stage(scenario: &Scenario) -> bool {
+    stop_steps(scenario).next().is_some()
+}
+
+/// The steps that carry a stop condition: index, stage, condition.
+fn stop_steps(
+    scenario: &Scenario,
+) -> impl Iterator<Item = (usize, &nyann_model::Stage, &StopCondition)> {
+    scenario
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(index, step)| match step {
+            Step::Stage(stage) => stage.stop.as_ref().map(|stop| (index, stage, stop)),
+            Step::Barrier { .. } => None,
+        })
+}
+
+impl CongestionCheck {
+    /// The check of `scenario` by `policy`, reading `source` (`None`: no
+    /// server signals, which only a policy that judges client figures
+    /// accepts). Every `until_congested(...)` call's parameters must pass
+    /// the policy's checks (all errors reported at once). The source's
+    /// preflight is the caller's, before load ([`CongestionCheck::source`]).
+    pub fn new(
+        scenario: &Scenario,
+        policy: Policy,
+        source: Option<SignalSource>,
+        settings: CheckSettings,
+    ) -> Result<CongestionCheck, CheckError> {
+        if source.is_none() && policy.info().server_signals {
+            let at = stop_steps(scenario)
+                .next()
+                .and_then(|(_, _, stop)| stop.location.as_ref().map(ToString::to_string));
+            return Err(CheckError::NoSignalSource { at });
+        }
+        let checked = check_stop_conditions(scenario, &policy).map_err(CheckError::Params)?;
+        let stops = stop_steps(scenario)
+            .zip(checked)
+            .map(|((index, stage, stop), params)| {
+                let stop = Stop {
+                    condition: stop.clone(),
+                    params,
+                    sweep: sweep_of(stage.sweep, stop),
+                };
+                (index, stop)
+            })
+            .collect();
+        Ok(CongestionCheck {
+            source,
+            policy,
+            mode: settings.mode,
+            on_error: settings.on_error,
+            stops,
+            history: BTreeMap::new(),
+        })
+    }
+
+    /// Where the server signals come from, if anywhere.
+    pub fn source(&self) -> Option<&SignalSource> {
+        self.source.as_ref()
+    }
+
+    /// The policy that judges.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Starts sampling the servers' `/metrics` (for `--scrape`; a no-op for
+    /// Prometheus). Call it before the first stage.
+    pub fn start(&self) {
+        if let Some(source) = &self.source {
+            source.start();
+        }
+    }
+
+    async fn judge(
+        &mut self,
+        done: &FinishedStage<'_, Judged>,
+        stop: &Stop,
+    ) -> HookOutcome<Judged> {
+        let started = Instant::now();
+        let signals = match &self.source {
+            Some(source) => {
+                let client = ClientEvidence {
+                    longest_first_token_wait_seconds: done.stats.longest_first_token_wait(),
+                };
+                source
+                    .stage_signals(done.start_unix, done.end_unix, client)
+                    .await
+            }
+            None => StageSignals::default(),
+        };
+        let observation = StageObservation {
+            index: u32::try_from(done.index).unwrap_or(u32::MAX),
+            name: done.label.to_string(),
+            sweep: stop.sweep.clone(),
+            concurrency: done.stage.concurrency,
+            rate: done.stage.rate,
+            start_unix_seconds: done.start_unix,
+            end_unix_seconds: done.end_unix,
+            roles: signals.roles,
+            client: done.client.clone(),
+            signal_errors: signals.errors,
+        };
+        for error in &observation.signal_errors {
+            tracing::warn!("stage {}: {error} (reads as 0)", done.label);
+        }
+        for (role, coverage) in observation.roles.iter().zip(&signals.coverage) {
+            if coverage.nothing_found()
+                && let Some(source) = &self.source
+            {
+                tracing::warn!(
+                    "stage {}: role {} has no series of any signal ({}): every signal of the role reads 0 for this verdict",
+                    done.label,
+                    role.role,
+                    source.place(&role.role)
+                );
+            }
+            tracing::info!("stage {}: {}", done.label, describe_role(role, coverage));
+        }
+        let history = self.history.entry(stop.sweep.index).or_default();
+        let judged = self.policy.judge(&stop.params, &observation, history).await;
+        let info = self.policy.info();
+        let mut record = CongestionRecord {
+            policy: PolicyRef {
+                name: info.name.clone(),
+                version: info.version.clone(),
+                origin: self.policy.origin().to_string(),
+            },
+            mode: self.mode,
+            sweep: stop.sweep.clone(),
+            params: stop.condition.params.clone(),
+            judged_params: stop.params.clone(),
+            roles: observation.roles.clone(),
+            coverage: signals.coverage,
+            signal_errors: observation.signal_errors.clone(),
+            verdict: None,
+            policy_error: None,
+            stopped: false,
+            check_seconds: 0.0,
+        };
+        history.push(observation);
+
+        let outcome = match judged {
+            Ok(verdict) => {
+                log_verdict(done.label, &verdict);
+                let stop = verdict.congested && self.mode == PolicyMode::Enforce;
+                let reason = format!("congested: {}", verdict.reasons.join("; "));
+                record.verdict = Some(verdict);
+                if stop {
+                    HookOutcome::stop(reason)
+                } else {
+                    HookOutcome::proceed()
+                }
+            }
+            Err(err) => {
+                let message = err.to_string();
+                record.policy_error = Some(message.clone());
+                match self.on_error {
+                    OnPolicyError::Continue => {
+                        tracing::warn!(
+                            "{message}; the sweep goes on (on a policy error: continue)"
+                        );
+                        HookOutcome::proceed()
+                    }
+                    OnPolicyError::Stop => {
+                        tracing::error!("{message}; the sweep stops (on a policy error: stop)");
+                        HookOutcome::stop(format!(
+                            "policy error at stage {}: {message}",
+                            done.label
+                        ))
+                    }
+                }
+            }
+        };
+        record.stopped = matches!(outcome.decision, HookDecision::Stop { .. });
+        record.check_seconds = started.elapsed().as_secs_f64();
+        outcome.with_annotation(Judged { congestion: record })
+    }
+}
+
+impl StageHook for CongestionCheck {
+    type Annotation = Judged;
+
+    async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {
+        match self.stops.get(&done.index).cloned() {
+            Some(stop) => self.judge(done, &stop).await,
+            None => HookOutcome::proceed(),
+        }
+    }
+}
+
+/// One step's stop condition, ready to judge.
+#[derive(Debug, Clone)]
+struct Stop {
+    condition: StopCondition,
+    params: Vec<Param>,
+    sweep: SweepRef,
+}
+
+/// Check every `until_congested(...)` call of `scenario` against `policy`
+/// (each distinct call once: one call gives every stage of its list the
+/// same condition): the checked parameters of each stage that carries a
+/// condition, in step order, or every error at once.
+pub fn check_stop_conditions(
+    scenario: &Scenario,
+    policy: &Policy,
+) -> Result<Vec<Vec<Param>>, Vec<String>> {
+    let mut checked: Vec<(&StopCondition, Result<Vec<Param>, String>)> = Vec::new();
+    let mut positions = Vec::new();
+    for step in &scenario.steps {
+        let Step::Stage(stage) = step else { continue };
+        let Some(stop) = &stage.stop else { continue };
+        let known = checked.iter().position(|(seen, _)| *seen == stop);
+        positions.push(known.unwrap_or_else(|| {
+            checked.push((stop, policy.check_params(stop).map_err(|e| e.to_string())));
+            checked.len() - 1
+        }));
+    }
+    let errors: Vec<String> = checked
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err().cloned())
+        .collect();
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(positions
+        .into_iter()
+        .map(|p| checked[p].1.clone().unwrap_or_default())
+        .collect())
+}
+
+/// The sweep a judged stage belongs to: its `until_congested(...)` call
+/// (each call is a sweep of its own), named after where it was called.
+fn sweep_of(index: u32, stop: &StopCondition) -> SweepRef {
+    SweepRef {
+        index,
+        name: stop
+            .location
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| format!("sweep {index}")),
+    }
+}
+
+/// `[decode] waiting_p50=40 ttft_p99=2.500s kv_usage_max=98.0% preemptions=3`,
+/// with `no data` for a signal without series and `>=` before a lower bound.
+fn describe_role(role: &RoleSignals, coverage: &RoleCoverage) -> String {
+    let show = |signal: &str, text: String| match coverage.get(signal) {
+        Some(c) if c.status.no_data() => "no data".to_string(),
+        Some(c) if c.lower_bound => format!(">={text}"),
+        _ => text,
+    };
+    format!(
+        "[{}] waiting_p50={} ttft_p99={} kv_usage_max={} preemptions={}",
+        role.role,
+        show(
+            "waiting_requests_p50",
+            role.waiting_requests_p50.to_string()
+        ),
+        show("ttft_p99_seconds", format!("{:.3}s", role.ttft_p99_seconds)),
+        show(
+            "kv_cache_usage_max",
+            format!("{:.1}%", role.kv_cache_usage_max * 100.0)
+        ),
+        show("preemptions", format!("{:.0}", role.preemptions))
+    )
+}
+
+fn log_verdict(label: &str, verdict: &Verdict) {
+    if verdict.congested {
+        tracing::warn!("stage {label}: CONGESTED: {}", verdict.reasons.join("; "));
+    } else if verdict.reasons.is_empty() {
+        tracing::info!("stage {label}: not congested");
+    } else {
+        tracing::info!(
+            "stage {label}: not congested ({})",
+            verdict.reasons.join("; ")
+        );
+    }
+}
