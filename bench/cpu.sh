@@ -34,6 +34,8 @@ start_fast_sim cpu "$SIM_BIN"
 printf '%6s %9s %8s %8s %12s %10s %9s\n' conc requests user_s sys_s cpu_us/req max_rss_MB req/s
 for _ in $(seq "$RUNS"); do
     OUT_ARGS=()
+    # A new directory per run: generate refuses one that holds a run already.
+    rm -rf "$WORK/gen"
     [[ "$OUTPUT" == 1 ]] && OUT_ARGS=(--output-dir "$WORK/gen")
     ${WRAP:-} /usr/bin/time -f '%U %S %M' -o "$WORK/time" "$BIN" generate --target "$BASE" --concurrency "$C" \
         --duration "${SECONDS_PER_RUN}s" --workload synthetic --isl 32 --osl 32 \

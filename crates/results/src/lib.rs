@@ -334,10 +334,6 @@ impl<T: DeserializeOwned> Records<T> {
             record: PhantomData,
         }
     }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl<T: DeserializeOwned> Iterator for Records<T> {
