@@ -743,6 +743,23 @@ async fn kube_render_carries_the_scenario_and_validates() {
             .contains("concurrency 2 cannot be divided between 3 workers")
     );
 
+    // One worker needs no Job: the library says why, the command line
+    // names the flag and the command to use.
+    let refused = nyann_bench()
+        .args(["kube", "render", "--config"])
+        .arg(&small)
+        .args(["--workers", "1", "--image", "x"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--workers 1: a scale-out run needs at least 2 workers, not 1")
+            && stderr.contains("run `nyann-bench generate` instead"),
+        "{stderr}"
+    );
+
     // `python3 -m kubernetes_validate` needs no shim on PATH (pyenv makes
     // one only on a rehash); $KUBERNETES_VALIDATE names another program.
     let (program, first): (String, &[&str]) = match std::env::var("KUBERNETES_VALIDATE") {

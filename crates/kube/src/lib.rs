@@ -82,9 +82,9 @@ pub struct RenderConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error(
-        "a scale-out run needs at least 2 workers (1 worker needs no Kubernetes Job: run `nyann-bench generate`)"
+        "a scale-out run needs at least 2 workers, not {0} (one process needs no Kubernetes Job)"
     )]
-    TooFewWorkers,
+    TooFewWorkers(usize),
     #[error(
         "the scenario and policy take {0} bytes, more than a ConfigMap's 1 MiB: use a smaller policy component"
     )]
@@ -145,7 +145,7 @@ fn valid_name(name: &str) -> bool {
 
 pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
     if config.workers < 2 {
-        return Err(RenderError::TooFewWorkers);
+        return Err(RenderError::TooFewWorkers(config.workers));
     }
     if !valid_name(&config.name) {
         return Err(RenderError::Name(config.name.clone()));
@@ -633,6 +633,9 @@ mod tests {
             workers: 1,
             ..config()
         };
-        assert!(render(&one).unwrap_err().to_string().contains("at least 2"));
+        let err = render(&one).unwrap_err();
+        assert!(matches!(err, RenderError::TooFewWorkers(1)));
+        // The library speaks of values; the command line adds its flags.
+        assert!(!err.to_string().contains("nyann-bench"), "{err}");
     }
 }

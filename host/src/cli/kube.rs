@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use nyann_kube::RenderConfig;
+use nyann_kube::{RenderConfig, RenderError};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -91,6 +91,12 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         cpu: args.cpu,
         memory: args.memory,
         results_claim: args.results_claim,
+    })
+    .map_err(|err| match err {
+        RenderError::TooFewWorkers(n) => {
+            anyhow::anyhow!("--workers {n}: {err}: run `nyann-bench generate` instead")
+        }
+        err => err.into(),
     })?;
     // Every pod runs this command: it must parse as `generate` does.
     let command = manifests
