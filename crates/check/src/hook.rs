@@ -10,12 +10,13 @@
 //! load holds the finished stage's level. Everything it can check up front
 //! (a signal source is configured, the policy loads, every stop condition's
 //! parameters pass the policy's `describe`/`validate`, the signal source
-//! answers and every role finds its server's series) is checked by
-//! [`CongestionCheck::prepare`] before any request is sent.
+//! answers and every role finds its server's series) is checked before any
+//! request is sent: by [`CongestionCheck::new`], and by the source's
+//! preflight, which the caller runs.
 //!
 //! Failures never stop a sweep by themselves unless asked to: a failed
 //! signal query reads as zero and is recorded with the stage (fail-open); a failed policy call is recorded and, by default, the
-//! sweep goes on (`--on-policy-error stop` changes that). A signal without
+//! sweep goes on ([`OnPolicyError::Stop`] changes that). A signal without
 //! series also reads zero, but the record says "no data" for it, and a stage
 //! judged with a whole role missing is a warning naming the role.
 
@@ -284,9 +285,7 @@ pub fn check_stop_conditions(
 ) -> Result<Vec<Vec<Param>>, Vec<String>> {
     let mut checked: Vec<(&StopCondition, Result<Vec<Param>, String>)> = Vec::new();
     let mut positions = Vec::new();
-    for step in &scenario.steps {
-        let Step::Stage(stage) = step else { continue };
-        let Some(stop) = &stage.stop else { continue };
+    for (_, _, stop) in stop_steps(scenario) {
         let known = checked.iter().position(|(seen, _)| *seen == stop);
         positions.push(known.unwrap_or_else(|| {
             checked.push((stop, policy.check_params(stop).map_err(|e| e.to_string())));

@@ -21,8 +21,7 @@ use super::generate::{
     signal_options, write_conclusion,
 };
 use super::interrupt::cancel_on_signals;
-use nyann_check::Conclusion;
-use nyann_check::RunResult;
+use nyann_check::{Conclusion, RunResult};
 
 /// Flags of a run by several workers.
 #[derive(Debug, Clone, clap::Args)]
