@@ -5,8 +5,6 @@
 //! to an exit code; each command lives in its own file under `cli/`.
 
 mod cli;
-mod recorded;
-mod report;
 #[cfg(test)]
 mod schema;
 

@@ -20,7 +20,6 @@ use super::client::ClientArgs;
 use super::interrupt::{Signals, cancel_on_signals};
 use super::progress::Progress;
 use super::signals::SignalArgs;
-use crate::report;
 use nyann_check::conclusion::{self, Conclusion};
 use nyann_check::{CongestionRecord, RunResult};
 
@@ -337,11 +336,11 @@ pub(super) fn show_ending(
     ui: Ui,
 ) {
     if ui.quiet {
-        eprintln!("{}", report::outcome_line(result));
+        eprintln!("{}", nyann_report::outcome_line(result));
         return;
     }
-    eprint!("{}", report::stage_table(result));
-    eprintln!("{}", report::outcome_line(result));
+    eprint!("{}", nyann_report::stage_table(result));
+    eprintln!("{}", nyann_report::outcome_line(result));
     eprint!("{}", conclusion.lines());
     if let Some(dir) = dir {
         eprintln!(
@@ -406,7 +405,6 @@ fn write_report(
     scenario: &Scenario,
     source: Option<&str>,
 ) -> anyhow::Result<()> {
-    use report::saved::SavedRun;
     {
         let run_dir = nyann_results::RunDir::at(dir);
         run_dir
@@ -416,14 +414,14 @@ fn write_report(
             || dir.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let mut run = SavedRun::new(
+        let mut run = nyann_report::SavedRun::new(
             label,
             result.clone(),
             Some(scenario.clone()),
             source.map(str::to_owned),
         );
         run.read_requests(&run_dir)?;
-        super::report::write(
+        nyann_report::write_html(
             std::slice::from_ref(&run),
             &run_dir.file(nyann_results::REPORT),
         )?;

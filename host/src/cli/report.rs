@@ -2,15 +2,15 @@
 //! saved with `--output-dir`; several directories are overlaid in one page
 //! for comparison (before/after a server change).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
 
+use nyann_report::SavedRun;
+
 use super::Ui;
-use crate::report::html;
-use crate::report::saved::SavedRun;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -51,7 +51,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
         (None, [one]) => one.join(nyann_results::REPORT),
         (None, _) => PathBuf::from(nyann_results::REPORT),
     };
-    let size = write(&runs, &output)?;
+    let size = nyann_report::write_html(&runs, &output)?;
     if !ui.quiet {
         eprintln!(
             "wrote {} ({} KB, {} run{}) in {:.2} s",
@@ -63,11 +63,4 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Writes the report of `runs` to `path`; returns its size in bytes.
-pub fn write(runs: &[SavedRun], path: &Path) -> anyhow::Result<usize> {
-    let page = html::page(runs)?;
-    std::fs::write(path, &page).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(page.len())
 }

@@ -17,8 +17,6 @@ use nyann_sim::engine::TimeModel;
 use nyann_sim::fit::{self, Fit, FitSettings};
 use nyann_sim::profile::{EngineSpec, Limits};
 
-use crate::recorded;
-
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Results directories of sweeps of the server (`generate --output-dir`):
@@ -140,7 +138,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--chars-per-token must be a positive number");
     }
     let limits = server_limits(&args).await?;
-    let count = recorded::PromptCount {
+    let count = fit::PromptCount {
         chars_per_token: args.chars_per_token,
         chat_template_tokens: args.chat_template_tokens.unwrap_or(0),
     };
@@ -148,7 +146,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut sizes = Vec::new();
     for dir in &args.runs {
         let dir = dir.clone();
-        let recording = tokio::task::spawn_blocking(move || recorded::read(&dir, count)).await??;
+        let recording = tokio::task::spawn_blocking(move || fit::read_recording(&dir, count))
+            .await?
+            .map_err(with_flags)?;
         for skipped in &recording.skipped {
             tracing::warn!("left out: {skipped}");
         }
@@ -157,7 +157,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (template, template_note) = match args.chat_template_tokens {
         Some(t) => (t, None),
-        None => match recorded::chat_template_tokens(&sizes) {
+        None => match fit::chat_template_tokens(&sizes) {
             Some(t) => (t.round() as u32, None),
             None => (
                 0,
@@ -365,4 +365,18 @@ fn report(fitted: &Fit, profile: &ServerProfile, notes: &[String]) -> String {
         let _ = writeln!(out, "note: {note}");
     }
     out
+}
+
+/// A recording the fit cannot read, with the flags that get past it.
+fn with_flags(err: fit::RecordingError) -> anyhow::Error {
+    let hint = match &err {
+        fit::RecordingError::NoPromptTokens { .. } => {
+            "the server reports them when the sweep runs with --stream-usage: record with \
+             --stream-usage, or give --chars-per-token (the `ISL calibration` line of the \
+             sweep's log) and --chat-template-tokens"
+        }
+        fit::RecordingError::NoRecords { .. } => "a sweep run with --output-dir writes it",
+        _ => return err.into(),
+    };
+    anyhow::anyhow!("{err} ({hint})")
 }

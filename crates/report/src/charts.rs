@@ -1,7 +1,7 @@
 //! How the report's charts are drawn: SVG from plotters, no script.
 //!
 //! Two kinds of figure, both described as plain data by the page
-//! ([`super::html`]) and drawn here:
+//! ([`crate::html`]) and drawn here:
 //! - [`LevelFigure`]: a quantity against the stage level (concurrency or
 //!   rate), one line per series, with marks for the congested stage,
 //!   skipped stages and stages whose server signal had no data;
@@ -17,6 +17,8 @@
 
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
+
+use crate::ReportError;
 
 /// Pixels of one chart.
 pub const SIZE: (u32, u32) = (600, 300);
@@ -245,8 +247,8 @@ pub struct TimelineFigure {
 }
 
 /// Why a chart could not be drawn (plotters' error as text).
-fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing a chart: {e}")
+fn plot_error(e: impl std::fmt::Display) -> ReportError {
+    ReportError::Chart(e.to_string())
 }
 
 fn line_style(color: RGBColor, dashed: bool) -> ShapeStyle {
@@ -271,7 +273,7 @@ enum Glyph {
 fn draw_legend(
     root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     entries: &[(String, Glyph)],
-) -> anyhow::Result<()> {
+) -> Result<(), ReportError> {
     let x = root.dim_in_pixel().0 as i32 - LEGEND_WIDTH as i32 + 4;
     for (i, (name, glyph)) in entries.iter().enumerate() {
         let y = 40 + 16 * i as i32;
@@ -328,7 +330,7 @@ fn mark_style(kind: MarkKind) -> (RGBColor, u32) {
 /// in bounded time: the axis is scaled to the measured values (and the
 /// thresholds near them), and what lies above it sits on the top edge,
 /// marked with its value.
-pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
+pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
     let axis = &figure.x;
     let at = |(x, y): (f64, f64)| Some((axis.position(x)?, y));
     let ys = |dashed: bool| -> Vec<f64> {
@@ -459,7 +461,7 @@ pub fn level_chart(figure: &LevelFigure) -> anyhow::Result<String> {
 }
 
 /// Draws a timeline figure as an SVG document.
-pub fn timeline_chart(figure: &TimelineFigure) -> anyhow::Result<String> {
+pub fn timeline_chart(figure: &TimelineFigure) -> Result<String, ReportError> {
     let end = if figure.end_s.is_finite() && figure.end_s > 0.0 {
         figure.end_s
     } else {

@@ -1,22 +1,50 @@
-//! Reads a results directory (`--output-dir` of a sweep) back into what the
-//! simulator's fit needs: per measured closed-loop stage its level, length,
+//! Reads a run directory (what a sweep saved) back into what the fit needs: per measured closed-loop stage its level, length,
 //! client statistics and server signals (`stages.json`), and the mean prompt
 //! and output tokens of its requests (`requests.jsonl`).
 //!
 //! Only the fields the fit uses are read, so files written by older or newer
 //! versions load as long as those fields are there; a missing or unreadable
-//! file is an error naming the file and what to do.
+//! file is an error naming the file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::bail;
+use std::path::PathBuf;
+
 use nyann_model::{ClientStats, RoleSignals};
-use nyann_results::RunDir;
-use nyann_sim::fit::{RecordedRun, RecordedStage};
+use nyann_results::{ReadError, RecordError, RunDir};
 use serde::Deserialize;
 
-use nyann_check::Judged;
+use super::{RecordedRun, RecordedStage};
+
+/// Why a run directory cannot be fitted.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Records(#[from] RecordError),
+    #[error(
+        "{} holds no {}: the fit needs each request's prompt and output tokens",
+        dir.display(),
+        nyann_results::REQUESTS
+    )]
+    NoRecords { dir: PathBuf },
+    /// Prompt tokens neither reported by the server (`usage`) nor countable
+    /// from characters ([`PromptCount::chars_per_token`] not given).
+    #[error("{}: stage {stage} has requests without prompt token counts", file.display())]
+    NoPromptTokens { file: PathBuf, stage: String },
+    #[error("{} has no measured closed-loop stage with token counts to fit{}", dir.display(), why(skipped))]
+    NothingToFit { dir: PathBuf, skipped: Vec<String> },
+}
+
+fn why(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", skipped.join("; "))
+    }
+}
 
 /// One entry of `stages.json`, as far as the fit is concerned.
 #[derive(Deserialize)]
@@ -32,7 +60,21 @@ struct StageEntry {
     #[serde(default)]
     client: Option<ClientStats>,
     #[serde(default)]
-    annotation: Option<Judged>,
+    annotation: Option<Annotation>,
+}
+
+/// The congestion check's record of a stage (`annotation.congestion`), as
+/// far as the fit is concerned: the signals it read.
+#[derive(Deserialize)]
+struct Annotation {
+    congestion: Congestion,
+}
+
+#[derive(Deserialize)]
+struct Congestion {
+    roles: Vec<RoleSignals>,
+    #[serde(default)]
+    signal_errors: Vec<String>,
 }
 
 /// One line of `requests.jsonl`, as far as the fit is concerned.
@@ -93,7 +135,7 @@ impl Tokens {
 }
 
 /// Read `dir` (its `stages.json` and `requests.jsonl`).
-pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
+pub fn read_recording(dir: &Path, count: PromptCount) -> Result<Recording, RecordingError> {
     let run_dir = RunDir::open(dir)?;
     let entries: Vec<StageEntry> = run_dir.stages()?;
     let Requests {
@@ -127,14 +169,10 @@ pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
             continue;
         };
         let Some(prompt_tokens) = t.prompt_mean(count) else {
-            bail!(
-                "{}: stage {} has requests without prompt token counts (the server reports \
-                 them when the sweep runs with --stream-usage): record with --stream-usage, or \
-                 give --chars-per-token (the `ISL calibration` line of the sweep's log) and \
-                 --chat-template-tokens",
-                run_dir.file(nyann_results::REQUESTS).display(),
-                e.label
-            );
+            return Err(RecordingError::NoPromptTokens {
+                file: run_dir.file(nyann_results::REQUESTS),
+                stage: e.label,
+            });
         };
         stages.push(RecordedStage {
             label: e.label.clone(),
@@ -147,15 +185,10 @@ pub fn read(dir: &Path, count: PromptCount) -> anyhow::Result<Recording> {
         });
     }
     if stages.is_empty() {
-        bail!(
-            "{} has no measured closed-loop stage with token counts to fit{}",
-            dir.display(),
-            if skipped.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", skipped.join("; "))
-            }
-        );
+        return Err(RecordingError::NothingToFit {
+            dir: dir.to_path_buf(),
+            skipped,
+        });
     }
     Ok(Recording {
         run: RecordedRun {
@@ -175,14 +208,11 @@ struct Requests {
     prompt_sizes: Vec<(f64, f64)>,
 }
 
-fn read_requests(dir: &RunDir) -> anyhow::Result<Requests> {
+fn read_requests(dir: &RunDir) -> Result<Requests, RecordingError> {
     let Some(records) = dir.records::<RequestLine>()? else {
-        bail!(
-            "{} holds no {}: the fit needs each request's prompt and output tokens \
-             (a sweep run with --output-dir writes it)",
-            dir.path().display(),
-            nyann_results::REQUESTS
-        );
+        return Err(RecordingError::NoRecords {
+            dir: dir.path().to_path_buf(),
+        });
     };
     let mut tokens: BTreeMap<usize, Tokens> = BTreeMap::new();
     let mut sizes = Vec::new();
@@ -214,8 +244,8 @@ fn read_requests(dir: &RunDir) -> anyhow::Result<Requests> {
 /// role (a disaggregated recording has no single engine to fit). None when
 /// a query failed: the failed signals read 0 (fail-open), which is no
 /// measurement.
-fn server_signals(judged: Option<&Judged>) -> Option<RoleSignals> {
-    let congestion = &judged?.congestion;
+fn server_signals(annotation: Option<&Annotation>) -> Option<RoleSignals> {
+    let congestion = &annotation?.congestion;
     if !congestion.signal_errors.is_empty() {
         return None;
     }
@@ -272,7 +302,7 @@ mod tests {
             waiting_requests_p50: 3.0,
             ..RoleSignals::default()
         };
-        let annotation = |errors: &[&str]| -> Judged {
+        let annotation = |errors: &[&str]| -> Annotation {
             serde_json::from_value(serde_json::json!({"congestion": {
                 "policy": {"name": "builtin", "version": "0.1.0", "origin": "builtin"},
                 "mode": "enforce",

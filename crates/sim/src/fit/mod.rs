@@ -14,11 +14,15 @@
 //! the decode cost per sequence, so it stays at 0; the noise (`jitter`,
 //! `drift`) is given, not fitted.
 
+mod recorded;
+
 use nyann_model::{ClientStats, RoleSignals};
 
 use crate::engine::TimeModel;
 use crate::profile::{EngineSpec, Limits};
 use crate::sweep::{self, StageFigures, SweepStage};
+
+pub use recorded::{PromptCount, Recording, RecordingError, chat_template_tokens, read_recording};
 
 /// A recorded stage, as the fit needs it.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use nyann_model::{Scenario, Step};
 use nyann_results::{RecordError, RunDir};
 
-use super::timeline::{ErrorCount, ErrorTally, RecordLine, Timeline, TimelineBuilder};
+use crate::ReportError;
+use crate::timeline::{ErrorCount, ErrorTally, RecordLine, Timeline, TimelineBuilder};
 use nyann_check::{CongestionRecord, RunResult};
 
 /// One run, ready to be drawn.
@@ -28,7 +28,7 @@ pub struct SavedRun {
 
 impl SavedRun {
     /// Reads the run saved in `dir`.
-    pub fn load(dir: &Path, label: Option<String>) -> anyhow::Result<SavedRun> {
+    pub fn load(dir: &Path, label: Option<String>) -> Result<SavedRun, ReportError> {
         let run_dir = RunDir::open(dir)?;
         let result: RunResult = run_dir.summary()?;
         let scenario = run_dir.scenario()?;
@@ -66,7 +66,7 @@ impl SavedRun {
 
     /// Bins the request records of `dir` (streamed: memory does not grow
     /// with the file); without records the timeline stays empty.
-    pub fn read_requests(&mut self, dir: &RunDir) -> anyhow::Result<()> {
+    pub fn read_requests(&mut self, dir: &RunDir) -> Result<(), ReportError> {
         let Some(records) = dir.records::<RecordLine>()? else {
             return Ok(());
         };
@@ -80,7 +80,7 @@ impl SavedRun {
                 }
                 // A line cut short by a crash, or not a record: skip it.
                 Err(RecordError::Line { .. }) => self.unreadable_lines += 1,
-                Err(err) => return Err(err).context("reading the request records"),
+                Err(err) => return Err(ReportError::Records(err)),
             }
         }
         self.timeline = timeline.finish();

@@ -1,0 +1,200 @@
+//! The HTML report: one self-contained page (inline CSS and SVG charts, no
+//! script, nothing fetched) for one run, or several runs overlaid for
+//! comparison.
+//!
+//! What the page shows, top-down: per run a headline (outcome, stop reason,
+//! policy, knee, what the skipped stages saved); throughput and client
+//! latencies against the stage level; the server signals the policy judged,
+//! with the thresholds; per run a timeline of the requests with the stages
+//! shaded; the errors by reason; the stage table; the scenario.
+
+mod details;
+mod levels;
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Write;
+
+use nyann_check::StageResult;
+use nyann_load::StageStatus;
+
+use crate::ReportError;
+use crate::charts::level_chart;
+use crate::saved::SavedRun;
+use crate::table::outcome_line;
+use details::run_details;
+use levels::{
+    Latency, SIGNALS, Throughput, client_latency, comparison, level_axis, server_signal, throughput,
+};
+
+/// The page for `runs` (at least one).
+pub fn page(runs: &[SavedRun]) -> Result<String, ReportError> {
+    let mut out = String::with_capacity(256 * 1024);
+    let title = match runs {
+        [one] => format!("nyann-bench report: {}", one.label),
+        _ => format!("nyann-bench report: {} runs compared", runs.len()),
+    };
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{}</title><style>{STYLE}</style></head><body>\n<h1>{}</h1>\n",
+        esc(&title),
+        esc(&title)
+    );
+    for (i, run) in runs.iter().enumerate() {
+        headline(&mut out, run, i);
+    }
+
+    let axis = level_axis(runs);
+    section(&mut out, "Throughput against the stage level");
+    figure(
+        &mut out,
+        level_chart(&throughput(runs, &axis, Throughput::Requests))?,
+    );
+    figure(
+        &mut out,
+        level_chart(&throughput(runs, &axis, Throughput::Tokens))?,
+    );
+    out.push_str("</div>\n");
+
+    section(&mut out, "Client latency against the stage level");
+    for latency in [Latency::Ttft, Latency::Itl, Latency::E2e] {
+        figure(
+            &mut out,
+            level_chart(&client_latency(runs, &axis, latency))?,
+        );
+    }
+    out.push_str("</div>\n");
+
+    if runs.iter().any(|r| r.records.iter().any(Option::is_some)) {
+        section(&mut out, "Server signals the policy judged");
+        for signal in SIGNALS {
+            figure(&mut out, level_chart(&server_signal(runs, &axis, signal))?);
+        }
+        out.push_str(
+            "<p class=\"note\">Per role; the dashed line is the stop condition's threshold \
+             (built-in policy parameters). Grey circles on the axis: no data for that signal (no series found, or the query failed; the policy saw 0).</p>\n</div>\n",
+        );
+    }
+
+    if runs.len() > 1 {
+        comparison(&mut out, runs, axis.1);
+    }
+    for (i, run) in runs.iter().enumerate() {
+        run_details(&mut out, run, i)?;
+    }
+    out.push_str("</body></html>\n");
+    Ok(out)
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1240px}\
+h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}\
+h3{font-size:15px}.grid{display:flex;flex-wrap:wrap;gap:12px}\
+figure{margin:0;border:1px solid #eee}figure svg{display:block;max-width:100%;height:auto}\
+.headline{border-left:6px solid #1f77b4;padding:8px 14px;margin:12px 0;background:#f7f9fc}\
+.headline.stopped{border-color:#d62728}.headline .verdict{font-size:17px;font-weight:600}\
+table{border-collapse:collapse;font-size:12px;margin:8px 0}\
+td,th{border:1px solid #ddd;padding:3px 6px;white-space:nowrap}td.num{text-align:right}\
+tr.congested td{background:#fde8e8}tr.skipped td{color:#999}\
+pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}.note{color:#666;font-size:12px}\
+.scroll{overflow-x:auto;max-width:100%}td.better{color:#2ca02c}td.worse{color:#d62728}";
+
+fn section(out: &mut String, title: &str) {
+    let _ = write!(out, "<h2>{}</h2>\n<div class=\"grid\">\n", esc(title));
+}
+
+fn figure(out: &mut String, svg: String) {
+    let _ = writeln!(out, "<figure>{svg}</figure>");
+}
+
+/// Minimal HTML escaping for text and attribute values.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn seconds(s: f64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs_f64(s.max(0.0).round())).to_string()
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.0} ms", s * 1000.0)
+}
+
+/// The run's verdict in words, its policy, its knee and what stopping saved.
+fn headline(out: &mut String, run: &SavedRun, index: usize) {
+    let result = &run.result;
+    let stopped = result.outcome.stop_stage().is_some();
+    let _ = write!(
+        out,
+        "<div class=\"headline{}\" id=\"run-{index}\"><div class=\"verdict\">{}: {}</div>",
+        if stopped { " stopped" } else { "" },
+        esc(&run.label),
+        esc(&outcome_line(result))
+    );
+    if let Some(record) = run.records.iter().flatten().next() {
+        let _ = write!(
+            out,
+            "<div>policy {} {} ({}), mode {}</div>",
+            esc(&record.policy.name),
+            esc(&record.policy.version),
+            esc(&record.policy.origin),
+            match record.mode {
+                nyann_check::PolicyMode::Enforce => "enforce",
+                nyann_check::PolicyMode::Monitor => "monitor",
+            }
+        );
+    }
+    match run.knee().map(|i| &result.stages[i]) {
+        Some(stage) => {
+            if let Some(c) = &stage.client {
+                let _ = write!(
+                    out,
+                    "<div>knee (the last stage before congestion): <b>{}</b>: {:.1} req/s, {:.0} output tok/s, \
+                     TTFT p50 {} / p99 {}, E2E p50 {} / p99 {}</div>",
+                    esc(&stage.label),
+                    c.requests_per_second,
+                    c.output_tokens_per_second,
+                    ms(c.ttft_p50_seconds),
+                    ms(c.ttft_p99_seconds),
+                    ms(c.e2e_p50_seconds),
+                    ms(c.e2e_p99_seconds),
+                );
+            }
+        }
+        None => out.push_str("<div>knee: none (no stage ran before congestion)</div>"),
+    }
+    let skipped: Vec<&StageResult> = result
+        .stages
+        .iter()
+        .filter(|s| s.status == StageStatus::Skipped)
+        .collect();
+    if !skipped.is_empty() {
+        let _ = write!(
+            out,
+            "<div>{} stage{} skipped: {} of load not sent</div>",
+            skipped.len(),
+            if skipped.len() == 1 { "" } else { "s" },
+            seconds(skipped.iter().map(|s| s.duration_s).sum())
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<div class=\"note\">{} requests recorded, seed {}, {} on {}</div></div>",
+        result.requests_recorded,
+        result.seed,
+        esc(&result.models.join(", ")),
+        esc(&result.targets.join(", "))
+    );
+}

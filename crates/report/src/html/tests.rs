@@ -1,0 +1,396 @@
+#![allow(clippy::unwrap_used)]
+
+use super::levels::*;
+use super::*;
+use crate::charts::MarkKind;
+use nyann_check::{CongestionRecord, StageResult};
+use nyann_check::{Judged, PolicyMode, PolicyRef, RunResult};
+use nyann_load::StageStatus;
+use nyann_load::{RunOutcome, StageDetail};
+use nyann_model::{ClientStats, RoleSignals, Value};
+use nyann_model::{
+    FiredRule, Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload,
+};
+
+fn stage(index: usize, c: u32, status: StageStatus, rps: f64) -> StageResult {
+    let ran = status == StageStatus::Measured;
+    StageResult {
+        index,
+        label: format!("#{index} c={c}"),
+        name: None,
+        status,
+        mode: Some(Mode::Concurrent),
+        concurrency: Some(c),
+        rate: None,
+        duration_s: 60.0,
+        drain: None,
+        start_unix: ran.then_some(100.0 + 70.0 * index as f64),
+        end_unix: ran.then_some(160.0 + 70.0 * index as f64),
+        client: ran.then(|| ClientStats {
+            requests_ok: 100,
+            requests_per_second: rps,
+            ttft_p50_seconds: 0.0123,
+            ttft_p99_seconds: 0.0456,
+            ..ClientStats::default()
+        }),
+        detail: ran.then(StageDetail::default),
+        sweep: Some(0),
+        annotation: None,
+        skip_reason: (!ran).then(|| "stopped after stage #1 c=128: congested".into()),
+        check_interrupted: false,
+        degraded: None,
+    }
+}
+
+fn judged(mut stage: StageResult, congested: bool, roles: Vec<RoleSignals>) -> StageResult {
+    let record = CongestionRecord {
+        policy: PolicyRef {
+            name: "builtin".into(),
+            version: "0.1.0".into(),
+            origin: "builtin".into(),
+        },
+        mode: PolicyMode::Enforce,
+        sweep: Default::default(),
+        params: Vec::new(),
+        judged_params: Vec::new(),
+        roles,
+        signal_errors: vec![],
+        verdict: Some(Verdict {
+            congested,
+            reasons: vec![],
+            fired: Vec::new(),
+        }),
+        policy_error: None,
+        stopped: false,
+        check_seconds: 0.1,
+        coverage: vec![],
+    };
+    stage.annotation = Some(Judged { congestion: record });
+    stage
+}
+
+fn role(waiting: f64) -> RoleSignals {
+    RoleSignals {
+        role: "aggregate".into(),
+        waiting_requests_p50: waiting,
+        ttft_p99_seconds: 1.0,
+        kv_cache_usage_max: 0.5,
+        preemptions: 0.0,
+        extra: vec![],
+    }
+}
+
+/// A sweep at c=64, 128, 256 that stopped at 128, with its scenario.
+fn sweep() -> SavedRun {
+    let stages = vec![
+        judged(
+            stage(0, 64, StageStatus::Measured, 10.0),
+            false,
+            vec![role(1.0)],
+        ),
+        judged(
+            stage(1, 128, StageStatus::Measured, 15.0),
+            true,
+            vec![RoleSignals {
+                ttft_p99_seconds: 2.5,
+                ..role(40.0)
+            }],
+        ),
+        stage(2, 256, StageStatus::Skipped, 0.0),
+    ];
+    let stop = StopCondition {
+        params: vec![
+            Param {
+                name: "waiting_requests_p50".into(),
+                value: Value::Number(32.0),
+            },
+            Param {
+                name: "ttft_p99".into(),
+                value: Value::Text("2s".into()),
+            },
+        ],
+        location: None,
+        param_locations: Vec::new(),
+    };
+    let scenario = Scenario {
+        target: None,
+        model: None,
+        workload: Workload::default(),
+        steps: [64, 128, 256]
+            .map(|c| {
+                Step::Stage(Stage {
+                    concurrency: Some(c),
+                    stop: Some(stop.clone()),
+                    ..Stage::new(60.0, Mode::Concurrent)
+                })
+            })
+            .to_vec(),
+    };
+    let result = RunResult {
+        outcome: RunOutcome::Stopped {
+            stage: 1,
+            reason: "stopped after stage #1 c=128: congested: queueing".into(),
+        },
+        start_unix: 100.0,
+        end_unix: 240.0,
+        seed: 7,
+        models: vec!["m".into()],
+        targets: vec!["http://127.0.0.1:1/v1".into()],
+        totals: ClientStats::default(),
+        totals_detail: StageDetail::default(),
+        requests_recorded: 200,
+        stages,
+    };
+    SavedRun::new(
+        "run-a".into(),
+        result,
+        Some(scenario),
+        Some("# source".into()),
+    )
+}
+
+#[test]
+fn the_knee_is_the_last_stage_before_the_congested_one() {
+    let run = sweep();
+    assert_eq!(run.knee(), Some(0));
+    let page = page(std::slice::from_ref(&run)).unwrap();
+    // The headline's figures are the stage's own statistics.
+    assert!(
+        page.contains("<b>#0 c=64</b>: 10.0 req/s, 0 output tok/s, TTFT p50 12 ms / p99 46 ms"),
+        "{page}"
+    );
+    assert!(page.contains("run-a: sweep stopped after stage #1 c=128: congested: queueing"));
+    assert!(page.contains("1 stage skipped: 1m of load not sent"));
+    assert!(page.contains("policy builtin 0.1.0 (builtin), mode enforce"));
+}
+
+#[test]
+fn thresholds_are_drawn_from_the_stop_condition_at_every_stage_that_carries_it() {
+    let run = sweep();
+    let axis = level_axis(std::slice::from_ref(&run));
+    let waiting = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
+    let threshold = waiting.lines.iter().find(|l| l.dashed).unwrap();
+    assert_eq!(
+        threshold.points,
+        vec![(64.0, 32.0), (128.0, 32.0), (256.0, 32.0)]
+    );
+    let ttft = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[1]);
+    let threshold = ttft.lines.iter().find(|l| l.dashed).unwrap();
+    assert_eq!(threshold.points[0], (64.0, 2.0), "\"2s\" is 2 seconds");
+    let measured = waiting.lines.iter().find(|l| !l.dashed).unwrap();
+    assert_eq!(measured.points, vec![(64.0, 1.0), (128.0, 40.0)]);
+    assert!(
+        waiting
+            .marks
+            .iter()
+            .any(|m| m.kind == MarkKind::Congested && m.x == 128.0 && m.y == Some(40.0))
+    );
+}
+
+/// Parameters the scenario did not write were judged with the policy's
+/// defaults: drawn and named as such. A congested stage is circled only
+/// on the charts of the rule that fired (here queueing: not the KV
+/// chart, although KV usage reached 95%, since the preemptions threshold
+/// of 1,000,000 switched that rule off).
+#[test]
+fn defaults_are_drawn_and_only_the_rule_that_fired_is_marked() {
+    let mut run = sweep();
+    let param = |name: &str, value: f64| Param {
+        name: name.into(),
+        value: Value::Number(value),
+    };
+    for (i, stage) in run.result.stages.iter_mut().enumerate().take(2) {
+        let record = &mut stage.annotation.as_mut().unwrap().congestion;
+        // As written in the scenario: kv_cache_usage is left out.
+        record.params = vec![
+            param("waiting_requests_p50", 32.0),
+            Param {
+                name: "ttft_p99".into(),
+                value: Value::Text("2s".into()),
+            },
+            param("preemptions", 1_000_000.0),
+        ];
+        record.judged_params = vec![
+            param("waiting_requests_p50", 32.0),
+            param("ttft_p99", 2.0),
+            param("kv_cache_usage", 0.95),
+            param("preemptions", 1_000_000.0),
+        ];
+        record.roles[0].kv_cache_usage_max = if i == 1 { 1.0 } else { 0.5 };
+        record.roles[0].preemptions = 52.0;
+        run.records[i] = Some(record.clone());
+    }
+    let axis = level_axis(std::slice::from_ref(&run));
+    let kv = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[2]);
+    let threshold = kv.lines.iter().find(|l| l.dashed).unwrap();
+    assert_eq!(threshold.name, "threshold kv_cache_usage (policy default)");
+    assert_eq!(
+        threshold.points,
+        vec![(64.0, 0.95), (128.0, 0.95), (256.0, 0.95)]
+    );
+    assert!(
+        !kv.marks.iter().any(|m| m.kind == MarkKind::Congested),
+        "{:?}",
+        kv.marks
+    );
+    let waiting = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
+    assert_eq!(
+        waiting.lines.iter().find(|l| l.dashed).unwrap().name,
+        "threshold waiting_requests_p50"
+    );
+    assert!(
+        waiting
+            .marks
+            .iter()
+            .any(|m| m.kind == MarkKind::Congested && m.x == 128.0 && m.y == Some(40.0))
+    );
+    let page = page(std::slice::from_ref(&run)).unwrap();
+    assert!(
+        page.contains("kv_cache_usage=0.95 (policy default)"),
+        "listed"
+    );
+    assert!(
+        page.contains("threshold preemptions 1000000 ↑"),
+        "off the axis"
+    );
+}
+
+/// A verdict that names its rules (interface 0.3) is taken at its word,
+/// whatever the parameters: here a custom policy with no thresholds
+/// fired on the decode role's KV figures only.
+#[test]
+fn the_rules_a_verdict_names_are_the_ones_marked() {
+    let mut run = sweep();
+    let record = &mut run.result.stages[1].annotation.as_mut().unwrap().congestion;
+    let mut decode = record.roles[0].clone();
+    decode.role = "decode".into();
+    decode.kv_cache_usage_max = 0.9;
+    record.roles[0].kv_cache_usage_max = 0.99;
+    record.roles.push(decode);
+    record.verdict.as_mut().unwrap().fired = vec![FiredRule {
+        rule: "kv-cache".into(),
+        role: Some("decode".into()),
+        signals: vec!["kv_cache_usage_max".into()],
+    }];
+    run.records[1] = Some(record.clone());
+    let axis = level_axis(std::slice::from_ref(&run));
+    let marks = |signal: Signal| -> Vec<(f64, Option<f64>)> {
+        server_signal(std::slice::from_ref(&run), &axis, signal)
+            .marks
+            .iter()
+            .filter(|m| m.kind == MarkKind::Congested)
+            .map(|m| (m.x, m.y))
+            .collect()
+    };
+    assert_eq!(marks(SIGNALS[2]), [(128.0, Some(0.9))], "decode's KV only");
+    assert_eq!(marks(SIGNALS[0]), [], "no waiting mark");
+    assert_eq!(marks(SIGNALS[3]), [], "no preemptions mark");
+}
+
+/// Two runs: a table of their figures at the levels both measured.
+#[test]
+fn overlaid_runs_are_compared_at_equal_levels() {
+    let (a, mut b) = (sweep(), sweep());
+    b.label = "run-b".into();
+    b.result.stages[0]
+        .client
+        .as_mut()
+        .unwrap()
+        .requests_per_second = 12.0;
+    let page = page(&[a, b]).unwrap();
+    assert!(page.contains("<h2>Compared at equal levels</h2>"), "{page}");
+    assert!(
+        page.contains("<td class=\"num\">10.0</td><td class=\"num\">12.0</td><td class=\"num better\">+20.0%</td>"),
+        "{page}"
+    );
+}
+
+#[test]
+fn a_judged_stage_without_signals_is_marked_no_data() {
+    let mut run = sweep();
+    run.result.stages[0] = judged(stage(0, 64, StageStatus::Measured, 10.0), false, vec![]);
+    run.records[0] = CongestionRecord::of(&run.result.stages[0]).cloned();
+    let axis = level_axis(std::slice::from_ref(&run));
+    let figure = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
+    assert!(
+        figure
+            .marks
+            .iter()
+            .any(|m| m.kind == MarkKind::NoData && m.x == 64.0 && m.y.is_none()),
+        "{:?}",
+        figure.marks
+    );
+}
+
+/// A signal whose series were missing reads 0 for the policy, but the
+/// report shows "no data", never a measured 0.
+#[test]
+fn a_signal_without_series_is_no_data_not_zero() {
+    let mut run = sweep();
+    let judged = run.result.stages[0].annotation.as_mut().unwrap();
+    judged.congestion.coverage = serde_json::from_value(serde_json::json!([{
+        "role": "aggregate",
+        "signals": [
+            {"signal": "waiting_requests_p50", "status": "missing"},
+            {"signal": "kv_cache_usage_max", "status": "found", "metric": "vllm:kv_cache_usage_perc"}
+        ]
+    }]))
+    .unwrap();
+    run.records[0] = CongestionRecord::of(&run.result.stages[0]).cloned();
+    let axis = level_axis(std::slice::from_ref(&run));
+    let waiting = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[0]);
+    let measured = waiting.lines.iter().find(|l| !l.dashed).unwrap();
+    assert_eq!(measured.points, vec![(128.0, 40.0)], "no point at c=64");
+    assert!(
+        waiting
+            .marks
+            .iter()
+            .any(|m| m.kind == MarkKind::NoData && m.x == 64.0)
+    );
+    let kv = server_signal(std::slice::from_ref(&run), &axis, SIGNALS[2]);
+    let measured = kv.lines.iter().find(|l| !l.dashed).unwrap();
+    assert_eq!(measured.points.len(), 2, "found signals are drawn");
+}
+
+#[test]
+fn overlaid_runs_are_named_in_every_series() {
+    let (a, mut b) = (sweep(), sweep());
+    b.label = "run-b".into();
+    let runs = [a, b];
+    let axis = level_axis(&runs);
+    let figure = throughput(&runs, &axis, Throughput::Requests);
+    let names: Vec<&str> = figure.lines.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, vec!["run-a: req/s", "run-b: req/s"]);
+    assert_ne!(figure.lines[0].color, figure.lines[1].color);
+    let page = page(&runs).unwrap();
+    assert!(page.contains("2 runs compared"));
+}
+
+/// A run whose readings are as extreme as a float gets (a TTFT of
+/// `f64::MAX`: a `+Inf` quantile whose bucket bounds could not be read)
+/// gives a page, in bounded time, that marks them off the axis.
+/// (Scaling the axis to them made the chart code spin forever.)
+#[test]
+fn extreme_readings_give_a_page() {
+    for extreme in [f64::MAX, 1e300, f64::INFINITY] {
+        let mut run = sweep();
+        let judged = run.result.stages[1].annotation.as_mut().unwrap();
+        judged.congestion.roles[0].ttft_p99_seconds = extreme;
+        judged.congestion.roles[0].waiting_requests_p50 = extreme;
+        let client = run.result.stages[1].client.as_mut().unwrap();
+        client.ttft_p99_seconds = extreme;
+        client.requests_per_second = extreme;
+        run.records[1] = CongestionRecord::of(&run.result.stages[1]).cloned();
+        let page = page(std::slice::from_ref(&run)).unwrap();
+        assert!(page.contains("above the axis (value shown)"), "{extreme}");
+        assert!(!page.contains("NaN"), "{extreme}");
+    }
+}
+
+#[test]
+fn text_is_escaped() {
+    assert_eq!(
+        esc("<a href=\"x\">&'"),
+        "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+    );
+}
