@@ -269,12 +269,12 @@ async fn running_out_of_open_files_is_named_as_the_clients_own_failure() {
     let _serial = serial().await;
     // Every request stalls 2 s: 150 arrivals a second keep ~300 in flight,
     // where the estimate (150/s x 1.03 s) fits the limit of 256 files.
-    let sim = nyann_sim::start(nyann_sim::SimArgs {
+    let sim = nyann_sim::start(nyann_sim::SimConfig {
         seed: 1,
         profile: nyann_sim::Profile::Fast,
         fault_stall_rate: 1.0,
         fault_stall: Duration::from_secs(2),
-        ..nyann_sim::SimArgs::for_tests()
+        ..nyann_sim::SimConfig::default()
     })
     .await
     .unwrap();

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nyann_sim::{RunningSim, SimArgs};
+use nyann_sim::{RunningSim, SimConfig};
 use nyann_testkit::{PrometheusServer, ScrapeJob};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -278,7 +278,7 @@ fn plain(stages: usize, seconds: u32, concurrency: u32) -> String {
 }
 
 async fn fast_sim() -> RunningSim {
-    nyann_sim::start(SimArgs::fast_for_tests()).await.unwrap()
+    nyann_sim::start(SimConfig::fast()).await.unwrap()
 }
 
 /// Three workers sweep 4, 8, 16, 32 streams in total; the simulator

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Output;
 
-use nyann_sim::{RunningSim, SimArgs};
+use nyann_sim::{RunningSim, SimConfig};
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::sync::{Mutex, MutexGuard};
@@ -24,10 +24,10 @@ pub async fn serial() -> MutexGuard<'static, ()> {
 
 /// The simulator (default profile, seed 1) on ephemeral loopback ports.
 pub async fn simulator(disaggregated: bool) -> RunningSim {
-    nyann_sim::start(SimArgs {
+    nyann_sim::start(SimConfig {
         seed: 1,
         disaggregated,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .expect("the simulator starts")

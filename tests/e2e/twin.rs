@@ -9,7 +9,7 @@ use std::path::Path;
 
 use nyann_sim::engine::TimeModel;
 use nyann_sim::profile::{EngineSpec, Limits};
-use nyann_sim::{Profile, RunningSim, ServerProfile, SimArgs};
+use nyann_sim::{Profile, RunningSim, ServerProfile, SimConfig};
 
 use crate::support::{generate, http_get, nyann_bench, scrape_flags, serial, starlark_list};
 
@@ -54,7 +54,7 @@ fn levels(isl: u32, osl: u32, concurrencies: &[u32]) -> String {
     )
 }
 
-async fn start(args: SimArgs) -> RunningSim {
+async fn start(args: SimConfig) -> RunningSim {
     nyann_sim::start(args).await.expect("the simulator starts")
 }
 
@@ -102,10 +102,10 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
     let known = known_profile();
     let known_file = work.path().join("known.toml");
     std::fs::write(&known_file, known.to_toml("the round trip's known profile")).unwrap();
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         profile_file: Some(known_file),
         seed: 1,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await;
     let usage = ["--stream-usage".to_string()];
@@ -198,11 +198,11 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_twin_stops_a_queueing_sweep_where_the_real_server_did() {
     let _serial = serial().await;
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         profile: Profile::VllmCpuRef,
         time_scale: 0.5,
         seed: 1,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await;
     let scenario = "scenario(\n    workload = workload(\"synthetic\", isl=60, osl=128),\n    \
@@ -233,10 +233,10 @@ async fn the_reference_twin_stops_a_queueing_sweep_where_the_real_server_did() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_sweep_stops_on_prefill_queueing() {
     let _serial = serial().await;
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         disaggregated: true,
         seed: 1,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await;
     let scenario = "scenario(\n    workload = workload(\"synthetic\", isl=2048, osl=32),\n    \

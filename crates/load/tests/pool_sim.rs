@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::{assert_one_stream_over_three, records, turns_of};
 use nyann_load::{NoHook, RunOptions, StageResult};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
-use nyann_sim::{RunningSim, SimArgs};
+use nyann_sim::{RunningSim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Prefill cost per prompt token in these tests' simulator.
@@ -31,13 +31,13 @@ async fn simulator(prefix_caching: bool) -> RunningSim {
     nyann_sim::start(sim_args(prefix_caching)).await.unwrap()
 }
 
-fn sim_args(prefix_caching: bool) -> SimArgs {
-    SimArgs {
+fn sim_args(prefix_caching: bool) -> SimConfig {
+    SimConfig {
         jitter: Some(0.0),
         prefill_per_token_us: Some(PREFILL_PER_TOKEN.as_secs_f64() * 1e6),
         no_enable_prefix_caching: !prefix_caching,
         seed: 5,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     }
 }
 
@@ -269,7 +269,7 @@ async fn later_turns_hit_the_prefix_cache_and_start_sooner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_say_how_many_prompt_tokens_the_cache_served() {
     for details in [true, false] {
-        let sim = nyann_sim::start(SimArgs {
+        let sim = nyann_sim::start(SimConfig {
             enable_prompt_tokens_details: details,
             ..sim_args(true)
         })

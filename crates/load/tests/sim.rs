@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::records;
 use nyann_load::{NoHook, Phase, RunOptions, RunOutcome, Status};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
-use nyann_sim::SimArgs;
+use nyann_sim::SimConfig;
 
 fn stage(duration_s: f64, mode: Mode, concurrency: Option<u32>, rate: Option<f64>) -> Step {
     Step::Stage(Stage {
@@ -50,7 +50,7 @@ fn options(base: String, dir: &Path) -> RunOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stage_changes_abort_nothing_on_the_server() {
-    let sim = nyann_sim::start(SimArgs::fast_for_tests()).await.unwrap();
+    let sim = nyann_sim::start(SimConfig::fast()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let sc = scenario(
         vec![
@@ -99,7 +99,7 @@ async fn stage_changes_abort_nothing_on_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_counts_match_rate_times_duration() {
-    let sim = nyann_sim::start(SimArgs::fast_for_tests()).await.unwrap();
+    let sim = nyann_sim::start(SimConfig::fast()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let sc = scenario(
         vec![
@@ -138,7 +138,7 @@ async fn open_loop_counts_match_rate_times_duration() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isl_calibrated_with_the_simulators_tokenize() {
-    let sim = nyann_sim::start(SimArgs::fast_for_tests()).await.unwrap();
+    let sim = nyann_sim::start(SimConfig::fast()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut sc = scenario(vec![stage(30.0, Mode::Concurrent, Some(1), None)], 200, 4);
     if let Step::Stage(s) = &mut sc.steps[0] {
@@ -160,10 +160,10 @@ async fn isl_calibrated_with_the_simulators_tokenize() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_faults_fail_requests_with_reasons_and_abort_the_run() {
-    let args = SimArgs {
+    let args = SimConfig {
         fault_cut_rate: 1.0,
         fault_cut_after: 2,
-        ..SimArgs::fast_for_tests()
+        ..SimConfig::fast()
     };
     let sim = nyann_sim::start(args).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -191,9 +191,9 @@ async fn injected_faults_fail_requests_with_reasons_and_abort_the_run() {
     }
     sim.shutdown().await;
 
-    let args = SimArgs {
+    let args = SimConfig {
         fault_error_rate: 1.0,
-        ..SimArgs::fast_for_tests()
+        ..SimConfig::fast()
     };
     let sim = nyann_sim::start(args).await.unwrap();
     let dir = tempfile::tempdir().unwrap();

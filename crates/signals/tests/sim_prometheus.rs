@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{bucket_of, congested, now};
 use nyann_signals::{SignalOptions, SignalSource, StageSignals};
-use nyann_sim::SimArgs;
+use nyann_sim::SimConfig;
 use nyann_testkit::{PrometheusServer, ScrapeJob};
 
 /// Closed-loop load: `concurrency` workers sending non-streaming completions
@@ -106,9 +106,9 @@ fn agree(label: &str, prom: &StageSignals, scrape: &StageSignals) {
 }
 
 async fn run(disaggregated: bool) {
-    let sim = nyann_sim::start(SimArgs {
+    let sim = nyann_sim::start(SimConfig {
         disaggregated,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();

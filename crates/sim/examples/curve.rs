@@ -2,7 +2,7 @@
 //! sweep of 1..64 streams (each sends its next request when the previous one
 //! ends), with what the client and the congestion policy would see per stage.
 //!
-//! `cargo run -p nyann-sim --release --example curve -- [PROFILE|FILE.toml] [STAGE_SECS] [PROMPT_TOKENS] [OUTPUT_TOKENS] [SEED]`
+//! `cargo run -p nyann-sim --features clap --release --example curve -- [PROFILE|FILE.toml] [STAGE_SECS] [PROMPT_TOKENS] [OUTPUT_TOKENS] [SEED]`
 //!
 //! PROFILE is a built-in profile name (default `default`); prompt tokens are
 //! counted as the engine sees them (chat template included).

@@ -1,6 +1,6 @@
-//! The simulator's command-line flags ([`SimArgs`]) and the server profile
-//! they resolve to: a built-in profile or a profile file, with the flags'
-//! overrides applied.
+//! How to run a simulator ([`SimConfig`]) and the server profile it
+//! resolves to: a built-in profile or a profile file, with the
+//! configuration's overrides applied.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::profile::{EngineSpec, ServerProfile};
 
 /// Built-in profiles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Profile {
     /// A small GPU deployment scaled to run fast: 16 running sequences, 224 KV
     /// blocks of 16 tokens, steps of ~1-4 ms. With the default workload (isl
@@ -38,184 +39,141 @@ impl Profile {
     }
 }
 
-/// Flags of `nyann-bench sim` (and of the in-process simulator).
-#[derive(clap::Args, Clone, Debug)]
-pub struct SimArgs {
+/// How to run a simulator: where it listens, the server profile and the
+/// overrides of its values, and the faults it injects. `nyann-bench sim`'s
+/// flags are named after these fields; [`SimConfig::default`] is an
+/// in-process simulator on 127.0.0.1 with ephemeral ports.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
     /// Address of the OpenAI endpoint.
-    #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
 
     /// Port of the OpenAI endpoint (0 = ephemeral).
-    #[arg(long, default_value_t = 8000)]
     pub port: u16,
 
     /// Model name served (`model_name` label, `/v1/models`); requests naming another model get a 404.
-    #[arg(long, default_value = "nyann-sim")]
     pub model: String,
 
-    /// Built-in server profile (limits and time model); the flags below
+    /// Built-in server profile (limits and time model); the fields below
     /// override its values.
-    #[arg(long, value_enum, default_value_t = Profile::Default, help_heading = "Server profile")]
     pub profile: Profile,
 
     /// Read the server profile from this TOML file instead (written by
-    /// `nyann-bench sim fit`, or `--print-profile`).
-    #[arg(
-        long,
-        value_name = "FILE",
-        conflicts_with = "profile",
-        help_heading = "Server profile"
-    )]
+    /// `nyann-bench sim fit`, or printed by `sim --print-profile`).
     pub profile_file: Option<PathBuf>,
 
-    /// Print the resolved profile as a TOML file and exit.
-    #[arg(long, help_heading = "Server profile")]
-    pub print_profile: bool,
-
     /// Most sequences running at once [default profile: 16; fast: unlimited].
-    #[arg(long, help_heading = "Limits")]
     pub max_num_seqs: Option<usize>,
 
     /// Token budget of one engine step, the chunked-prefill budget (decodes
     /// count 1, prefill chunks their length) [default profile: 2048].
-    #[arg(long, help_heading = "Limits")]
     pub max_num_batched_tokens: Option<u32>,
 
     /// Usable KV cache blocks [default profile: 224; fast: unlimited].
-    #[arg(long, help_heading = "Limits")]
     pub kv_blocks: Option<u32>,
 
     /// Tokens per KV block [default profile: 16].
-    #[arg(long, help_heading = "Limits")]
     pub block_size: Option<u32>,
 
     /// Longest prompt + output accepted [default: what the KV cache holds].
-    #[arg(long, help_heading = "Limits")]
     pub max_model_len: Option<u32>,
 
     /// Turn the prefix cache off (vLLM's flag; on by default, as in vLLM V1):
     /// finished requests' KV blocks are then freed, not kept for later
     /// prompts that start the same way.
-    #[arg(long, help_heading = "Limits")]
     pub no_enable_prefix_caching: bool,
 
     /// Fixed cost of every engine step, in microseconds.
-    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub step_overhead_us: Option<f64>,
 
     /// Cost per prompt token computed in a step (prefill and
     /// recompute after preemption), in microseconds.
-    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub prefill_per_token_us: Option<f64>,
 
     /// Cost per sequence decoding one token in a step, in microseconds.
-    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub decode_per_seq_us: Option<f64>,
 
     /// Cost per KV token read by the decoding sequences of a
     /// step (their context), in microseconds.
-    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub decode_per_context_token_us: Option<f64>,
 
     /// Latency of each request before it reaches the queue (the
     /// API server's work), in microseconds; counts in TTFT.
-    #[arg(long, value_name = "US", help_heading = "Time model")]
     pub request_overhead_us: Option<f64>,
 
     /// Relative jitter of each step (0.1 = ±10%).
-    #[arg(long, help_heading = "Time model")]
     pub jitter: Option<f64>,
 
     /// Slow drift of the step speed, the standard deviation of
     /// the log of its factor (0.35: most steps within -30%..+40% of the
-    /// model, in runs of --drift-time-ms); 0 for none.
-    #[arg(long, help_heading = "Time model")]
+    /// model, in runs of `drift_time_ms`); 0 for none.
     pub drift: Option<f64>,
 
     /// How long the drift takes to change, in milliseconds.
-    #[arg(long, value_name = "MS", help_heading = "Time model")]
     pub drift_time_ms: Option<f64>,
 
     /// Tokens the chat template adds to every chat prompt (counted in usage
     /// and in the KV cache) [default profile: 0; vllm-cpu-ref: 16].
-    #[arg(long, help_heading = "Server profile")]
     pub chat_template_tokens: Option<u32>,
 
     /// Requests waiting beyond this number get HTTP 429 [default: no limit].
-    #[arg(long)]
     pub max_waiting: Option<usize>,
 
     /// Report in each response's usage how many prompt tokens the prefix
     /// cache served, as `prompt_tokens_details.cached_tokens` (vLLM's flag;
     /// off by default, as in vLLM: `prompt_tokens_details` is then null).
-    #[arg(long)]
     pub enable_prompt_tokens_details: bool,
 
     /// Output tokens when a request gives no max_tokens [default and
     /// vllm-cpu-ref profiles: 256; fast: 32].
-    #[arg(long, help_heading = "Server profile")]
     pub default_max_tokens: Option<u32>,
 
     /// Seed of every random choice (step jitter, output text, faults).
-    #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
     /// Multiplies every simulated duration (2 = twice as slow).
-    #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
 
     /// Run a prefill engine and a decode engine behind the one endpoint, each with its own /metrics.
-    #[arg(long)]
     pub disaggregated: bool,
 
     /// Port of the prefill engine's /metrics in disaggregated mode (0 = ephemeral).
-    #[arg(long, default_value_t = 0)]
     pub prefill_metrics_port: u16,
 
     /// Port of the decode engine's /metrics in disaggregated mode (0 = ephemeral).
-    #[arg(long, default_value_t = 0)]
     pub decode_metrics_port: u16,
 
     /// Fraction of requests answered with HTTP 500 (0..1).
-    #[arg(long, default_value_t = 0.0)]
     pub fault_error_rate: f64,
 
-    /// Fraction of streams cut (connection closed, no [DONE]) after --fault-cut-after chunks (0..1).
-    #[arg(long, default_value_t = 0.0)]
+    /// Fraction of streams cut (connection closed, no [DONE]) after `fault_cut_after` chunks (0..1).
     pub fault_cut_rate: f64,
 
     /// Chunks sent before a cut stream is closed.
-    #[arg(long, default_value_t = 5)]
     pub fault_cut_after: u32,
 
-    /// Fraction of requests that stall for --fault-stall before they are queued (0..1).
-    #[arg(long, default_value_t = 0.0)]
+    /// Fraction of requests that stall for `fault_stall` before they are queued (0..1).
     pub fault_stall_rate: f64,
 
     /// How long a stalled request waits before its first token can be produced.
-    #[arg(long, default_value = "2s", value_parser = nyann_model::parse_duration)]
     pub fault_stall: Duration,
 
     /// Fraction of requests whose connection is closed without a response (0..1).
-    #[arg(long, default_value_t = 0.0)]
     pub fault_reset_rate: f64,
 
     /// Requests kept in the per-request timing record (GET /sim/requests).
-    #[arg(long, default_value_t = 200_000)]
     pub record_capacity: usize,
 }
 
-impl SimArgs {
-    /// Settings for tests and in-process use: 127.0.0.1, ephemeral ports,
-    /// default profile, seed 0, no faults.
-    pub fn for_tests() -> SimArgs {
-        SimArgs {
+impl Default for SimConfig {
+    /// 127.0.0.1, ephemeral ports, the default profile, seed 0, no faults.
+    fn default() -> SimConfig {
+        SimConfig {
             host: "127.0.0.1".into(),
             port: 0,
             model: "nyann-sim".into(),
             profile: Profile::Default,
             profile_file: None,
-            print_profile: false,
             max_num_seqs: None,
             max_num_batched_tokens: None,
             kv_blocks: None,
@@ -248,96 +206,126 @@ impl SimArgs {
             record_capacity: 200_000,
         }
     }
+}
 
-    /// The same with the fast profile.
-    pub fn fast_for_tests() -> SimArgs {
-        SimArgs {
+/// A value of a [`SimConfig`] out of its range: `field` is the field's name
+/// (`nyann-bench sim`'s flags are named after the fields).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field} must be {rule}, got {value}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub rule: &'static str,
+    pub value: String,
+}
+
+impl ConfigError {
+    fn new(field: &'static str, rule: &'static str, value: impl std::fmt::Display) -> ConfigError {
+        ConfigError {
+            field,
+            rule,
+            value: value.to_string(),
+        }
+    }
+}
+
+/// Checks the time model's noise (`jitter`, `drift`, `drift_time_ms`),
+/// which the simulator and a fit both take.
+pub fn check_noise(
+    jitter: Option<f64>,
+    drift: Option<f64>,
+    drift_time_ms: Option<f64>,
+) -> Result<(), ConfigError> {
+    if let Some(j) = jitter
+        && !(0.0..1.0).contains(&j)
+    {
+        return Err(ConfigError::new("jitter", "in [0, 1)", j));
+    }
+    if let Some(d) = drift
+        && !(0.0..=2.0).contains(&d)
+    {
+        return Err(ConfigError::new("drift", "in [0, 2]", d));
+    }
+    if let Some(t) = drift_time_ms
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(ConfigError::new(
+            "drift_time_ms",
+            "a positive number of milliseconds",
+            t,
+        ));
+    }
+    Ok(())
+}
+
+impl SimConfig {
+    /// The default configuration with the fast profile (no engine).
+    pub fn fast() -> SimConfig {
+        SimConfig {
             profile: Profile::Fast,
-            ..SimArgs::for_tests()
+            ..SimConfig::default()
         }
     }
 
-    /// Check ranges; the message names the flag.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("--fault-error-rate", self.fault_error_rate),
-            ("--fault-cut-rate", self.fault_cut_rate),
-            ("--fault-stall-rate", self.fault_stall_rate),
-            ("--fault-reset-rate", self.fault_reset_rate),
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, v) in [
+            ("fault_error_rate", self.fault_error_rate),
+            ("fault_cut_rate", self.fault_cut_rate),
+            ("fault_stall_rate", self.fault_stall_rate),
+            ("fault_reset_rate", self.fault_reset_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{name} must be between 0 and 1, got {v}"));
+                return Err(ConfigError::new(field, "between 0 and 1", v));
             }
         }
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            return Err(format!(
-                "--time-scale must be a positive number, got {}",
-                self.time_scale
+            return Err(ConfigError::new(
+                "time_scale",
+                "a positive number",
+                self.time_scale,
             ));
         }
-        if self.block_size == Some(0) {
-            return Err("--block-size must be at least 1".into());
+        for (field, v) in [
+            ("block_size", self.block_size),
+            ("kv_blocks", self.kv_blocks),
+            ("max_num_seqs", self.max_num_seqs.map(|v| v as u32)),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("default_max_tokens", self.default_max_tokens),
+            ("max_model_len", self.max_model_len),
+        ] {
+            if v == Some(0) {
+                return Err(ConfigError::new(field, "at least 1", 0));
+            }
         }
-        if self.kv_blocks == Some(0) {
-            return Err("--kv-blocks must be at least 1".into());
-        }
-        if self.max_num_seqs == Some(0) {
-            return Err("--max-num-seqs must be at least 1".into());
-        }
-        if self.max_num_batched_tokens == Some(0) {
-            return Err("--max-num-batched-tokens must be at least 1".into());
-        }
-        if self.default_max_tokens == Some(0) {
-            return Err("--default-max-tokens must be at least 1".into());
-        }
-        if self.max_model_len == Some(0) {
-            return Err("--max-model-len must be at least 1".into());
-        }
-        for (name, v) in [
-            ("--step-overhead-us", self.step_overhead_us),
-            ("--prefill-per-token-us", self.prefill_per_token_us),
-            ("--decode-per-seq-us", self.decode_per_seq_us),
+        for (field, v) in [
+            ("step_overhead_us", self.step_overhead_us),
+            ("prefill_per_token_us", self.prefill_per_token_us),
+            ("decode_per_seq_us", self.decode_per_seq_us),
             (
-                "--decode-per-context-token-us",
+                "decode_per_context_token_us",
                 self.decode_per_context_token_us,
             ),
-            ("--request-overhead-us", self.request_overhead_us),
+            ("request_overhead_us", self.request_overhead_us),
         ] {
             if let Some(v) = v
                 && !(v.is_finite() && v >= 0.0)
             {
-                return Err(format!(
-                    "{name} must be a number of microseconds >= 0, got {v}"
-                ));
+                return Err(ConfigError::new(field, "a number of microseconds >= 0", v));
             }
         }
-        if let Some(j) = self.jitter
-            && !(0.0..1.0).contains(&j)
-        {
-            return Err(format!("--jitter must be in [0, 1), got {j}"));
-        }
-        if let Some(d) = self.drift
-            && !(0.0..=2.0).contains(&d)
-        {
-            return Err(format!("--drift must be in [0, 2], got {d}"));
-        }
-        if let Some(t) = self.drift_time_ms
-            && !(t.is_finite() && t > 0.0)
-        {
-            return Err(format!(
-                "--drift-time-ms must be a positive number of milliseconds, got {t}"
-            ));
-        }
+        check_noise(self.jitter, self.drift, self.drift_time_ms)?;
         if self.profile == Profile::Fast && self.profile_file.is_none() && self.disaggregated {
-            return Err(
-                "--disaggregated needs the default profile (the fast profile has no engine)".into(),
-            );
+            return Err(ConfigError::new(
+                "disaggregated",
+                "off with the fast profile, which has no engine to split",
+                "on",
+            ));
         }
         Ok(())
     }
 
-    /// The server profile these flags select, with their overrides applied:
-    /// `None` for the fast profile (no engine). Reads `--profile-file`.
+    /// The server profile this configuration selects, with its overrides
+    /// applied: `None` for the fast profile (no engine). Reads `profile_file`.
     pub async fn server_profile(&self) -> Result<Option<ServerProfile>, crate::SimError> {
         let base = match &self.profile_file {
             Some(path) => {
@@ -355,7 +343,7 @@ impl SimArgs {
         Ok(base.map(|p| self.overridden(p)))
     }
 
-    /// `profile` with this command line's overrides (every engine alike).
+    /// `profile` with this configuration's overrides (every engine alike).
     fn overridden(&self, mut profile: ServerProfile) -> ServerProfile {
         let apply = |spec: &mut EngineSpec| {
             let (l, t) = (&mut spec.limits, &mut spec.time);
@@ -417,15 +405,15 @@ mod tests {
     use crate::profile::Role;
 
     #[tokio::test]
-    async fn flags_override_every_engine_of_the_profile() {
-        let args = SimArgs {
+    async fn overrides_apply_to_every_engine_of_the_profile() {
+        let config = SimConfig {
             kv_blocks: Some(64),
             decode_per_seq_us: Some(300.0),
             drift: Some(0.2),
             time_scale: 2.0,
-            ..SimArgs::for_tests()
+            ..SimConfig::default()
         };
-        let profile = args.server_profile().await.unwrap().unwrap();
+        let profile = config.server_profile().await.unwrap().unwrap();
         for role in [Role::Aggregate, Role::Prefill, Role::Decode] {
             let e = profile.engine(role);
             assert_eq!(e.limits.kv_blocks, 64, "{role:?}");
@@ -433,41 +421,78 @@ mod tests {
             assert!((e.time.step_overhead - 2400e-6).abs() < 1e-12, "{role:?}");
             assert_eq!(e.time.drift, 0.2);
         }
-        let fast = SimArgs::fast_for_tests().server_profile().await.unwrap();
+        let fast = SimConfig::fast().server_profile().await.unwrap();
         assert_eq!(fast, None, "the fast profile has no engine");
     }
 
     #[test]
-    fn bad_time_flags_are_refused_with_their_name() {
-        let bad = |args: SimArgs| args.validate().unwrap_err();
-        let base = SimArgs::for_tests;
-        assert!(
-            bad(SimArgs {
-                prefill_per_token_us: Some(-1.0),
-                ..base()
-            })
-            .starts_with("--prefill-per-token-us")
-        );
-        assert!(
-            bad(SimArgs {
+    fn values_out_of_range_are_refused_with_their_field() {
+        let field = |config: SimConfig| config.validate().unwrap_err().field;
+        let base = SimConfig::default;
+        let cases = [
+            (
+                SimConfig {
+                    prefill_per_token_us: Some(-1.0),
+                    ..base()
+                },
+                "prefill_per_token_us",
+            ),
+            (
+                SimConfig {
+                    jitter: Some(1.0),
+                    ..base()
+                },
+                "jitter",
+            ),
+            (
+                SimConfig {
+                    drift_time_ms: Some(0.0),
+                    ..base()
+                },
+                "drift_time_ms",
+            ),
+            (
+                SimConfig {
+                    max_model_len: Some(0),
+                    ..base()
+                },
+                "max_model_len",
+            ),
+            (
+                SimConfig {
+                    fault_cut_rate: 1.5,
+                    ..base()
+                },
+                "fault_cut_rate",
+            ),
+            (
+                SimConfig {
+                    time_scale: 0.0,
+                    ..base()
+                },
+                "time_scale",
+            ),
+            (
+                SimConfig {
+                    disaggregated: true,
+                    ..SimConfig::fast()
+                },
+                "disaggregated",
+            ),
+        ];
+        for (config, name) in cases {
+            assert_eq!(field(config), name);
+        }
+        assert_eq!(
+            SimConfig {
                 jitter: Some(1.0),
                 ..base()
-            })
-            .starts_with("--jitter")
+            }
+            .validate()
+            .unwrap_err()
+            .to_string(),
+            "jitter must be in [0, 1), got 1"
         );
-        assert!(
-            bad(SimArgs {
-                drift_time_ms: Some(0.0),
-                ..base()
-            })
-            .starts_with("--drift-time-ms")
-        );
-        assert!(
-            bad(SimArgs {
-                max_model_len: Some(0),
-                ..base()
-            })
-            .starts_with("--max-model-len")
-        );
+        assert_eq!(SimConfig::default().validate(), Ok(()));
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), nyann_sim::SimError> {
-//! let sim = nyann_sim::start(nyann_sim::SimArgs::for_tests()).await?;
+//! let sim = nyann_sim::start(nyann_sim::SimConfig::default()).await?;
 //! let base_url = format!("http://{}/v1", sim.endpoint());
 //! for (role, addr) in sim.metrics_endpoints() { println!("{role} http://{addr}/metrics"); }
 //! sim.shutdown().await;
@@ -15,7 +15,7 @@
 //! Modules: [`engine`] (the deterministic scheduler, with its step-time
 //! formula), [`prefix`] (the prefix cache), [`metrics`] (vLLM's exposition), [`backend`] (engines on the
 //! wall clock), `api` (HTTP), [`tokens`] (token counting), [`record`] (the
-//! per-request timing record), [`config`] (flags and profiles).
+//! per-request timing record), [`config`] (its configuration and profiles), [`fit`] (a time model fitted to recorded runs).
 
 mod api;
 pub mod backend;
@@ -40,7 +40,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{Profile, SimArgs};
+pub use config::{ConfigError, Profile, SimConfig};
 pub use metrics::EngineMetrics;
 pub use profile::{ProfileError, ServerProfile};
 pub use record::{RequestLog, RequestRecord};
@@ -60,7 +60,10 @@ const FAST_MAX_MODEL_LEN: u32 = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     #[error("invalid simulator settings: {0}")]
-    InvalidArgs(String),
+    Config(#[from] ConfigError),
+    /// The profile with the overrides applied is out of range.
+    #[error("invalid simulator settings: {0}")]
+    InvalidProfile(String),
     #[error(transparent)]
     Profile(#[from] ProfileError),
     // The OS error is the source (printed once, after the hint).
@@ -198,11 +201,11 @@ fn local_addr(l: &TcpListener, host: &str) -> Result<SocketAddr, SimError> {
 }
 
 /// Start the simulator: bind every listener, spawn the engines and servers.
-pub async fn start(args: SimArgs) -> Result<RunningSim, SimError> {
-    args.validate().map_err(SimError::InvalidArgs)?;
+pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
+    args.validate()?;
     let profile = args.server_profile().await?;
     if let Some(p) = &profile {
-        p.validate().map_err(SimError::InvalidArgs)?;
+        p.validate().map_err(SimError::InvalidProfile)?;
     }
     let (stop, _) = watch::channel(false);
     let listener = bind(&args.host, args.port).await?;

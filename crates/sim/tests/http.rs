@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use nyann_sim::{RunningSim, SimArgs, start};
+use nyann_sim::{RunningSim, SimConfig, start};
 use serde_json::{Value, json};
 
 async fn post(sim: &RunningSim, path: &str, body: Value) -> reqwest::Response {
@@ -80,7 +80,7 @@ fn content_chunks(s: &Stream) -> Vec<&Value> {
 
 #[tokio::test]
 async fn chat_stream_is_openai_shaped_and_usage_only_when_asked() {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(SimConfig::default()).await.unwrap();
     let msgs = json!([{"role": "user", "content": "hello there, how are you?"}]);
 
     let s = stream(
@@ -133,7 +133,7 @@ async fn chat_stream_is_openai_shaped_and_usage_only_when_asked() {
 
 #[tokio::test]
 async fn completions_stream_and_non_streaming() {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(SimConfig::default()).await.unwrap();
     let s = stream(&sim, "/v1/completions", json!({"prompt": "abcdefgh", "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}})).await;
     let content = content_chunks(&s);
     assert_eq!(content.len(), 4);
@@ -186,7 +186,7 @@ async fn completions_stream_and_non_streaming() {
 
 #[tokio::test]
 async fn bad_requests_get_openai_errors() {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(SimConfig::default()).await.unwrap();
     let client = nyann_testkit::http_client().build().unwrap();
     let url = format!("http://{}/v1/chat/completions", sim.endpoint());
     let raw = client
@@ -282,7 +282,7 @@ async fn bad_requests_get_openai_errors() {
 
 #[tokio::test]
 async fn models_health_tokenize() {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(SimConfig::default()).await.unwrap();
     let base = format!("http://{}", sim.endpoint());
     let m = get_json(&sim, "/v1/models").await;
     assert_eq!(m["data"][0]["id"], "nyann-sim");
@@ -320,9 +320,9 @@ async fn models_health_tokenize() {
 /// (usage, /tokenize with messages) but not in completion prompts.
 #[tokio::test]
 async fn a_profile_shows_its_limits_and_chat_template() {
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         profile: nyann_sim::Profile::VllmCpuRef,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -420,7 +420,7 @@ fn value(series: &[(String, f64)], name: &str) -> f64 {
 
 #[tokio::test]
 async fn metrics_have_every_series_from_startup_and_count_requests() {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(SimConfig::default()).await.unwrap();
     assert_eq!(
         sim.metrics_endpoints(),
         vec![("aggregate".to_string(), sim.endpoint())]
@@ -537,7 +537,7 @@ async fn metrics_have_every_series_from_startup_and_count_requests() {
 
 #[tokio::test]
 async fn client_going_away_aborts_the_request() {
-    let sim = start(SimArgs::for_tests()).await.unwrap();
+    let sim = start(SimConfig::default()).await.unwrap();
     let mut r = post(
         &sim,
         "/v1/completions",
@@ -561,9 +561,9 @@ async fn client_going_away_aborts_the_request() {
 
 #[tokio::test]
 async fn disaggregated_prefill_then_decode_with_two_metrics_endpoints() {
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         disaggregated: true,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -626,11 +626,11 @@ async fn disaggregated_prefill_then_decode_with_two_metrics_endpoints() {
 #[tokio::test]
 async fn max_waiting_gives_429() {
     // Slowed down 5x so the first request holds its slot for ~20 s, far longer than the test needs.
-    let args = SimArgs {
+    let args = SimConfig {
         max_num_seqs: Some(1),
         max_waiting: Some(1),
         time_scale: 5.0,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     };
     let sim = start(args).await.unwrap();
     // The first holds the only running slot for seconds; the second waits; the third is refused.
@@ -688,9 +688,9 @@ async fn max_waiting_gives_429() {
 
 #[tokio::test]
 async fn faults_are_injected() {
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         fault_error_rate: 1.0,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -705,10 +705,10 @@ async fn faults_are_injected() {
     assert_eq!(e["error"]["code"], 500);
     sim.shutdown().await;
 
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         fault_cut_rate: 1.0,
         fault_cut_after: 3,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -732,9 +732,9 @@ async fn faults_are_injected() {
     assert!(!text.contains("[DONE]"));
     sim.shutdown().await;
 
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         fault_reset_rate: 1.0,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -756,10 +756,10 @@ async fn faults_are_injected() {
     sim.shutdown().await;
 
     let stall = Duration::from_millis(300);
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         fault_stall_rate: 1.0,
         fault_stall: stall,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -780,10 +780,10 @@ async fn faults_are_injected() {
 #[tokio::test]
 async fn fault_choice_is_deterministic_under_seed() {
     async fn statuses(seed: u64) -> Vec<u16> {
-        let sim = start(SimArgs {
+        let sim = start(SimConfig {
             seed,
             fault_error_rate: 0.5,
-            ..SimArgs::fast_for_tests()
+            ..SimConfig::fast()
         })
         .await
         .unwrap();
@@ -811,9 +811,9 @@ async fn fault_choice_is_deterministic_under_seed() {
 #[tokio::test]
 async fn same_seed_same_output() {
     async fn outputs(seed: u64) -> Vec<String> {
-        let sim = start(SimArgs {
+        let sim = start(SimConfig {
             seed,
-            ..SimArgs::for_tests()
+            ..SimConfig::default()
         })
         .await
         .unwrap();
@@ -840,7 +840,7 @@ async fn same_seed_same_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_profile_serves_many_concurrent_streams() {
-    let sim = start(SimArgs::fast_for_tests()).await.unwrap();
+    let sim = start(SimConfig::fast()).await.unwrap();
     let client = nyann_testkit::http_client()
         .pool_max_idle_per_host(1024)
         .build()
@@ -917,10 +917,10 @@ async fn prompt_tokens_details_report_the_prefix_cache_hits() {
         ("/v1/completions", completion.clone(), true),
         ("/v1/completions", completion, false),
     ];
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         enable_prompt_tokens_details: true,
         jitter: Some(0.0),
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();
@@ -946,9 +946,9 @@ async fn prompt_tokens_details_report_the_prefix_cache_hits() {
     assert_eq!(reported.iter().sum::<u64>(), prefix_cache_hits(&sim).await);
     sim.shutdown().await;
 
-    let sim = start(SimArgs {
+    let sim = start(SimConfig {
         jitter: Some(0.0),
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();

@@ -236,13 +236,13 @@ fn distinct_prompts_sweep_the_same_with_the_cache_on_and_off() {
 /// engine's hits (`--enable-prompt-tokens-details`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
-    use nyann_sim::SimArgs;
+    use nyann_sim::SimConfig;
     use serde_json::{Value, json};
 
-    let sim = nyann_sim::start(SimArgs {
+    let sim = nyann_sim::start(SimConfig {
         disaggregated: true,
         enable_prompt_tokens_details: true,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();

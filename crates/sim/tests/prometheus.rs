@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nyann_sim::{SimArgs, start};
+use nyann_sim::{SimConfig, start};
 use serde_json::{Value, json};
 
 /// A Prometheus child process, killed (by PID) and its directory removed on drop.
@@ -104,10 +104,10 @@ async fn api(p: &Prometheus, path: &str, query: &[(&str, &str)]) -> Option<Value
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_aggregate_and_disaggregated() {
-    let agg = start(SimArgs::for_tests()).await.unwrap();
-    let dis = start(SimArgs {
+    let agg = start(SimConfig::default()).await.unwrap();
+    let dis = start(SimConfig {
         disaggregated: true,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .unwrap();

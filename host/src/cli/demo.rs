@@ -6,13 +6,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use nyann_sim::SimArgs;
+use nyann_sim::SimConfig;
 
 use super::Ui;
-use super::generate::{self, Summary};
+use super::generate;
+use super::run::Summary;
 
 const SCENARIO_PATH: &str = "examples/scenarios/demo.star";
 const SCENARIO: &str = include_str!("../../../examples/scenarios/demo.star");
@@ -33,7 +35,7 @@ pub struct Args {
     pub overwrite: bool,
 }
 
-/// `generate`'s flags, parsed from the argument list the demo builds.
+/// `generate`'s flags, for their defaults.
 #[derive(Debug, Parser)]
 struct GenerateCommand {
     #[command(flatten)]
@@ -43,9 +45,9 @@ struct GenerateCommand {
 pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     let scenario = nyann_scenario::compile_str(SCENARIO_PATH, SCENARIO)
         .context("the embedded demo scenario does not compile")?;
-    let sim = nyann_sim::start(SimArgs {
+    let sim = nyann_sim::start(SimConfig {
         seed: args.seed,
-        ..SimArgs::for_tests()
+        ..SimConfig::default()
     })
     .await
     .context("starting the simulator")?;
@@ -62,35 +64,20 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let mut argv = vec![
-        "generate".to_string(),
-        "--target".into(),
-        sim.base_url(),
-        "--scrape".into(),
-        format!("aggregate=http://{metrics}/metrics"),
-        // Sixteen samples of a 4-second stage rather than four: the KV
-        // usage swings at each preemption, and its max should not depend
-        // on where four samples happen to fall.
-        "--scrape-interval".into(),
-        "250ms".into(),
-        "--seed".into(),
-        args.seed.to_string(),
-    ];
-    if let Some(dir) = &args.output_dir {
-        argv.extend(["--output-dir".into(), dir.display().to_string()]);
-    }
-    if args.overwrite {
-        argv.push("--overwrite".into());
-    }
-    let generate = GenerateCommand::try_parse_from(argv).context("the demo's generate flags")?;
-    let code = generate::run_scenario(
-        &scenario,
-        Some(SCENARIO),
-        &generate.args,
-        Summary::Quiet,
-        ui,
-    )
-    .await;
+    // generate's flags at their defaults, then the demo's values.
+    let mut run = GenerateCommand::try_parse_from(["generate"])
+        .context("generate's default flags")?
+        .args;
+    run.client.target = Some(sim.base_url());
+    run.client.seed = Some(args.seed);
+    run.signals.scrape = vec![format!("aggregate=http://{metrics}/metrics")];
+    // Sixteen samples of a 4-second stage rather than four: the KV usage
+    // swings at each preemption, and its max should not depend on where
+    // four samples happen to fall.
+    run.signals.scrape_interval = Duration::from_millis(250);
+    run.output_dir = args.output_dir.clone();
+    run.overwrite = args.overwrite;
+    let code = generate::run_scenario(&scenario, Some(SCENARIO), &run, Summary::Quiet, ui).await;
     sim.shutdown().await;
     if code.is_ok() && !ui.quiet {
         eprintln!("{}", next_steps(args.output_dir.as_deref()));

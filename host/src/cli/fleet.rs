@@ -16,11 +16,11 @@ use nyann_fleet::{Coordinator, Leader, LeaderConfig, OnWorkerLoss, WorkerConfig,
 use nyann_model::parse_duration;
 
 use super::Ui;
-use super::generate::{
-    Args, exit_code, load_scenario, print_summary, refuse_a_previous_run, save_report, show_ending,
-    signal_options, write_conclusion,
-};
+use super::generate::{Args, load_scenario};
 use super::interrupt::cancel_on_signals;
+use super::run::{
+    self, Ending, Prepared, Summary, exit_code, print_summary, refuse_a_previous_run, show_ending,
+};
 use nyann_check::{Conclusion, RunResult};
 
 /// Flags of a run by several workers.
@@ -120,16 +120,12 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 
 async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let fleet = &args.fleet;
-    refuse_a_previous_run(dir, args.overwrite)?;
     let (scenario, source) = load_scenario(args)?;
     // A stage that cannot be divided is refused before anyone waits.
     for i in 0..fleet.workers {
         scenario_share(&scenario, fleet.workers, i)?;
     }
-    let mut options = args.client.to_options()?;
-    let signals = signal_options(args, &options);
-    let check = super::check::prepare(&scenario, &signals, &args.policy).await?;
-    nyann_load::raise_fd_limit();
+    let Prepared { mut options, check } = run::prepare(args, &scenario, Some(dir)).await?;
     let leader = Leader::bind(
         fleet.coordinator_listen,
         LeaderConfig {
@@ -169,10 +165,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         .await;
     let mut gate = match gathered {
         Ok(gate) => gate,
-        Err(nyann_fleet::FleetError::Interrupted) => {
-            eprintln!("interrupted before any load was sent");
-            return Ok(ExitCode::from(130));
-        }
+        Err(nyann_fleet::FleetError::Interrupted) => return Ok(run::interrupted_before_load()),
         Err(err) => return Err(err.into()),
     };
     let own_dir = worker_dir(dir, 0);
@@ -184,11 +177,8 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let result = nyann_load::run(&share, options, &mut gate).await;
     let result = match result {
         Ok(result) => result,
-        Err(nyann_load::RunError::Interrupted) => {
-            eprintln!("interrupted before any load was sent");
-            return Ok(ExitCode::from(130));
-        }
-        Err(err) => return Err(err.into()),
+        Err(nyann_load::RunError::Interrupted) => return Ok(run::interrupted_before_load()),
+        Err(err) => return Err(super::client::explain(err)),
     };
     // The workers end their last stage as the leader does; their uploads
     // may take the drain and grace times and a transfer.
@@ -222,12 +212,16 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let conclusion = Conclusion::of(&merged.result, fleet.workers);
-    write_conclusion(dir, &merged.summary, &conclusion);
-    save_report(dir, &merged.result, &scenario, source.as_deref(), &signals).await;
-    show_ending(&merged.result, &conclusion, Some(dir), ui);
-    print_summary(&merged.summary, &conclusion, args.json)?;
-    Ok(ExitCode::from(exit_code(&merged.result)))
+    let ending = Ending {
+        scenario: &scenario,
+        source: source.as_deref(),
+        dir: Some(dir),
+        summary: Summary::Stdout { json: args.json },
+        workers: fleet.workers,
+    };
+    ending
+        .finish(&merged.result, &merged.summary, &signals, ui)
+        .await
 }
 
 /// Why `worker`'s records are missing, as `fleet.json` says.
@@ -291,7 +285,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
             eprintln!("interrupted before any load was sent");
             return Ok(ExitCode::from(if lost.is_some() { 1 } else { 130 }));
         }
-        Err(err) => return Err(err.into()),
+        Err(err) => return Err(super::client::explain(err)),
     };
     // A worker judged nothing: its table has no verdicts.
     let mut judged: RunResult = result.clone().map_annotations(|_, _| None);

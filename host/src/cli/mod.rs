@@ -11,6 +11,7 @@ mod kube;
 mod policy;
 pub mod progress;
 mod report;
+mod run;
 mod scenario;
 mod signals;
 mod sim;

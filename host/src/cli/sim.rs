@@ -3,7 +3,10 @@
 //! `--print-profile` prints the server profile instead. `nyann-bench sim fit`
 //! fits a profile to recorded sweeps (`fit.rs`).
 
+mod args;
 mod fit;
+
+pub use args::{SimArgs, flag_error};
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -26,7 +29,7 @@ Profiles: --profile default|fast|vllm-cpu-ref, or --profile-file FILE (TOML, tim
 microseconds; --print-profile writes the resolved one). `nyann-bench sim fit RUN_DIR...` fits \
 the time model to recorded sweeps of a real server and writes such a file.";
 
-/// Flags of `nyann-bench sim` (those of the simulator crate).
+/// `nyann-bench sim` and its subcommand.
 #[derive(Debug, clap::Args)]
 #[command(
     args_conflicts_with_subcommands = true,
@@ -38,7 +41,7 @@ pub struct Args {
     pub command: Option<Command>,
 
     #[command(flatten)]
-    pub sim: nyann_sim::SimArgs,
+    pub sim: SimArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -52,8 +55,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(Command::Fit(fit)) = args.command {
         return fit::run(fit).await;
     }
-    if args.sim.print_profile {
-        let Some(profile) = args.sim.server_profile().await? else {
+    let print_profile = args.sim.print_profile;
+    let config = args.sim.config();
+    if print_profile {
+        config.validate().map_err(args::config_error)?;
+        let Some(profile) = config.server_profile().await? else {
             bail!("the fast profile has no engine, so no profile to print: pick another --profile");
         };
         print!(
@@ -62,9 +68,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let sim = nyann_sim::start(args.sim)
-        .await
-        .context("starting the simulator")?;
+    let sim = nyann_sim::start(config).await.map_err(flag_error)?;
     {
         // One address per line: `endpoint URL`, then `metrics ROLE URL` per /metrics.
         let mut out = std::io::stdout().lock();

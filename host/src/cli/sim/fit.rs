@@ -119,18 +119,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.output.display()
         );
     }
-    if !(0.0..1.0).contains(&args.jitter) {
-        bail!("--jitter must be in [0, 1), got {}", args.jitter);
-    }
-    if !(0.0..=2.0).contains(&args.drift) {
-        bail!("--drift must be in [0, 2], got {}", args.drift);
-    }
-    if args.drift_time_ms.is_nan() || args.drift_time_ms <= 0.0 {
-        bail!(
-            "--drift-time-ms must be a positive number of milliseconds, got {}",
-            args.drift_time_ms
-        );
-    }
+    nyann_sim::config::check_noise(
+        Some(args.jitter),
+        Some(args.drift),
+        Some(args.drift_time_ms),
+    )
+    .map_err(super::args::config_error)?;
     if args
         .chars_per_token
         .is_some_and(|k| !(k.is_finite() && k > 0.0))
