@@ -155,6 +155,14 @@ async fn replay_reproduces_a_recorded_sweep_and_moves_the_stop_with_the_threshol
     );
     let slo = policy_wasm("client-slo-policy");
     let slo = slo.to_str().unwrap();
+    // Without its parameters, the other policy is refused with what to give.
+    let (code, _, stderr) = nyann(&["policy", "replay", slo], run.dir()).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr
+            .contains("whose parameters do not apply; give or fix them with --param NAME=VALUE: "),
+        "{stderr}"
+    );
     for (threshold, stop) in [
         ((t8 + t16) / 2.0, "#2 c=16"),
         ((t16 + t32) / 2.0, "#3 c=32"),

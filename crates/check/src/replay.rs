@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use nyann_model::{ClientStats, Param, StageObservation, StopCondition, Verdict};
 use nyann_policy_host::Policy;
 use serde::{Deserialize, Serialize};
@@ -183,6 +183,16 @@ impl Outcome {
 /// the recorded ones; the recorded ones are only used when `policy` has the
 /// name of the policy that recorded them (another policy has other
 /// parameters: it gets `overrides` alone).
+/// The policy refused the parameters a stage is replayed with (the cause
+/// is the error's source): those the run recorded, with the overrides.
+#[derive(Debug, thiserror::Error)]
+#[error("stage {stage}: {recorded}")]
+pub struct ParamsRefused {
+    pub stage: String,
+    /// What the run recorded of them.
+    pub recorded: String,
+}
+
 pub fn replay(
     run: &RecordedRun,
     policy: &Policy,
@@ -205,7 +215,7 @@ pub fn replay(
                     location: None,
                     param_locations: Vec::new(),
                 };
-                let params = policy.check_params(&stop).with_context(|| {
+                let params = policy.check_params(&stop).map_err(|source| {
                     let recorded = if stage.policy.0 != policy.name() {
                         format!(
                             "the run was judged by policy {}, whose parameters do not apply",
@@ -218,10 +228,10 @@ pub fn replay(
                     } else {
                         format!("the run recorded {}", show_params(&stage.params))
                     };
-                    format!(
-                        "stage {}: {recorded}; give or fix them with --param NAME=VALUE",
-                        stage.observation.name
-                    )
+                    anyhow::Error::new(source).context(ParamsRefused {
+                        stage: stage.observation.name.clone(),
+                        recorded,
+                    })
                 })?;
                 checked.push((given, params.clone()));
                 params
@@ -410,7 +420,6 @@ mod tests {
         let text = format!("{err:#}");
         assert!(
             text.contains("the run did not record its until_congested(...) parameters")
-                && text.contains("--param NAME=VALUE")
                 && text.contains("missing required parameter `waiting_requests_p50`"),
             "{text}"
         );

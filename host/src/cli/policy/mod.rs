@@ -17,7 +17,7 @@ use nyann_policy_host::{BUILTIN, Interface, Policy};
 use serde::Deserialize;
 
 use crate::cli::check::SandboxArgs;
-use nyann_check::replay::{Outcome, RecordedRun, ReplayedStage, show_params};
+use nyann_check::replay::{Outcome, ParamsRefused, RecordedRun, ReplayedStage, show_params};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -502,9 +502,20 @@ async fn replay_off_runtime(
     params: &[Param],
 ) -> anyhow::Result<Vec<ReplayedStage>> {
     let (run, policy, params) = (run.clone(), policy.clone(), params.to_vec());
-    tokio::task::spawn_blocking(move || nyann_check::replay::replay(&run, &policy, &params))
-        .await
-        .context("the replay task failed")?
+    let replayed =
+        tokio::task::spawn_blocking(move || nyann_check::replay::replay(&run, &policy, &params))
+            .await
+            .context("the replay task failed")?;
+    replayed.map_err(|err| match err.downcast_ref::<ParamsRefused>() {
+        Some(refused) => {
+            let cause: Vec<String> = err.chain().skip(1).map(ToString::to_string).collect();
+            anyhow::anyhow!(
+                "{refused}; give or fix them with --param NAME=VALUE: {}",
+                cause.join(": ")
+            )
+        }
+        None => err,
+    })
 }
 
 /// `policy replay`: the table (or JSON) and where each run stops.
