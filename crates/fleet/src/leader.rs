@@ -38,7 +38,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use crate::merge::{FleetRun, Judgement, LostWorker, RecordsFile, WorkerRun};
-use crate::protocol::{ToLeader, ToWorker, marker_name, receive, scenario_digest, send};
+use crate::protocol::{
+    ToLeader, ToWorker, marker_name, receive, scenario_digest, send, write_task,
+};
 use crate::share::{first_id, scenario_share, worker_seed};
 use crate::{FleetError, UPLOADED_RECORDS, lock, worker_dir};
 
@@ -515,26 +517,6 @@ impl Links {
             dir: worker_dir(&self.output_dir, worker),
             rejoined,
         }));
-    }
-}
-
-async fn write_task(
-    mut write: OwnedWriteHalf,
-    mut outgoing: mpsc::Receiver<ToWorker>,
-    every: Duration,
-) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        let sent = tokio::select! {
-            message = outgoing.recv() => match message {
-                None => break,
-                Some(m) => send(&mut write, &m).await,
-            },
-            _ = tick.tick() => send(&mut write, &ToWorker::Heartbeat).await,
-        };
-        if sent.is_err() {
-            break;
-        }
     }
 }
 

@@ -184,7 +184,61 @@ pub fn write<A: Serialize + Clone>(
     dir: &Path,
 ) -> std::io::Result<Merged<A>> {
     let mut result = fleet.leader.clone();
-    let mut accs: Vec<Option<StageAccumulator>> = vec![None; result.stages.len()];
+    let records = merge_records(fleet, result.stages.len(), dir)?;
+    let mut fleet_stages = fleet_statistics(fleet, scenario, &mut result, records.stages);
+    result.requests_recorded = records.lines;
+    result.seed = fleet.seed;
+    for run in &fleet.runs {
+        for m in &run.result.models {
+            if !result.models.contains(m) {
+                result.models.push(m.clone());
+            }
+        }
+        for t in &run.result.targets {
+            if !result.targets.contains(t) {
+                result.targets.push(t.clone());
+            }
+        }
+    }
+    if let Some(reason) = &fleet.aborted {
+        result.outcome = RunOutcome::Aborted {
+            reason: reason.clone(),
+        };
+    }
+    degrade_outcome(&mut result, fleet, &records.missing);
+    let summary = result.clone().map_annotations(|index, check| {
+        let fleet = fleet_stages.get_mut(index).map(std::mem::take);
+        Some(FleetAnnotation {
+            check,
+            fleet: fleet.unwrap_or_default(),
+        })
+    });
+    summary.write_files(dir)?;
+    let json = serde_json::to_vec_pretty(&fleet_file(fleet, records.missing))
+        .map_err(std::io::Error::other)?;
+    std::fs::write(dir.join("fleet.json"), json)?;
+    Ok(Merged { result, summary })
+}
+
+/// The fleet's records, gathered into one file.
+struct MergedRecords {
+    /// Per stage, the statistics of its records (`None`: no record).
+    stages: Vec<Option<StageAccumulator>>,
+    /// Records written.
+    lines: u64,
+    /// The workers whose records are not in the file, and why.
+    missing: Vec<MissingRecords>,
+}
+
+/// Writes every worker's records (the leader's first) into `dir`'s
+/// `requests.jsonl`, each tagged with its worker, and accumulates the
+/// statistics of each of the `stages` from them.
+fn merge_records<A>(
+    fleet: &FleetRun<A>,
+    stages: usize,
+    dir: &Path,
+) -> std::io::Result<MergedRecords> {
+    let mut accs: Vec<Option<StageAccumulator>> = vec![None; stages];
     let mut out = BufWriter::new(std::fs::File::create(dir.join(nyann_results::REQUESTS))?);
     let mut lines = 0u64;
     let mut missing: Vec<MissingRecords> = fleet
@@ -258,11 +312,26 @@ pub fn write<A: Serialize + Clone>(
     }
     out.flush()?;
     missing.sort_by_key(|m| m.worker);
+    Ok(MergedRecords {
+        stages: accs,
+        lines,
+        missing,
+    })
+}
 
+/// Gives every stage of `result` (the leader's) the fleet's level and the
+/// statistics of the fleet's records (`accs`), and the run its totals;
+/// returns each stage's fleet part (its workers, judgement and
+/// departures). A stage some workers missed is marked degraded.
+fn fleet_statistics<A>(
+    fleet: &FleetRun<A>,
+    scenario: &Scenario,
+    result: &mut RunResult<A>,
+    mut accs: Vec<Option<StageAccumulator>>,
+) -> Vec<StageFleet> {
     let mut totals = StageAccumulator::new();
     let mut measured_seconds = 0.0;
     let mut fleet_stages = vec![StageFleet::default(); result.stages.len()];
-    let mut degraded_stages = Vec::new();
     for stage in &mut result.stages {
         // The fleet's level, not worker 0's share.
         if let Some(Step::Stage(s)) = scenario.steps.get(stage.index) {
@@ -282,7 +351,6 @@ pub fn write<A: Serialize + Clone>(
             && present.len() < fleet.workers
         {
             degrade(stage, present, fleet);
-            degraded_stages.push(stage.index);
         }
         let duration = match (stage.start_unix, stage.end_unix) {
             (Some(s), Some(e)) => e - s,
@@ -323,74 +391,58 @@ pub fn write<A: Serialize + Clone>(
     let (totals, totals_detail) = totals.finish(measured_seconds);
     result.totals = totals;
     result.totals_detail = totals_detail;
-    result.requests_recorded = lines;
-    result.seed = fleet.seed;
-    for run in &fleet.runs {
-        for m in &run.result.models {
-            if !result.models.contains(m) {
-                result.models.push(m.clone());
-            }
-        }
-        for t in &run.result.targets {
-            if !result.targets.contains(t) {
-                result.targets.push(t.clone());
-            }
-        }
-    }
-    if let Some(reason) = &fleet.aborted {
-        result.outcome = RunOutcome::Aborted {
-            reason: reason.clone(),
-        };
-    }
-    if !degraded_stages.is_empty() || !missing.is_empty() {
-        let mut reasons: Vec<String> = fleet.departed.iter().map(departure).collect();
-        if !degraded_stages.is_empty() {
-            let list: Vec<String> = degraded_stages
-                .iter()
-                .filter_map(|&i| result.stages.get(i))
-                .map(|s| s.label.clone())
-                .collect();
-            reasons.push(format!(
-                "{} stage(s) ran below their configured level: {}",
-                list.len(),
-                list.join(", ")
-            ));
-        }
-        for m in &missing {
-            reasons.push(format!(
-                "the records of worker {} are missing ({}); they stay in its results directory, worker-{}/",
-                m.worker, m.reason, m.worker
-            ));
-        }
-        let missing_records = missing.iter().map(|m| m.worker).collect();
-        result.outcome = match std::mem::replace(&mut result.outcome, RunOutcome::Interrupted) {
-            RunOutcome::Completed => RunOutcome::Degraded {
-                reasons,
-                missing_records,
-                stage: None,
-                reason: None,
-            },
-            RunOutcome::Stopped { stage, reason } => RunOutcome::Degraded {
-                reasons,
-                missing_records,
-                stage: Some(stage),
-                reason: Some(reason),
-            },
-            // An abort or an interrupt says more; the files say the rest.
-            other => other,
-        };
-    }
-    let summary = result.clone().map_annotations(|index, check| {
-        let fleet = fleet_stages.get_mut(index).map(std::mem::take);
-        Some(FleetAnnotation {
-            check,
-            fleet: fleet.unwrap_or_default(),
-        })
-    });
-    summary.write_files(dir)?;
+    fleet_stages
+}
 
+/// A run that lost load (a stage below its level) or records ends
+/// `degraded`, with every reason; an abort or an interrupt says more, and
+/// stays.
+fn degrade_outcome<A>(result: &mut RunResult<A>, fleet: &FleetRun<A>, missing: &[MissingRecords]) {
+    let degraded_stages: Vec<String> = result
+        .stages
+        .iter()
+        .filter(|s| s.degraded.is_some())
+        .map(|s| s.label.clone())
+        .collect();
+    if degraded_stages.is_empty() && missing.is_empty() {
+        return;
+    }
+    let mut reasons: Vec<String> = fleet.departed.iter().map(departure).collect();
+    if !degraded_stages.is_empty() {
+        reasons.push(format!(
+            "{} stage(s) ran below their configured level: {}",
+            degraded_stages.len(),
+            degraded_stages.join(", ")
+        ));
+    }
+    for m in missing {
+        reasons.push(format!(
+            "the records of worker {} are missing ({}); they stay in its results directory, worker-{}/",
+            m.worker, m.reason, m.worker
+        ));
+    }
+    let missing_records = missing.iter().map(|m| m.worker).collect();
+    result.outcome = match std::mem::replace(&mut result.outcome, RunOutcome::Interrupted) {
+        RunOutcome::Completed => RunOutcome::Degraded {
+            reasons,
+            missing_records,
+            stage: None,
+            reason: None,
+        },
+        RunOutcome::Stopped { stage, reason } => RunOutcome::Degraded {
+            reasons,
+            missing_records,
+            stage: Some(stage),
+            reason: Some(reason),
+        },
+        other => other,
+    };
+}
+
+/// `fleet.json`: who ran, who uploaded, who was lost or left, and why.
+fn fleet_file<A>(fleet: &FleetRun<A>, missing: Vec<MissingRecords>) -> FleetFile {
     let missing_workers: Vec<usize> = missing.iter().map(|m| m.worker).collect();
-    let file = FleetFile {
+    FleetFile {
         workers: fleet.workers,
         seed: fleet.seed,
         uploaded: (0..fleet.workers)
@@ -406,10 +458,7 @@ pub fn write<A: Serialize + Clone>(
             .iter()
             .map(|r| (r.worker, r.decision_waits.clone()))
             .collect(),
-    };
-    let json = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
-    std::fs::write(dir.join("fleet.json"), json)?;
-    Ok(Merged { result, summary })
+    }
 }
 
 /// A departure in words.

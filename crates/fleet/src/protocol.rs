@@ -17,7 +17,11 @@ use nyann_load::RunResult;
 use nyann_load::stats::StageAccumulator;
 use nyann_model::Scenario;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc;
 
 /// Bumped on any incompatible change of the messages.
 pub const PROTOCOL_VERSION: u32 = 2;
@@ -149,6 +153,51 @@ pub async fn send<W: AsyncWrite + Unpin>(
     w.write_all(&line).await?;
     w.flush().await?;
     Ok(())
+}
+
+/// A message queued for a connection's writer task.
+pub(crate) trait Queued: Send + 'static {
+    /// What is sent when nothing else was for a while.
+    fn heartbeat() -> Self;
+
+    /// Writes it on the connection.
+    fn write_to(
+        self,
+        write: &mut OwnedWriteHalf,
+    ) -> impl Future<Output = Result<(), WireError>> + Send;
+}
+
+/// A connection's writer: sends what is queued, and a heartbeat every
+/// `every`, until the queue closes or a write fails (the connection's
+/// reader notices a lost peer).
+pub(crate) async fn write_task<M: Queued>(
+    mut write: OwnedWriteHalf,
+    mut outgoing: mpsc::Receiver<M>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        let message = tokio::select! {
+            message = outgoing.recv() => match message {
+                None => break,
+                Some(message) => message,
+            },
+            _ = tick.tick() => M::heartbeat(),
+        };
+        if message.write_to(&mut write).await.is_err() {
+            break;
+        }
+    }
+}
+
+impl Queued for ToWorker {
+    fn heartbeat() -> Self {
+        ToWorker::Heartbeat
+    }
+
+    async fn write_to(self, write: &mut OwnedWriteHalf) -> Result<(), WireError> {
+        send(write, &self).await
+    }
 }
 
 /// Reads one message line.

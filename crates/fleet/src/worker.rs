@@ -26,7 +26,9 @@ use tokio::sync::mpsc;
 
 use crate::FleetError;
 use crate::coordinator::Coordinator;
-use crate::protocol::{ToLeader, ToWorker, WireError, marker_name, receive, send};
+use crate::protocol::{
+    Queued, ToLeader, ToWorker, WireError, marker_name, receive, send, write_task,
+};
 
 /// How a worker finds and joins its leader.
 #[derive(Debug, Clone)]
@@ -253,23 +255,15 @@ async fn tell_departure(
     }
 }
 
-async fn write_task(
-    mut write: OwnedWriteHalf,
-    mut outgoing: mpsc::Receiver<Outgoing>,
-    every: Duration,
-) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        let sent = tokio::select! {
-            message = outgoing.recv() => match message {
-                None => break,
-                Some(Outgoing::Message(m)) => send(&mut write, &m).await,
-                Some(Outgoing::Upload(header, file)) => upload(&mut write, &header, file.as_deref()).await,
-            },
-            _ = tick.tick() => send(&mut write, &ToLeader::Heartbeat).await,
-        };
-        if sent.is_err() {
-            break; // The reader notices the lost leader.
+impl Queued for Outgoing {
+    fn heartbeat() -> Self {
+        Outgoing::Message(ToLeader::Heartbeat)
+    }
+
+    async fn write_to(self, write: &mut OwnedWriteHalf) -> Result<(), WireError> {
+        match self {
+            Outgoing::Message(m) => send(write, &m).await,
+            Outgoing::Upload(header, file) => upload(write, &header, file.as_deref()).await,
         }
     }
 }

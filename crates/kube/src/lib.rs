@@ -144,6 +144,33 @@ fn valid_name(name: &str) -> bool {
 }
 
 pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
+    let scenario_json = checked_scenario(config)?;
+    let labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "nyann-bench".to_string(),
+        ),
+        (
+            "app.kubernetes.io/instance".to_string(),
+            config.name.clone(),
+        ),
+    ]);
+    let meta = ObjectMeta {
+        name: Some(config.name.clone()),
+        namespace: config.namespace.clone(),
+        labels: Some(labels.clone()),
+        ..ObjectMeta::default()
+    };
+    Ok(Manifests {
+        config_map: config_map(config, meta.clone(), scenario_json),
+        service: service(config, meta.clone(), labels.clone()),
+        job: job(config, meta, labels),
+    })
+}
+
+/// Refuses what cannot run as an Indexed Job; returns the scenario as the
+/// ConfigMap holds it.
+fn checked_scenario(config: &RenderConfig) -> Result<String, RenderError> {
     if config.workers < 2 {
         return Err(RenderError::TooFewWorkers(config.workers));
     }
@@ -163,25 +190,13 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
     if size > CONFIG_MAP_LIMIT {
         return Err(RenderError::TooLarge(size));
     }
-    let labels = BTreeMap::from([
-        (
-            "app.kubernetes.io/name".to_string(),
-            "nyann-bench".to_string(),
-        ),
-        (
-            "app.kubernetes.io/instance".to_string(),
-            config.name.clone(),
-        ),
-    ]);
-    let meta = ObjectMeta {
-        name: Some(config.name.clone()),
-        namespace: config.namespace.clone(),
-        labels: Some(labels.clone()),
-        ..ObjectMeta::default()
-    };
+    Ok(scenario_json)
+}
 
-    let config_map = ConfigMap {
-        metadata: meta.clone(),
+/// The scenario and the policy, mounted in every pod.
+fn config_map(config: &RenderConfig, metadata: ObjectMeta, scenario_json: String) -> ConfigMap {
+    ConfigMap {
+        metadata,
         data: Some(BTreeMap::from([(
             "scenario.json".to_string(),
             scenario_json,
@@ -191,15 +206,22 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
             .as_ref()
             .map(|wasm| BTreeMap::from([("policy.wasm".to_string(), ByteString(wasm.clone()))])),
         ..ConfigMap::default()
-    };
+    }
+}
 
-    let service = Service {
-        metadata: meta.clone(),
+/// The headless Service under which the workers find the leader (pod 0).
+fn service(
+    config: &RenderConfig,
+    metadata: ObjectMeta,
+    labels: BTreeMap<String, String>,
+) -> Service {
+    Service {
+        metadata,
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".into()),
             // Workers must find the leader before any readiness.
             publish_not_ready_addresses: Some(true),
-            selector: Some(labels.clone()),
+            selector: Some(labels),
             ports: Some(vec![ServicePort {
                 name: Some("coordinator".into()),
                 port: i32::from(config.port),
@@ -208,8 +230,75 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
             ..ServiceSpec::default()
         }),
         ..Service::default()
-    };
+    }
+}
 
+/// The Indexed Job: one pod per worker, each running [`container`].
+fn job(config: &RenderConfig, metadata: ObjectMeta, labels: BTreeMap<String, String>) -> Job {
+    let results_volume = match &config.results_claim {
+        Some(claim) => Volume {
+            name: "results".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                ..PersistentVolumeClaimVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        None => Volume {
+            name: "results".into(),
+            empty_dir: Some(Default::default()),
+            ..Volume::default()
+        },
+    };
+    let workers = i32::try_from(config.workers).unwrap_or(i32::MAX);
+    Job {
+        metadata,
+        spec: Some(JobSpec {
+            completion_mode: Some("Indexed".into()),
+            completions: Some(workers),
+            parallelism: Some(workers),
+            // Per index, never the whole Job: see the module's doc.
+            backoff_limit_per_index: Some(0),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    subdomain: Some(config.name.clone()),
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(IMAGE_USER),
+                        run_as_group: Some(IMAGE_USER),
+                        run_as_non_root: Some(true),
+                        // The results volume (a claim too) is writable by the image's group.
+                        fs_group: Some(IMAGE_USER),
+                        ..PodSecurityContext::default()
+                    }),
+                    restart_policy: Some("Never".into()),
+                    containers: vec![container(config)],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "scenario".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: config.name.clone(),
+                                ..ConfigMapVolumeSource::default()
+                            }),
+                            ..Volume::default()
+                        },
+                        results_volume,
+                    ]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
+}
+
+/// The nyann-bench container: `generate` with the fleet's flags, then the
+/// user's; the scenario and results volumes; the resources asked for.
+fn container(config: &RenderConfig) -> Container {
     let mut args: Vec<String> = vec![
         "generate".into(),
         "--config".into(),
@@ -239,22 +328,7 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
         limits: Some(quantities),
         ..ResourceRequirements::default()
     });
-    let results_volume = match &config.results_claim {
-        Some(claim) => Volume {
-            name: "results".into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim.clone(),
-                ..PersistentVolumeClaimVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        None => Volume {
-            name: "results".into(),
-            empty_dir: Some(Default::default()),
-            ..Volume::default()
-        },
-    };
-    let container = Container {
+    Container {
         name: "nyann-bench".into(),
         image: Some(config.image.clone()),
         args: Some(args),
@@ -278,56 +352,7 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
         ]),
         resources,
         ..Container::default()
-    };
-    let workers = i32::try_from(config.workers).unwrap_or(i32::MAX);
-    let job = Job {
-        metadata: meta,
-        spec: Some(JobSpec {
-            completion_mode: Some("Indexed".into()),
-            completions: Some(workers),
-            parallelism: Some(workers),
-            // Per index, never the whole Job: see the module's doc.
-            backoff_limit_per_index: Some(0),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    subdomain: Some(config.name.clone()),
-                    security_context: Some(PodSecurityContext {
-                        run_as_user: Some(IMAGE_USER),
-                        run_as_group: Some(IMAGE_USER),
-                        run_as_non_root: Some(true),
-                        // The results volume (a claim too) is writable by the image's group.
-                        fs_group: Some(IMAGE_USER),
-                        ..PodSecurityContext::default()
-                    }),
-                    restart_policy: Some("Never".into()),
-                    containers: vec![container],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "scenario".into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name: config.name.clone(),
-                                ..ConfigMapVolumeSource::default()
-                            }),
-                            ..Volume::default()
-                        },
-                        results_volume,
-                    ]),
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
-        }),
-        ..Job::default()
-    };
-    Ok(Manifests {
-        config_map,
-        service,
-        job,
-    })
+    }
 }
 
 /// The scenario with the render machine's directories left out of its

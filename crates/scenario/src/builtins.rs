@@ -332,8 +332,18 @@ fn param_value(v: Value) -> Result<nyann_model::Value, String> {
     ))
 }
 
-#[starlark_module]
+/// Every builtin of the scenario language, one module per kind.
 pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
+    workload_builtins(builder);
+    stage_builtins(builder);
+    sweep_builtins(builder);
+    scenario_builtin(builder);
+    bounded_builtins(builder);
+}
+
+/// What the prompts look like.
+#[starlark_module]
+fn workload_builtins(builder: &mut GlobalsBuilder) {
     /// `workload(type, isl=128, osl=256, turns=1, subsequent_isl=None,
     /// corpus_path=None, chars_per_token=0.0, cache_salt=None, name=None)`:
     /// what the prompts look like.
@@ -414,7 +424,11 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
         let value = a.finish(location, WorkloadValue { workload })?;
         Ok(eval.heap().alloc(value))
     }
+}
 
+/// The steps of a scenario.
+#[starlark_module]
+fn stage_builtins(builder: &mut GlobalsBuilder) {
     /// `stage(duration, concurrency=10, rate=None, mode="concurrent",
     /// max_inflight=0, max_requests=0, rampup=None, workload=None,
     /// target=None, model=None, name=None, warmup=False,
@@ -542,7 +556,11 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
         let value = a.finish(location, BarrierValue { drain })?;
         Ok(eval.heap().alloc(value))
     }
+}
 
+/// Sweeps that stop on congestion.
+#[starlark_module]
+fn sweep_builtins(builder: &mut GlobalsBuilder) {
     /// `until_congested(stages, **params)`: a copy of `stages` in which every
     /// stage stops the sweep once the active congestion policy judges it
     /// congested. The keyword parameters go to that policy as written.
@@ -616,7 +634,11 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
         }
         Ok(eval.heap().alloc(AllocList(out)))
     }
+}
 
+/// The whole run.
+#[starlark_module]
+fn scenario_builtin(builder: &mut GlobalsBuilder) {
     /// `scenario(stages, target=None, model=None, workload=None)`: the whole
     /// run. Call it exactly once.
     fn scenario<'v>(
@@ -699,7 +721,12 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
         *state.scenario.borrow_mut() = Some((scenario, location));
         Ok(NoneType)
     }
+}
 
+/// The standard functions and operators that could build huge lists,
+/// bounded.
+#[starlark_module]
+fn bounded_builtins(builder: &mut GlobalsBuilder) {
     /// `range` with a size limit (see [`MAX_RANGE_LEN`]); otherwise the
     /// standard one.
     fn range<'v>(

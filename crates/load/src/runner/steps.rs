@@ -48,169 +48,232 @@ pub(super) async fn run_steps<H: StageHook>(
     hook: &mut H,
 ) -> Ran<H::Annotation> {
     let steps = &scenario.steps;
-    let mut ran = Ran {
-        results: Vec::with_capacity(steps.len()),
-        stops: Stops::default(),
-        interrupted: None,
-        measured_seconds: 0.0,
+    let mut runner = Runner {
+        shared,
+        load,
+        options,
+        hook,
+        ran: Ran {
+            results: Vec::with_capacity(steps.len()),
+            stops: Stops::default(),
+            interrupted: None,
+            measured_seconds: 0.0,
+        },
     };
     for (index, step) in steps.iter().enumerate() {
         if shared.halt.is_cancelled() {
-            ran.results.push(skipped(
-                index,
-                step,
-                shared.halted_reason(&options.interrupt),
-            ));
+            runner.skip(index, step);
             continue;
         }
-        if let Some(reason) = ran.stops.skips(step) {
-            ran.results.push(skipped(index, step, reason.to_string()));
+        if let Some(reason) = runner.ran.stops.skips(step) {
+            runner
+                .ran
+                .results
+                .push(skipped(index, step, reason.to_string()));
             continue;
         }
         let stage = match step {
             Step::Barrier { drain } => {
-                if *drain {
-                    load.stop();
-                    interruptible(shared, drain_all(shared, options.drain_timeout)).await;
-                }
-                ran.results.push(barrier(index, *drain));
+                runner.barrier(index, *drain).await;
                 continue;
             }
             Step::Stage(stage) => stage,
         };
         // Several workers start a stage when their coordinator says so.
-        if interruptible(shared, hook.before_stage(index))
+        if interruptible(shared, runner.hook.before_stage(index))
             .await
             .is_none()
         {
-            ran.results.push(skipped(
-                index,
-                step,
-                shared.halted_reason(&options.interrupt),
-            ));
+            runner.skip(index, step);
             continue;
         }
-        let more = steps[index + 1..]
-            .iter()
-            .any(|later| matches!(later, Step::Stage(_)) && ran.stops.skips(later).is_none());
-        if !run_stage(index, stage, more, shared, load, options, hook, &mut ran).await {
+        let more = steps[index + 1..].iter().any(|later| {
+            matches!(later, Step::Stage(_)) && runner.ran.stops.skips(later).is_none()
+        });
+        if !runner.stage(index, stage, more).await {
             break;
         }
     }
-    ran
+    runner.ran
 }
 
-/// One stage, from its start to the hook's answer; false when the run was
-/// halted meanwhile (the stage is recorded interrupted).
-#[allow(clippy::too_many_arguments)]
-async fn run_stage<H: StageHook>(
-    index: usize,
-    stage: &Stage,
-    more: bool,
-    shared: &Arc<Shared>,
-    load: &mut Load,
-    options: &RunOptions,
-    hook: &mut H,
-    ran: &mut Ran<H::Annotation>,
-) -> bool {
-    let label = stage.label(index);
-    let phase = if stage.warmup {
-        Phase::Warmup
-    } else {
-        Phase::Measured
-    };
-    let start = Instant::now();
-    load.start_stage(index, stage, phase, start);
-    if let Some(live) = &shared.live {
-        live.stage_started(index, &label, stage.duration_s, stage.warmup);
+/// A measured stage's result, before the hook's answer, and its statistics.
+struct Measured<A> {
+    result: StageResult<A>,
+    client: ClientStats,
+    detail: StageDetail,
+}
+
+/// What the steps run with, and what they left so far.
+struct Runner<'a, H: StageHook> {
+    shared: &'a Arc<Shared>,
+    load: &'a mut Load,
+    options: &'a RunOptions,
+    hook: &'a mut H,
+    ran: Ran<H::Annotation>,
+}
+
+impl<H: StageHook> Runner<'_, H> {
+    /// Step `index` is not run: the run was halted.
+    fn skip(&mut self, index: usize, step: &Step) {
+        let reason = self.shared.halted_reason(&self.options.interrupt);
+        self.ran.results.push(skipped(index, step, reason));
     }
-    tracing::info!(
-        "stage {label}: started for {}{}",
-        humantime::format_duration(secs(stage.duration_s)),
-        if stage.warmup {
-            " (warm-up: not measured)"
-        } else {
-            ""
-        },
-    );
-    // The stage's time: its duration, or until max_requests were sent.
-    let deadline = tokio::time::Instant::from_std(start + secs(stage.duration_s));
-    let limit = shared.slots[index].limit_reached.notified();
-    let stage_done = async {
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = limit, if stage.max_requests > 0 => {}
-        }
-    };
-    let finished = interruptible(shared, stage_done).await.is_some();
-    let end = Instant::now();
-    let result = |status| stage_result(index, stage, status, Some((start, end)), &shared.clock);
-    // Every request sent in a measured stage has to end (or be cut, late)
-    // before its statistics exist.
-    let drained = finished && {
-        if more {
-            load.hold();
-        } else {
-            load.stop();
-        }
-        stage.warmup
-            || interruptible(
-                shared,
-                drain_stage(shared, index, &label, options.drain_timeout),
+
+    /// A barrier; with `drain`, until no request is in flight.
+    async fn barrier(&mut self, index: usize, drain: bool) {
+        if drain {
+            self.load.stop();
+            interruptible(
+                self.shared,
+                drain_all(self.shared, self.options.drain_timeout),
             )
-            .await
-            .is_some()
-    };
-    if !drained {
-        ran.interrupted = Some(index);
-        ran.results.push(result(StageStatus::Interrupted));
-        return false;
+            .await;
+        }
+        self.ran.results.push(barrier(index, drain));
     }
-    if stage.warmup {
-        ran.results.push(result(StageStatus::Warmup));
-        return true;
-    }
-    let duration = end.duration_since(start).as_secs_f64();
-    ran.measured_seconds += duration;
-    let (client_stats, detail) = shared.slots[index].finish(duration);
-    let stats = shared.slots[index].snapshot();
-    log_stage_end(&label, &client_stats, &detail);
-    let mut result = result(StageStatus::Measured);
-    result.client = Some(client_stats.clone());
-    result.detail = Some(detail.clone());
-    let done = FinishedStage {
-        index,
-        stage,
-        label: &label,
-        start_unix: shared.clock.unix(start),
-        end_unix: shared.clock.unix(end),
-        client: &client_stats,
-        detail: &detail,
-        stats: &stats,
-        history: &ran.results,
-    };
-    let Some(outcome) = interruptible(shared, hook.after_stage(&done)).await else {
-        tracing::warn!("stage {label}: interrupted during its check");
-        result.check_interrupted = true;
-        ran.results.push(result);
-        return false;
-    };
-    result.annotation = outcome.annotation;
-    ran.results.push(result);
-    if let HookDecision::Stop { reason } = outcome.decision {
-        let what = match stage.sweep() {
-            Some(sweep) if sweep > 0 => format!("sweep {sweep}"),
-            _ => "the sweep".to_string(),
+
+    /// One stage, from its start to the hook's answer; false when the run
+    /// was halted meanwhile (the stage is recorded interrupted). `more`:
+    /// whether a later stage will run (the streams are then held, not
+    /// stopped, at the end).
+    async fn stage(&mut self, index: usize, stage: &Stage, more: bool) -> bool {
+        let label = stage.label(index);
+        let shared = self.shared;
+        let start = Instant::now();
+        let finished = self.load_for_its_time(index, stage, &label, start).await;
+        let end = Instant::now();
+        let result = |status| stage_result(index, stage, status, Some((start, end)), &shared.clock);
+        // Every request sent in a measured stage has to end (or be cut,
+        // late) before its statistics exist.
+        let drained = finished && {
+            if more {
+                self.load.hold();
+            } else {
+                self.load.stop();
+            }
+            stage.warmup
+                || interruptible(
+                    shared,
+                    drain_stage(shared, index, &label, self.options.drain_timeout),
+                )
+                .await
+                .is_some()
         };
-        tracing::info!("stage {label}: {what} stops here: {reason}");
-        load.stop();
-        ran.stops.stop(
-            index,
-            stage.sweep(),
-            format!("stopped after stage {label}: {reason}"),
-        );
+        if !drained {
+            self.ran.interrupted = Some(index);
+            self.ran.results.push(result(StageStatus::Interrupted));
+            return false;
+        }
+        if stage.warmup {
+            self.ran.results.push(result(StageStatus::Warmup));
+            return true;
+        }
+        let duration = end.duration_since(start).as_secs_f64();
+        self.ran.measured_seconds += duration;
+        let (client, detail) = shared.slots[index].finish(duration);
+        log_stage_end(&label, &client, &detail);
+        let measured = Measured {
+            result: result(StageStatus::Measured),
+            client,
+            detail,
+        };
+        self.judge(index, stage, &label, measured).await
     }
-    true
+
+    /// Sends stage `index`'s load from `start` for its duration, or until
+    /// its `max_requests` were sent; false when the run was halted first.
+    async fn load_for_its_time(
+        &mut self,
+        index: usize,
+        stage: &Stage,
+        label: &str,
+        start: Instant,
+    ) -> bool {
+        let shared = self.shared;
+        let phase = if stage.warmup {
+            Phase::Warmup
+        } else {
+            Phase::Measured
+        };
+        self.load.start_stage(index, stage, phase, start);
+        if let Some(live) = &shared.live {
+            live.stage_started(index, label, stage.duration_s, stage.warmup);
+        }
+        tracing::info!(
+            "stage {label}: started for {}{}",
+            humantime::format_duration(secs(stage.duration_s)),
+            if stage.warmup {
+                " (warm-up: not measured)"
+            } else {
+                ""
+            },
+        );
+        let deadline = tokio::time::Instant::from_std(start + secs(stage.duration_s));
+        let limit = shared.slots[index].limit_reached.notified();
+        let stage_done = async {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = limit, if stage.max_requests > 0 => {}
+            }
+        };
+        interruptible(shared, stage_done).await.is_some()
+    }
+
+    /// Asks the hook about a measured stage and records the stage with its
+    /// answer: its annotation, and a stop of the stage's sweep. False when
+    /// the run was halted during the check.
+    async fn judge(
+        &mut self,
+        index: usize,
+        stage: &Stage,
+        label: &str,
+        measured: Measured<H::Annotation>,
+    ) -> bool {
+        let shared = self.shared;
+        let Measured {
+            mut result,
+            client,
+            detail,
+        } = measured;
+        let stats = shared.slots[index].snapshot();
+        let done = FinishedStage {
+            index,
+            stage,
+            label,
+            start_unix: result.start_unix.unwrap_or_default(),
+            end_unix: result.end_unix.unwrap_or_default(),
+            client: &client,
+            detail: &detail,
+            stats: &stats,
+            history: &self.ran.results,
+        };
+        let outcome = interruptible(shared, self.hook.after_stage(&done)).await;
+        result.client = Some(client);
+        result.detail = Some(detail);
+        let Some(outcome) = outcome else {
+            tracing::warn!("stage {label}: interrupted during its check");
+            result.check_interrupted = true;
+            self.ran.results.push(result);
+            return false;
+        };
+        result.annotation = outcome.annotation;
+        self.ran.results.push(result);
+        if let HookDecision::Stop { reason } = outcome.decision {
+            let what = match stage.sweep() {
+                Some(sweep) if sweep > 0 => format!("sweep {sweep}"),
+                _ => "the sweep".to_string(),
+            };
+            tracing::info!("stage {label}: {what} stops here: {reason}");
+            self.load.stop();
+            self.ran.stops.stop(
+                index,
+                stage.sweep(),
+                format!("stopped after stage {label}: {reason}"),
+            );
+        }
+        true
+    }
 }
 
 /// Waits for the requests of stage `index` still in flight at its end, for
