@@ -6,14 +6,15 @@
 //!
 //! Each version's WIT lives once, in the repository's `wit/<line>/`: bindgen
 //! reads it at build time, the structural check (`shape`) parses the same
-//! text at run time, and `nyann-bench policy wit` prints it.
+//! text at run time, and `nyann-bench policy wit` prints it. The changes
+//! wanted for the next line wait in `wit/NEXT.md`.
 
 /// The glue every version module shares, written once: the `host` import
-/// (`log`), linking, and `describe`/`validate`/`judge` over the module's own
-/// conversions (`value_to_wit`, `value_from_wit`, `kind_from_wit`,
-/// `client_to_wit`, `stage_to_wit`, `server_signals`, `verdict_from_wit`),
-/// which each module writes by hand. Use
-/// it right after the module's `bindgen!`.
+/// (`log`), linking, the conversions of the records every line has alike
+/// (`param`, `role-signals`), and `describe`/`validate`/`judge` over the
+/// module's own `From` conversions between its records and the model's
+/// (`value`, `param-kind`, `client-stats`, `stage-observation`, `verdict`)
+/// and its `server_signals`. Use it right after the module's `bindgen!`.
 macro_rules! version_glue {
     () => {
         use nyann::policy::types as wit;
@@ -52,9 +53,9 @@ macro_rules! version_glue {
                     .into_iter()
                     .map(|s| nyann_model::observation::ParamSpec {
                         name: s.name,
-                        kind: kind_from_wit(s.kind),
+                        kind: s.kind.into(),
                         required: s.required,
-                        default: s.default.map(value_from_wit),
+                        default: s.default.map(Value::from),
                         doc: s.doc,
                     })
                     .collect(),
@@ -80,14 +81,14 @@ macro_rules! version_glue {
             history: &[StageObservation],
         ) -> wasmtime::Result<Result<Verdict, String>> {
             let params = params_to_wit(params);
-            let stage = stage_to_wit(stage);
-            let history: Vec<_> = history.iter().map(stage_to_wit).collect();
+            let stage = stage.into();
+            let history: Vec<_> = history.iter().map(wit::StageObservation::from).collect();
             let policy = pre.instantiate(&mut *store)?;
             let verdict =
                 policy
                     .nyann_policy_policy()
                     .call_judge(&mut *store, &params, &stage, &history)?;
-            Ok(verdict.map(verdict_from_wit))
+            Ok(verdict.map(Verdict::from))
         }
 
         fn params_to_wit(params: &[Param]) -> Vec<wit::Param> {
@@ -95,19 +96,21 @@ macro_rules! version_glue {
                 .iter()
                 .map(|p| wit::Param {
                     name: p.name.clone(),
-                    value: value_to_wit(&p.value),
+                    value: (&p.value).into(),
                 })
                 .collect()
         }
 
-        fn role_to_wit(r: &RoleSignals) -> wit::RoleSignals {
-            wit::RoleSignals {
-                role: r.role.clone(),
-                waiting_requests_p50: r.waiting_requests_p50,
-                ttft_p99_seconds: r.ttft_p99_seconds,
-                kv_cache_usage_max: r.kv_cache_usage_max,
-                preemptions: r.preemptions,
-                extra: r.extra.clone(),
+        impl From<&RoleSignals> for wit::RoleSignals {
+            fn from(r: &RoleSignals) -> Self {
+                wit::RoleSignals {
+                    role: r.role.clone(),
+                    waiting_requests_p50: r.waiting_requests_p50,
+                    ttft_p99_seconds: r.ttft_p99_seconds,
+                    kv_cache_usage_max: r.kv_cache_usage_max,
+                    preemptions: r.preemptions,
+                    extra: r.extra.clone(),
+                }
             }
         }
     };

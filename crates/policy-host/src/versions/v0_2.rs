@@ -18,68 +18,78 @@ wasmtime::component::bindgen!({
 
 version_glue!();
 
-fn value_to_wit(v: &Value) -> wit::Value {
-    match v {
-        Value::Number(n) => wit::Value::Number(*n),
-        Value::Integer(i) => wit::Value::Integer(*i),
-        Value::Text(t) => wit::Value::Text(t.clone()),
-        Value::Flag(b) => wit::Value::Flag(*b),
+impl From<&Value> for wit::Value {
+    fn from(v: &Value) -> Self {
+        match v {
+            Value::Number(n) => wit::Value::Number(*n),
+            Value::Integer(i) => wit::Value::Integer(*i),
+            Value::Text(t) => wit::Value::Text(t.clone()),
+            Value::Flag(b) => wit::Value::Flag(*b),
+        }
     }
 }
 
-fn value_from_wit(v: wit::Value) -> Value {
-    match v {
-        wit::Value::Number(n) => Value::Number(n),
-        wit::Value::Integer(i) => Value::Integer(i),
-        wit::Value::Text(t) => Value::Text(t),
-        wit::Value::Flag(b) => Value::Flag(b),
+impl From<wit::Value> for Value {
+    fn from(v: wit::Value) -> Self {
+        match v {
+            wit::Value::Number(n) => Value::Number(n),
+            wit::Value::Integer(i) => Value::Integer(i),
+            wit::Value::Text(t) => Value::Text(t),
+            wit::Value::Flag(b) => Value::Flag(b),
+        }
     }
 }
 
-fn kind_from_wit(k: wit::ParamKind) -> ParamKind {
-    match k {
-        wit::ParamKind::Number => ParamKind::Number,
-        wit::ParamKind::Integer => ParamKind::Integer,
-        wit::ParamKind::Fraction => ParamKind::Fraction,
-        wit::ParamKind::Duration => ParamKind::Duration,
-        wit::ParamKind::Text => ParamKind::Text,
-        wit::ParamKind::Flag => ParamKind::Flag,
+impl From<wit::ParamKind> for ParamKind {
+    fn from(k: wit::ParamKind) -> Self {
+        match k {
+            wit::ParamKind::Number => ParamKind::Number,
+            wit::ParamKind::Integer => ParamKind::Integer,
+            wit::ParamKind::Fraction => ParamKind::Fraction,
+            wit::ParamKind::Duration => ParamKind::Duration,
+            wit::ParamKind::Text => ParamKind::Text,
+            wit::ParamKind::Flag => ParamKind::Flag,
+        }
     }
 }
 
-fn client_to_wit(c: &ClientStats) -> wit::ClientStats {
-    wit::ClientStats {
-        requests_ok: c.requests_ok,
-        requests_failed: c.requests_failed,
-        requests_per_second: c.requests_per_second,
-        output_tokens_per_second: c.output_tokens_per_second,
-        ttft_p50_seconds: c.ttft_p50_seconds,
-        ttft_p99_seconds: c.ttft_p99_seconds,
-        itl_p50_seconds: c.itl_p50_seconds,
-        itl_p99_seconds: c.itl_p99_seconds,
-        e2e_p50_seconds: c.e2e_p50_seconds,
-        e2e_p99_seconds: c.e2e_p99_seconds,
-        dropped: c.dropped,
-        requests_rejected: c.requests_rejected,
-        requests_late: c.requests_late,
+impl From<&ClientStats> for wit::ClientStats {
+    fn from(c: &ClientStats) -> Self {
+        wit::ClientStats {
+            requests_ok: c.requests_ok,
+            requests_failed: c.requests_failed,
+            requests_per_second: c.requests_per_second,
+            output_tokens_per_second: c.output_tokens_per_second,
+            ttft_p50_seconds: c.ttft_p50_seconds,
+            ttft_p99_seconds: c.ttft_p99_seconds,
+            itl_p50_seconds: c.itl_p50_seconds,
+            itl_p99_seconds: c.itl_p99_seconds,
+            e2e_p50_seconds: c.e2e_p50_seconds,
+            e2e_p99_seconds: c.e2e_p99_seconds,
+            dropped: c.dropped,
+            requests_rejected: c.requests_rejected,
+            requests_late: c.requests_late,
+        }
     }
 }
 
-fn stage_to_wit(s: &StageObservation) -> wit::StageObservation {
-    wit::StageObservation {
-        index: s.index,
-        name: s.name.clone(),
-        sweep: wit::Sweep {
-            index: s.sweep.index,
-            name: s.sweep.name.clone(),
-        },
-        concurrency: s.concurrency,
-        rate: s.rate,
-        start_unix_seconds: s.start_unix_seconds,
-        end_unix_seconds: s.end_unix_seconds,
-        roles: s.roles.iter().map(role_to_wit).collect(),
-        client: client_to_wit(&s.client),
-        signal_errors: s.signal_errors.clone(),
+impl From<&StageObservation> for wit::StageObservation {
+    fn from(s: &StageObservation) -> Self {
+        wit::StageObservation {
+            index: s.index,
+            name: s.name.clone(),
+            sweep: wit::Sweep {
+                index: s.sweep.index,
+                name: s.sweep.name.clone(),
+            },
+            concurrency: s.concurrency,
+            rate: s.rate,
+            start_unix_seconds: s.start_unix_seconds,
+            end_unix_seconds: s.end_unix_seconds,
+            roles: s.roles.iter().map(wit::RoleSignals::from).collect(),
+            client: (&s.client).into(),
+            signal_errors: s.signal_errors.clone(),
+        }
     }
 }
 
@@ -89,10 +99,12 @@ fn server_signals(_: &wit::PolicyInfo) -> bool {
 }
 
 /// Policies before 0.3 do not say which rule fired.
-fn verdict_from_wit(v: wit::Verdict) -> Verdict {
-    Verdict {
-        congested: v.congested,
-        reasons: v.reasons,
-        fired: Vec::new(),
+impl From<wit::Verdict> for Verdict {
+    fn from(v: wit::Verdict) -> Self {
+        Verdict {
+            congested: v.congested,
+            reasons: v.reasons,
+            fired: Vec::new(),
+        }
     }
 }

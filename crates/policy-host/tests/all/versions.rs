@@ -74,21 +74,39 @@ async fn the_sandbox_applies_to_0_1_components_too() {
     );
 }
 
-/// `tests/fixtures/builtin-0.2.wasm` is the built-in policy's component as
-/// its source built it for `nyann:policy@0.2` (as committed at 5624f13), kept so
-/// that the 0.2 adapter always runs a real 0.2 component.
+/// The built-in policy's component as its source built it for an older
+/// line, kept so that each adapter always runs a real component of its line
+/// as that line's SDK and toolchain built it: `tests/fixtures/builtin-0.1.wasm`
+/// (`policies/builtin/builtin.wasm` as committed at 20efdab) and
+/// `builtin-0.2.wasm` (at 5624f13).
+fn old_builtin(line: &str) -> nyann_policy_host::Policy {
+    let file = format!("builtin-{line}.wasm");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(&file);
+    let bytes = std::fs::read(path).unwrap();
+    common::host().load_bytes(&file, &bytes).unwrap()
+}
+
+#[tokio::test]
+async fn the_0_1_built_in_judges_as_the_0_3_one_without_naming_rules() {
+    let old = old_builtin("0.1");
+    assert_eq!(old.interface(), Interface::V0_1);
+    judges_as_the_newest(&old).await;
+}
+
 #[tokio::test]
 async fn the_0_2_built_in_judges_as_the_0_3_one_without_naming_rules() {
-    let bytes = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/builtin-0.2.wasm"
-    ))
-    .unwrap();
-    let old = common::host()
-        .load_bytes("builtin-0.2.wasm", &bytes)
-        .unwrap();
-    let new = common::builtin();
+    let old = old_builtin("0.2");
     assert_eq!(old.interface(), Interface::V0_2);
+    judges_as_the_newest(&old).await;
+}
+
+/// `old` (an older line's built-in) gives the newest built-in's verdict and
+/// reasons on a congested stage, without the rules that fired (its line
+/// cannot say them).
+async fn judges_as_the_newest(old: &nyann_policy_host::Policy) {
+    let new = common::builtin();
     assert_eq!(new.interface(), Interface::V0_3);
     assert!(old.info().server_signals && new.info().server_signals);
     let stop = stop(&[
@@ -116,7 +134,7 @@ async fn the_0_2_built_in_judges_as_the_0_3_one_without_naming_rules() {
         .unwrap();
     assert!(old_verdict.congested && new_verdict.congested);
     assert_eq!(old_verdict.reasons, new_verdict.reasons);
-    assert!(old_verdict.fired.is_empty(), "0.2 does not say");
+    assert!(old_verdict.fired.is_empty(), "lines before 0.3 do not say");
     let fired: Vec<_> = new_verdict
         .fired
         .iter()
