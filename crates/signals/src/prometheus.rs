@@ -447,8 +447,10 @@ impl Planned {
 
 /// The query of signal `spec` for `metric` (one name of its family) and a
 /// role, over `stage`:
-/// - gauges: a range query `sum|max|min(M{sel})` over the steady window, the
-///   statistic (p50, max, min) taken here;
+/// - gauges: a range query `sum|max|min(M{sel} and timestamp(M{sel}) >= W0)`
+///   over the steady window (from `W0`), the statistic (p50, max, min) taken
+///   here: a point whose latest sample is older than the window (the stage
+///   before, through the lookback) is left out, as the scrape source does;
 /// - histograms: `histogram_quantile(q, sum by (le) (rate(M_bucket{sel}[W])))`
 ///   at the end of the steady window, `W` its length;
 /// - generation tokens/s: `sum(rate(M{sel}[W]))` at the end of the steady window;
@@ -457,7 +459,7 @@ pub fn plan(spec: &Spec, metric: &str, role: &RoleSelector, stage: Window) -> Pl
     let w = spec.window(stage);
     let range = format_range(w.seconds());
     let gauge = |agg: &str| Planned::Range {
-        query: format!("{agg}({})", role.series(metric)),
+        query: gauge_query(agg, &role.series(metric), w.start),
         start: w.start,
         end: w.end,
         step: spec::step_seconds(w),
@@ -482,6 +484,16 @@ pub fn plan(spec: &Spec, metric: &str, role: &RoleSelector, stage: Window) -> Pl
             time: w.end,
         },
     }
+}
+
+/// `agg` over the points of `series` whose sample was taken at or after
+/// `from` (`timestamp()` of a selector is its sample's time, not the
+/// evaluation's).
+pub fn gauge_query(agg: &str, series: &str, from: f64) -> String {
+    format!(
+        "{agg}({series} and timestamp({series}) >= {})",
+        format_time(from)
+    )
 }
 
 /// What a query result says about a signal.

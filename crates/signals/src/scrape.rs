@@ -331,15 +331,14 @@ impl ScrapeSource {
             );
         }
         for (role, idx) in &self.roles {
-            // Copy the role's histories out of the locks, trimmed to the stage
-            // plus one sample before it (the baseline).
+            // Copy the role's histories out of the locks, trimmed to the stage.
             let mut pods: Vec<Vec<PodSample>> = Vec::new();
             let errors_before = out.errors.len();
             for &i in idx {
                 let Ok(st) = self.state[i].lock() else {
                     continue;
                 };
-                let first = st.samples.iter().rposition(|s| s.t <= start).unwrap_or(0);
+                let first = st.samples.partition_point(|s| s.t < start);
                 pods.push(
                     st.samples
                         .iter()
@@ -468,11 +467,13 @@ fn lookback(interval: Duration) -> f64 {
     (3.0 * interval.as_secs_f64()).max(5.0)
 }
 
-/// The latest sample of `pod` at or before `t`, within the lookback.
-fn at(pod: &[PodSample], t: f64, lookback: f64) -> Option<&PodSample> {
+/// The latest sample of `pod` at or before `t`, within the lookback and
+/// taken at or after `from`: a window's value at `t` never comes from before
+/// the window (the stage before it, however recent the sample).
+fn at(pod: &[PodSample], t: f64, lookback: f64, from: f64) -> Option<&PodSample> {
     let i = pod.partition_point(|s| s.t <= t);
     let s = pod.get(i.checked_sub(1)?)?;
-    (t - s.t <= lookback).then_some(s)
+    (t - s.t <= lookback && s.t >= from).then_some(s)
 }
 
 /// Computes one role's readings (one per entry of [`SPECS`]) from its pods'
@@ -497,7 +498,7 @@ pub(crate) fn compute_readings(
                 for t in spec::grid(window) {
                     let vals: Vec<(f64, f64, f64)> = pods
                         .iter()
-                        .filter_map(|p| at(p, t, lb).and_then(|s| s.scalars[fi]))
+                        .filter_map(|p| at(p, t, lb, window.start).and_then(|s| s.scalars[fi]))
                         .collect();
                     if vals.is_empty() {
                         continue;
@@ -591,12 +592,11 @@ fn matched_name(
         .and_then(|position| names.get(family).get(position).cloned())
 }
 
-/// The samples bounding `window`: the latest at or before its start (or the
-/// first inside it) through the latest at or before its end.
+/// The samples taken in `window`: a counter's increase over it runs from
+/// its first sample inside, as Prometheus' `increase()` does, so that what
+/// the stage before counted is never charged to it.
 fn bounded(pod: &[PodSample], window: Window) -> &[PodSample] {
-    let first = pod
-        .partition_point(|s| s.t <= window.start)
-        .saturating_sub(1);
+    let first = pod.partition_point(|s| s.t < window.start);
     let last = pod.partition_point(|s| s.t <= window.end);
     if first >= last {
         return &[];
@@ -741,6 +741,30 @@ mod tests {
         // Missing families read 0.
         assert_eq!(r.extra("itl_p99_seconds"), Some(0.0));
         assert_eq!(r.extra("running_requests_p50"), Some(0.0));
+    }
+
+    /// A short stage right after a congested one (its queue, its full KV
+    /// cache, its last preemptions): samples taken before the stage started
+    /// are not the stage's, however recent; a counter's baseline is the
+    /// stage's first sample.
+    #[test]
+    fn a_stage_is_not_charged_with_the_samples_before_its_start() {
+        let ttft = [(0.1, 10.0), (f64::INFINITY, 10.0)];
+        // The congested stage's last sample, then the new stage's, 1 s apart.
+        let mut pod = vec![sample(9.5, &body(40.0, 1.0, 40.0, &ttft))];
+        for t in [10.5, 11.5, 12.5, 13.5] {
+            pod.push(sample(t, &body(0.0, 0.3, 50.0, &ttft)));
+        }
+        // 4 s: too short for a steady window, so the whole stage is read.
+        let r = compute_role(
+            "aggregate",
+            &[pod],
+            Window::new(10.0, 14.0),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r.kv_cache_usage_max, 0.3);
+        assert_eq!(r.preemptions, 0.0);
+        assert_eq!(r.waiting_requests_p50, 1.0); // engine 1's 1
     }
 
     #[test]

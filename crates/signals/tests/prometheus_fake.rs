@@ -19,6 +19,12 @@ use nyann_signals::{
 const DECODE: &str = r#"{job="vllm-decode",pod=~"model-decode.*"}"#;
 const PREFILL: &str = r#"{job="vllm-prefill",pod=~"model-prefill.*"}"#;
 
+/// The query of a gauge over a window starting at `from` (112: the steady
+/// window of stage 100..160).
+fn gauge(agg: &str, metric: &str, sel: &str, from: f64) -> String {
+    nyann_signals::prometheus::gauge_query(agg, &format!("{metric}{sel}"), from)
+}
+
 fn args(url: &str, deploy: &str) -> SignalOptions {
     SignalOptions {
         prometheus_url: Some(url.to_string()),
@@ -45,9 +51,9 @@ fn primary_queries(sel: &str) -> Vec<(String, String, f64, f64, f64)> {
         )
     };
     vec![
-        range(format!("sum(vllm:num_requests_waiting{sel})")),
+        range(gauge("sum", "vllm:num_requests_waiting", sel, 112.0)),
         hq(0.99, "vllm:time_to_first_token_seconds"),
-        range(format!("max(vllm:kv_cache_usage_perc{sel})")),
+        range(gauge("max", "vllm:kv_cache_usage_perc", sel, 112.0)),
         at(
             format!("sum(increase(vllm:num_preemptions_total{sel}[60s]))"),
             160.0,
@@ -59,8 +65,8 @@ fn primary_queries(sel: &str) -> Vec<(String, String, f64, f64, f64)> {
             format!("sum(rate(vllm:generation_tokens_total{sel}[45s]))"),
             157.0,
         ),
-        range(format!("min(vllm:kv_cache_usage_perc{sel})")),
-        range(format!("sum(vllm:num_requests_running{sel})")),
+        range(gauge("min", "vllm:kv_cache_usage_perc", sel, 112.0)),
+        range(gauge("sum", "vllm:num_requests_running", sel, 112.0)),
     ]
 }
 
@@ -106,7 +112,7 @@ async fn go_case_queueing_on_decode_with_prefill_ttft() {
     // Decode queues (p50 of 10, 40, 50, 60, 70 = 50); TTFT p99 comes from prefill.
     let fake = FakeProm::start(answering(vec![
         (
-            format!("sum(vllm:num_requests_waiting{DECODE})"),
+            gauge("sum", "vllm:num_requests_waiting", DECODE, 112.0),
             matrix(&[
                 (112.0, "10"),
                 (120.0, "40"),
@@ -157,11 +163,11 @@ async fn go_case_queueing_on_decode_with_prefill_ttft() {
 async fn go_case_kv_pressure_with_preemptions() {
     let fake = FakeProm::start(answering(vec![
         (
-            format!("max(vllm:kv_cache_usage_perc{DECODE})"),
+            gauge("max", "vllm:kv_cache_usage_perc", DECODE, 112.0),
             matrix(&[(112.0, "0.5"), (130.0, "0.97"), (157.0, "0.9")]),
         ),
         (
-            format!("min(vllm:kv_cache_usage_perc{DECODE})"),
+            gauge("min", "vllm:kv_cache_usage_perc", DECODE, 112.0),
             matrix(&[(112.0, "0.25"), (157.0, "0.5")]),
         ),
         (
@@ -173,7 +179,7 @@ async fn go_case_kv_pressure_with_preemptions() {
             vector(157.0, "1234.5"),
         ),
         (
-            format!("sum(vllm:num_requests_running{DECODE})"),
+            gauge("sum", "vllm:num_requests_running", DECODE, 112.0),
             matrix(&[(112.0, "8"), (157.0, "12")]),
         ),
     ]))
@@ -221,10 +227,10 @@ async fn missing_series_read_zero_after_all_fallbacks_and_are_recorded_missing()
     assert_eq!(
         got,
         [
-            format!("max(vllm:kv_cache_usage_perc{DECODE})"),
-            format!("max(vllm:gpu_cache_usage_perc{DECODE})"),
-            format!("max(vllm_kv_cache_usage_perc{DECODE})"),
-            format!("max(vllm_gpu_cache_usage_perc{DECODE})"),
+            gauge("max", "vllm:kv_cache_usage_perc", DECODE, 112.0),
+            gauge("max", "vllm:gpu_cache_usage_perc", DECODE, 112.0),
+            gauge("max", "vllm_kv_cache_usage_perc", DECODE, 112.0),
+            gauge("max", "vllm_gpu_cache_usage_perc", DECODE, 112.0),
         ]
     );
     // 10 signals, 28 names in all, per role.
@@ -235,7 +241,12 @@ async fn missing_series_read_zero_after_all_fallbacks_and_are_recorded_missing()
 async fn fallback_name_with_data_is_used() {
     let fake = FakeProm::start(|req: &Req| {
         let body = if req.query()
-            == r#"sum(vllm_num_requests_waiting{job="vllm-aggregate",pod=~"m.*"})"# {
+            == gauge(
+                "sum",
+                "vllm_num_requests_waiting",
+                r#"{job="vllm-aggregate",pod=~"m.*"}"#,
+                12.0,
+            ) {
             matrix(&[(1.0, "7")])
         } else {
             empty(req)
@@ -290,8 +301,13 @@ async fn custom_selector_and_auth_headers_are_sent() {
     );
     let _ = source.stage_signals(100.0, 160.0, Default::default()).await;
     let reqs = fake.requests();
-    assert!(reqs.iter().any(|r| r.query()
-        == r#"sum(vllm:num_requests_waiting{namespace="ns",pod=~"isvc-predictor-.*"})"#));
+    let waiting = gauge(
+        "sum",
+        "vllm:num_requests_waiting",
+        r#"{namespace="ns",pod=~"isvc-predictor-.*"}"#,
+        112.0,
+    );
+    assert!(reqs.iter().any(|r| r.query() == waiting));
     // Prometheus is told the per-query timeout too (default 10 s).
     assert!(reqs.iter().all(|r| r.params["timeout"] == "10.000"));
     assert!(

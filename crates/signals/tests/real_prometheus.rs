@@ -208,6 +208,81 @@ async fn prometheus_and_scrape_sources_agree_idle_and_overloaded() {
     drop(prom);
 }
 
+/// The raw samples Prometheus holds of `series` over the last 30 s:
+/// (time, value), oldest first.
+async fn samples(prom: &PrometheusServer, series: &str) -> Vec<(f64, f64)> {
+    let result = prom.query(&format!("{series}[30s]")).await.unwrap();
+    result[0]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_f64().unwrap(),
+                p[1].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A short stage that starts right after a congested one (between
+/// Prometheus' last congested sample and its first idle one) reads what
+/// happened in it, not the congested stage's tail through the query's
+/// lookback: the boundary of a capacity search stepping down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_right_after_a_congested_one_reads_only_its_own_samples() {
+    let exporter = Arc::new(Exporter::start(Engine::new()).await);
+    let overloaded = Arc::new(AtomicBool::new(true));
+    drive(
+        vec![(exporter.clone(), Kind::Aggregate)],
+        overloaded.clone(),
+    );
+    let prom = PrometheusServer::start(&[
+        ScrapeJob::new("vllm-aggregate").target(exporter.addr, &[("pod", "agg-0")])
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let kv = r#"vllm:kv_cache_usage_perc{pod="agg-0"}"#;
+    prom.wait_for_series(kv, Duration::from_secs(30))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    overloaded.store(false, Ordering::SeqCst);
+    // Until Prometheus holds an idle sample after the congested ones.
+    let (busy, idle) =
+        nyann_testkit::wait_until("an idle sample", Duration::from_secs(30), || async {
+            let held = samples(&prom, kv).await;
+            let last_busy = held.iter().rposition(|&(_, v)| v > 0.9)?;
+            let first_idle = held.get(last_busy + 1)?;
+            Some((held[last_busy].0, first_idle.0))
+        })
+        .await
+        .unwrap();
+    // 4 s: too short for a steady window, the whole stage is read.
+    let start = (busy + idle) / 2.0;
+    let end = start + 4.0;
+    while now() < end + 2.0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let source = source(SignalOptions {
+        prometheus_url: Some(prom.url()),
+        selectors: vec![r#"aggregate={pod="agg-0"}"#.into()],
+        ..Default::default()
+    })
+    .await;
+    let signals = source.stage_signals(start, end, Default::default()).await;
+    assert!(signals.errors.is_empty(), "{:?}", signals.errors);
+    let role = &signals.roles[0];
+    assert_eq!(
+        role.kv_cache_usage_max, 0.1,
+        "{role:?} (samples at {busy} and {idle})"
+    );
+    assert_eq!(role.waiting_requests_p50, 0.0, "{role:?}");
+    assert_eq!(role.preemptions, 0.0, "{role:?}");
+    assert!(!congested(&signals.roles));
+    drop(prom);
+}
+
 /// Prometheus serving its API over https with a private CA's certificate
 /// and requiring client certificates (mutual TLS): with the CA trusted
 /// (`--ca-cert`) and the client certificate, the preflight and a stage read
