@@ -1143,6 +1143,42 @@ async fn zero_workers_are_refused() {
     assert!(stderr.contains("0 workers cannot run anything"), "{stderr}");
 }
 
+/// A capacity search does not run in a fleet yet: the leader refuses it
+/// before it waits for anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_search_is_refused_in_a_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sweep.star");
+    std::fs::write(
+        &config,
+        r#"scenario(stages = until_congested([stage("1s", concurrency=c) for c in [4, 8]], refine=2, waiting_requests_p50=8, ttft_p99="1s"))"#,
+    )
+    .unwrap();
+    let out = nyann_bench()
+        .args(["generate", "--workers", "2", "--worker-index", "0"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("run"))
+        .args([
+            "--target",
+            "http://127.0.0.1:9/v1",
+            "--coordinator-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "refine= (the capacity search after a sweep stops) does not run with --workers yet"
+        ),
+        "{stderr}"
+    );
+}
+
 /// The policy judges the level that ran: after worker 2 leaves in a plain
 /// stage, the judged stage (3 streams, at most 20 requests, configured)
 /// ran 2 streams and 7 + 7 requests, and a policy that fails unless it is

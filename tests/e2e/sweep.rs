@@ -332,6 +332,45 @@ async fn trapping_policy_is_recorded_and_fails_open_unless_told_to_stop() {
     );
 }
 
+/// `refine=3`: after the sweep stops at c=32, three more stages between
+/// c=8 (clean) and c=32, each judged like the sweep's; the first, c=20, is
+/// past the simulator's knee (~12-16) by far. Where the search ends inside
+/// 8..20 depends on the stages near the knee, so the bounds are checked,
+/// not their exact values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_sweep_searches_its_capacity_with_refine() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let scenario = sweep(&[8, 32, 128], &format!("{STOPS_AT_16}, refine=3"));
+    let run = generate(&sim, &scenario, &scrape_flags(&sim)).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(1), "{}", run.stderr());
+    assert_eq!(run.status(2), "skipped");
+    let stages = run.stages();
+    assert_eq!(stages.len(), 6, "{}", run.stderr());
+    for (index, stage) in stages.iter().enumerate().skip(3) {
+        assert_eq!(stage["index"], index);
+        assert_eq!(stage["search"]["refines"], 1);
+        assert_eq!(run.status(index), "measured");
+        assert!(run.congestion(index)["verdict"].is_object());
+    }
+    assert_eq!(run.stage(3)["concurrency"], 20);
+    assert!(run.congested(3), "{}", run.congestion(3));
+    let capacity = &run.summary["conclusion"]["sweeps"][0]["capacity"];
+    let level = |which: &str| capacity[which]["concurrency"].as_u64().unwrap();
+    let (clean, congested) = (level("clean"), level("congested"));
+    assert!(
+        8 <= clean && clean < congested && congested <= 20,
+        "{capacity}"
+    );
+    assert_eq!(capacity["stages"].as_array().unwrap().len(), 3);
+    let line = format!(
+        "capacity: concurrency={clean} not congested, concurrency={congested} congested (3 search stages, "
+    );
+    assert!(run.stderr().contains(&line), "{}", run.stderr());
+    crate::support::validate_against_schema(run.dir());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_mode_records_every_verdict_and_never_stops() {
     let _serial = serial().await;

@@ -35,6 +35,35 @@ pub struct SweepConclusion {
     /// When the sweep's first stage was congested: a level to start from
     /// instead (a quarter of that stage's).
     pub suggested_start: Option<Level>,
+    /// What the capacity search after the stop found (`refine=`); absent
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
+}
+
+/// The capacity a search found between a sweep's levels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Capacity {
+    /// The highest level judged not congested (a search stage's, or the
+    /// sweep's knee); absent when every level tried was congested.
+    pub clean: Option<StageRef>,
+    /// The lowest level judged congested.
+    pub congested: StageRef,
+    /// How far apart the two levels are (streams, or requests/s): the
+    /// resolution the search reached.
+    pub gap: Option<f64>,
+    /// The search's stages, in the order they ran.
+    pub stages: Vec<SearchedLevel>,
+    /// Seconds of load the search sent.
+    pub seconds: f64,
+}
+
+/// One stage of a capacity search and its verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SearchedLevel {
+    #[serde(flatten)]
+    pub stage: StageRef,
+    pub congested: bool,
 }
 
 /// A stage of the run.
@@ -100,6 +129,13 @@ impl Level {
     }
 }
 
+impl Level {
+    /// The concurrency, else the rate, as a number.
+    fn value(&self) -> f64 {
+        self.concurrency.map(f64::from).or(self.rate).unwrap_or(0.0)
+    }
+}
+
 impl std::fmt::Display for Level {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.concurrency, self.rate) {
@@ -117,6 +153,48 @@ impl StageRef {
             label: stage.label.clone(),
             level: Level::of(stage),
         }
+    }
+}
+
+impl SweepConclusion {
+    /// Adds a measured search stage (after the sweep's stages, which set
+    /// its first bounds).
+    fn searched(&mut self, stage: &StageResult, record: &CongestionRecord) {
+        let Some(first) = self.congested.clone() else {
+            return;
+        };
+        let knee = self.knee.as_ref().map(|k| k.stage.clone());
+        let capacity = self.capacity.get_or_insert_with(|| Capacity {
+            clean: knee,
+            congested: first,
+            gap: None,
+            stages: Vec::new(),
+            seconds: 0.0,
+        });
+        let at = StageRef::of(stage);
+        let congested = record.congested();
+        let level = at.level.value();
+        if congested && level < capacity.congested.level.value() {
+            capacity.congested = at.clone();
+        } else if !congested
+            && capacity
+                .clean
+                .as_ref()
+                .is_none_or(|clean| level > clean.level.value())
+        {
+            capacity.clean = Some(at.clone());
+        }
+        capacity.gap = capacity
+            .clean
+            .as_ref()
+            .map(|clean| capacity.congested.level.value() - clean.level.value());
+        if let (Some(start), Some(end)) = (stage.start_unix, stage.end_unix) {
+            capacity.seconds += end - start;
+        }
+        capacity.stages.push(SearchedLevel {
+            stage: at,
+            congested,
+        });
     }
 }
 
@@ -138,11 +216,18 @@ impl Conclusion {
                         congested: None,
                         knee: None,
                         suggested_start: None,
+                        capacity: None,
                     });
                     sweeps.len() - 1
                 }
             };
             let sweep = &mut sweeps[position];
+            if stage.search.is_some() {
+                if stage.status == StageStatus::Measured {
+                    sweep.searched(stage, record);
+                }
+                continue;
+            }
             if sweep.congested.is_some() || stage.status != StageStatus::Measured {
                 continue;
             }
@@ -219,6 +304,28 @@ impl Conclusion {
                     );
                 }
                 _ => {}
+            }
+            if let Some(capacity) = &sweep.capacity {
+                let searched = format!(
+                    "{} search stage{}, {} of load",
+                    capacity.stages.len(),
+                    if capacity.stages.len() == 1 { "" } else { "s" },
+                    humantime::format_duration(std::time::Duration::from_secs_f64(
+                        capacity.seconds.max(0.0).round()
+                    ))
+                );
+                let _ = match &capacity.clean {
+                    Some(clean) => writeln!(
+                        out,
+                        "{prefix}capacity: {} not congested, {} congested ({searched})",
+                        clean.level, capacity.congested.level
+                    ),
+                    None => writeln!(
+                        out,
+                        "{prefix}capacity: not found: congested down to {} ({searched})",
+                        capacity.congested.level
+                    ),
+                };
             }
         }
         let lost = &self.load_not_sent;
@@ -348,6 +455,7 @@ mod tests {
             skip_reason: None,
             check_interrupted: false,
             degraded: None,
+            search: None,
         }
     }
 

@@ -250,7 +250,10 @@ impl CongestionCheck {
                 }
             }
         };
-        record.stopped = matches!(outcome.decision, HookDecision::Stop { .. });
+        // A search stage found congested bounds the search; its sweep had
+        // stopped already.
+        record.stopped =
+            matches!(outcome.decision, HookDecision::Stop { .. }) && done.refines.is_none();
         record.check_seconds = started.elapsed().as_secs_f64();
         outcome.with_annotation(Judged { congestion: record })
     }
@@ -260,7 +263,9 @@ impl StageHook for CongestionCheck {
     type Annotation = Judged;
 
     async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {
-        match self.stops.get(&done.index).cloned() {
+        // A capacity-search stage is judged by the stop condition of the
+        // sweep stage it refines.
+        match self.stops.get(&done.refines.unwrap_or(done.index)).cloned() {
             Some(stop) => self.judge(done, &stop).await,
             None => HookOutcome::proceed(),
         }

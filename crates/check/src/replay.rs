@@ -214,6 +214,7 @@ pub fn replay(
                     params: given.clone(),
                     location: None,
                     param_locations: Vec::new(),
+                    search: None,
                 };
                 let params = policy.check_params(&stop).map_err(|source| {
                     let recorded = if stage.policy.0 != policy.name() {

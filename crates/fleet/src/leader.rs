@@ -1089,6 +1089,8 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
             detail: &detail,
             stats: &merged,
             history: done.history,
+            // A fleet refuses capacity searches before it starts.
+            refines: None,
         };
         let outcome = self.inner.after_stage(&fleet_stage).await;
         let stop = match &outcome.decision {

@@ -42,6 +42,9 @@ pub struct FinishedStage<'a, A = serde_json::Value> {
     pub stats: &'a StageAccumulator,
     /// Results of the earlier steps, in order.
     pub history: &'a [StageResult<A>],
+    /// A capacity-search stage (`index` past the scenario's steps): the
+    /// sweep stage whose stop condition judges it.
+    pub refines: Option<usize>,
 }
 
 /// Whether the sweep goes on.

@@ -60,6 +60,18 @@ pub struct StageResult<A = serde_json::Value> {
     /// and `rate` above are the level that ran, this the configured one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<DegradedStage>,
+    /// A stage of the capacity search after its sweep stopped (`refine=`),
+    /// numbered after the scenario's steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchStage>,
+}
+
+/// What a capacity-search stage refines.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SearchStage {
+    /// The sweep's congested stage (its index): the search stage is shaped
+    /// like it and judged by its stop condition.
+    pub refines: usize,
 }
 
 /// A stage that ran at a lower level than configured (a worker of a fleet
@@ -96,6 +108,7 @@ impl<A> StageResult<A> {
             skip_reason: self.skip_reason,
             check_interrupted: self.check_interrupted,
             degraded: self.degraded,
+            search: self.search,
         }
     }
 }

@@ -259,3 +259,116 @@ async fn max_requests_ends_the_stage_early() {
     );
     assert_eq!(result.stages[0].client.as_ref().unwrap().requests_ok, 7);
 }
+
+/// Judges a stage congested from level `knee` up, and remembers what it
+/// was shown: (index, level, the stage it refines).
+struct Knee {
+    knee: u32,
+    seen: Vec<(usize, u32, Option<usize>)>,
+}
+
+impl StageHook for Knee {
+    type Annotation = serde_json::Value;
+    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+        let level = done.stage.concurrency.unwrap_or(0);
+        self.seen.push((done.index, level, done.refines));
+        if level >= self.knee {
+            HookOutcome::stop(format!("c={level} >= {}", self.knee))
+        } else {
+            HookOutcome::proceed()
+        }
+    }
+}
+
+/// A sweep of `levels` (0.3 s each) with `refine` search stages.
+fn refined_sweep(levels: &[u32], refine: u32) -> nyann_model::Scenario {
+    let stop = nyann_model::StopCondition {
+        params: Vec::new(),
+        location: None,
+        param_locations: Vec::new(),
+        search: Some(nyann_model::CapacitySearch {
+            stages: refine,
+            resolution: None,
+        }),
+    };
+    let steps = levels
+        .iter()
+        .map(|&c| {
+            Step::Stage(Stage {
+                concurrency: Some(c),
+                stop: Some(stop.clone()),
+                ..Stage::new(0.3, Mode::Concurrent)
+            })
+        })
+        .collect();
+    scenario(steps)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_sweep_searches_its_capacity_between_the_levels() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut hook = Knee {
+        knee: 23,
+        seen: Vec::new(),
+    };
+    let sc = refined_sweep(&[8, 32, 128], 4);
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+    // The sweep stopped at c=32 (c=128 skipped), then bisected 8..32.
+    assert_eq!(
+        result.outcome,
+        RunOutcome::Stopped {
+            stage: 1,
+            reason: "stopped after stage #1 c=32: c=32 >= 23".into()
+        }
+    );
+    assert_eq!(
+        hook.seen,
+        [
+            (0, 8, None),
+            (1, 32, None),
+            (3, 20, Some(1)),
+            (4, 26, Some(1)),
+            (5, 23, Some(1)),
+            (6, 21, Some(1)),
+        ]
+    );
+    let stages = &result.stages;
+    assert_eq!(stages.len(), 7);
+    assert_eq!(stages[2].status, StageStatus::Skipped);
+    for (position, stage) in stages.iter().enumerate() {
+        assert_eq!(stage.index, position, "{stage:?}");
+    }
+    for search in &stages[3..] {
+        assert_eq!(search.status, StageStatus::Measured);
+        assert_eq!(search.search, Some(nyann_load::SearchStage { refines: 1 }));
+        assert!(search.client.as_ref().unwrap().requests_ok > 0);
+    }
+    // The search stages' requests are recorded under their own index.
+    let recs = records(dir.path());
+    for index in 3..7 {
+        assert!(
+            recs.iter()
+                .any(|r| r.stage == index && r.phase == Phase::Measured)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_congested_first_stage_searches_down() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut hook = Knee {
+        knee: 23,
+        seen: Vec::new(),
+    };
+    let sc = refined_sweep(&[128, 256], 4);
+    let result = nyann_load::run(&sc, options(&server, dir.path()), &mut hook)
+        .await
+        .unwrap();
+    let levels: Vec<u32> = hook.seen.iter().map(|s| s.1).collect();
+    assert_eq!(levels, [128, 64, 32, 16, 24]);
+    assert_eq!(result.stages.len(), 6);
+}

@@ -30,6 +30,6 @@ pub use observation::{
     SweepRef, Verdict,
 };
 pub use scenario::{
-    CacheSalt, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition, Value, Workload,
-    WorkloadType,
+    CacheSalt, CapacitySearch, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition,
+    Value, Workload, WorkloadType,
 };

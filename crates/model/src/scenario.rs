@@ -21,6 +21,16 @@ pub struct Scenario {
     pub steps: Vec<Step>,
 }
 
+impl Scenario {
+    /// Whether a sweep searches its capacity after it stops (`refine=`).
+    pub fn searches_capacity(&self) -> bool {
+        self.steps.iter().any(|step| match step {
+            Step::Stage(stage) => stage.stop.as_ref().is_some_and(|s| s.search.is_some()),
+            Step::Barrier { .. } => false,
+        })
+    }
+}
+
 /// One entry of the run, in order.
 // A scenario holds at most 10,000 steps: boxing `Stage` would save little
 // memory and cost every producer and consumer a layer of indirection.
@@ -115,6 +125,26 @@ pub struct StopCondition {
     /// (empty when unknown: `**kwargs`, or an IR file written without them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub param_locations: Vec<Option<SourceLocation>>,
+    /// `refine=N` of `until_congested(...)` (a keyword of the call, never a
+    /// policy parameter): the capacity search after the sweep stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<CapacitySearch>,
+}
+
+/// The capacity search after a sweep stops: more stages between the last
+/// level judged not congested and the first judged congested (halving
+/// downwards when the first stage was congested), each shaped like the
+/// congested stage and judged by the same policy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacitySearch {
+    /// Most search stages (`refine=N`).
+    pub stages: u32,
+    /// The search ends when the two bounds are this close (`resolution=`):
+    /// in streams for a concurrency sweep (default 1: adjacent levels), in
+    /// requests/s for a rate sweep (default 5% of the congested rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<f64>,
 }
 
 impl StopCondition {

@@ -172,6 +172,7 @@ fn main() {
             ],
             location: None,
             param_locations: Vec::new(),
+            search: None,
         })
         .unwrap();
     let (p50, p99) = judge_latency(&builtin, &params, 2000);
@@ -196,6 +197,7 @@ fn main() {
             }],
             location: None,
             param_locations: Vec::new(),
+            search: None,
         })
         .unwrap();
     let (p50, p99) = judge_latency(&slo, &slo_params, 2000);

@@ -360,6 +360,7 @@ mod tests {
             skip_reason: None,
             check_interrupted: false,
             degraded: None,
+            search: None,
         }
     }
 

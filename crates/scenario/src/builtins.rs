@@ -14,8 +14,8 @@ use std::fmt;
 use std::num::NonZeroI32;
 
 use nyann_model::{
-    CacheSalt, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition, Workload,
-    WorkloadType,
+    CacheSalt, CapacitySearch, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition,
+    Workload, WorkloadType,
 };
 use starlark::collections::SmallMap;
 use starlark::environment::GlobalsBuilder;
@@ -295,6 +295,53 @@ impl Args {
     }
 }
 
+/// The keywords of `until_congested(...)` that are its own, not the
+/// policy's.
+const SEARCH_KEYWORDS: [&str; 2] = ["refine", "resolution"];
+
+/// Most stages a capacity search may add after a sweep (`refine=`).
+pub const MAX_REFINE: i64 = 64;
+
+/// `refine=N, resolution=R` of `until_congested(...)`.
+fn capacity_search(
+    refine: Option<&Value>,
+    resolution: Option<&Value>,
+) -> Result<Option<CapacitySearch>, Vec<String>> {
+    let mut a = Args::new("until_congested");
+    let stages = refine.and_then(|&v| {
+        let expected = format!("an integer from 1 to {MAX_REFINE} (stages of the capacity search)");
+        a.int("refine", v, 1, MAX_REFINE, &expected)
+    });
+    let resolution = resolution.and_then(|&v| {
+        let r = a.number(
+            "resolution",
+            v,
+            "a number > 0 (how close the search's bounds must come)",
+        )?;
+        if !(r.is_finite() && r > 0.0) {
+            a.problem(format!(
+                "resolution must be a number > 0, got {}",
+                v.to_repr()
+            ));
+            return None;
+        }
+        Some(r)
+    });
+    if resolution.is_some() && refine.is_none() {
+        a.problem(
+            "resolution is the precision of a capacity search: give refine=N too (the search's most stages)"
+                .into(),
+        );
+    }
+    if !a.problems.is_empty() {
+        return Err(a.problems);
+    }
+    Ok(stages.map(|stages| CapacitySearch {
+        stages: stages as u32,
+        resolution,
+    }))
+}
+
 /// Stage and barrier values in a list or tuple, as IR steps. `func` names the
 /// caller for messages.
 fn list_items<'v>(func: &str, v: Value<'v>) -> Result<&'v [Value<'v>], String> {
@@ -561,9 +608,12 @@ fn stage_builtins(builder: &mut GlobalsBuilder) {
 /// Sweeps that stop on congestion.
 #[starlark_module]
 fn sweep_builtins(builder: &mut GlobalsBuilder) {
-    /// `until_congested(stages, **params)`: a copy of `stages` in which every
-    /// stage stops the sweep once the active congestion policy judges it
-    /// congested. The keyword parameters go to that policy as written.
+    /// `until_congested(stages, refine=None, resolution=None, **params)`: a
+    /// copy of `stages` in which every stage stops the sweep once the active
+    /// congestion policy judges it congested. `refine=N` then searches the
+    /// capacity between the last clean level and the congested one with at
+    /// most N more stages, until the bounds are `resolution` apart. The other
+    /// keyword parameters go to that policy as written.
     fn until_congested<'v>(
         stages: Value<'v>,
         #[starlark(kwargs)] params: SmallMap<String, Value<'v>>,
@@ -572,7 +622,18 @@ fn sweep_builtins(builder: &mut GlobalsBuilder) {
         let location = call_location(eval);
         let mut problems = Vec::new();
         let mut typed = Vec::with_capacity(params.len());
+        let search = capacity_search(params.get("refine"), params.get("resolution"));
+        let search = match search {
+            Ok(search) => search,
+            Err(errors) => {
+                problems.extend(errors);
+                None
+            }
+        };
         for (name, v) in &params {
+            if SEARCH_KEYWORDS.contains(&name.as_str()) {
+                continue;
+            }
             match param_value(*v) {
                 Ok(value) => typed.push(Param {
                     name: name.clone(),
@@ -596,6 +657,7 @@ fn sweep_builtins(builder: &mut GlobalsBuilder) {
             params: typed,
             location: location.clone(),
             param_locations,
+            search,
         };
         let sweeps = &state(eval)?.sweeps;
         let sweep = sweeps.get();

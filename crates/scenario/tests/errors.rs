@@ -364,6 +364,28 @@ fn until_congested_arguments() {
         &["parameter limits must be a number, a string or a bool, got list [1, 2]"],
     );
     assert_error(
+        "until_congested([stage(\"1m\")], refine = 0)",
+        1,
+        &[
+            "until_congested(): refine must be an integer from 1 to 64 (stages of the capacity search), got 0",
+        ],
+    );
+    assert_error(
+        "until_congested([stage(\"1m\")], refine = \"4\")",
+        1,
+        &["refine must be an integer from 1 to 64"],
+    );
+    assert_error(
+        "until_congested([stage(\"1m\")], refine = 2, resolution = 0)",
+        1,
+        &["resolution must be a number > 0, got 0"],
+    );
+    assert_error(
+        "until_congested([stage(\"1m\")], resolution = 2)",
+        1,
+        &["resolution is the precision of a capacity search: give refine=N too"],
+    );
+    assert_error(
         "s = until_congested([stage(\"1m\")], a = 1)\nt = until_congested(s, b = 2)",
         2,
         &["stages[0] already has a stop condition (from until_congested() at t.star:1:5)"],

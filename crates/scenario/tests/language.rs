@@ -333,6 +333,33 @@ scenario(stages = warm + sweep)
     assert_eq!(all[3].name.as_deref(), Some("c=64"));
 }
 
+/// `refine` and `resolution` are the call's own keywords: they set the
+/// capacity search and never reach the policy's parameters.
+#[test]
+fn refine_sets_the_capacity_search_not_a_policy_parameter() {
+    let s = compile(
+        r#"scenario(stages = until_congested([stage("1m", concurrency = c) for c in [8, 32, 128]], refine = 4, ttft_p99 = "1s"))"#,
+    );
+    for stage in stages(&s) {
+        let stop = stage.stop.as_ref().unwrap();
+        assert_eq!(stop.params, vec![text("ttft_p99", "1s")]);
+        assert_eq!(
+            stop.search,
+            Some(nyann_model::CapacitySearch {
+                stages: 4,
+                resolution: None
+            })
+        );
+    }
+    let s = compile(
+        r#"scenario(stages = until_congested([stage("1m", rate = r, mode = "constant") for r in [10, 40]], refine = 3, resolution = 2.5))"#,
+    );
+    let search = stages(&s)[0].stop.as_ref().unwrap().search;
+    assert_eq!(search.and_then(|s| s.resolution), Some(2.5));
+    let plain = compile(r#"scenario(stages = until_congested([stage("1m")], a = 1))"#);
+    assert_eq!(stages(&plain)[0].stop.as_ref().unwrap().search, None);
+}
+
 #[test]
 fn print_goes_to_stderr_and_does_not_break_compilation() {
     let s = compile("print('building')\nscenario(stages = [stage(1)])");

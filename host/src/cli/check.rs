@@ -171,6 +171,12 @@ pub async fn prepare(
         }
         return Ok(None);
     }
+    if policy_args.policy_mode == ModeArg::Monitor && scenario.searches_capacity() {
+        tracing::warn!(
+            "refine= has no effect with --policy-mode monitor: no sweep stops, so no capacity \
+             is searched (every stage is run and judged instead)"
+        );
+    }
     // Its errors name the policy already ("cannot load policy X: ...").
     let policy = policy_args.load()?;
     let source = SignalSource::from_options(signal_options)

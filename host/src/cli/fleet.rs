@@ -121,6 +121,12 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let fleet = &args.fleet;
     let (scenario, source) = load_scenario(args)?;
+    if scenario.searches_capacity() {
+        bail!(
+            "refine= (the capacity search after a sweep stops) does not run with --workers yet: \
+             run the sweep in one process, or drop refine="
+        );
+    }
     // A stage that cannot be divided is refused before anyone waits.
     for i in 0..fleet.workers {
         scenario_share(&scenario, fleet.workers, i)?;

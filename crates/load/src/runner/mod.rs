@@ -44,6 +44,7 @@ mod load;
 mod pool;
 mod prepare;
 mod results;
+mod search;
 mod state;
 mod steps;
 mod sweeps;
@@ -174,6 +175,7 @@ pub async fn run<H: StageHook>(
             client,
             sink,
             settings: prepared.per_step,
+            search_slots: search::slots(scenario),
             max_consecutive_errors: options.max_consecutive_errors,
             halt: options.interrupt.child_token(),
             live: options.live.clone(),
@@ -194,6 +196,8 @@ pub async fn run<H: StageHook>(
             shared.halted_reason(&options.interrupt),
         ));
     }
+    // The capacity searches' stages follow the steps, numbered on.
+    stages.extend(ran.searched);
     let measured_seconds =
         ran.measured_seconds + results::late_statistics(&mut stages, ran.interrupted, &shared);
     let outcome = results::outcome(&options.interrupt, &shared, ran.stops);

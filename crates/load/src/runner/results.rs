@@ -44,6 +44,7 @@ pub(super) fn barrier<A>(index: usize, drain: bool) -> StageResult<A> {
         skip_reason: None,
         check_interrupted: false,
         degraded: None,
+        search: None,
     }
 }
 
@@ -73,6 +74,7 @@ pub(super) fn stage_result<A>(
         skip_reason: None,
         check_interrupted: false,
         degraded: None,
+        search: None,
     }
 }
 
@@ -172,6 +174,7 @@ mod tests {
                 params: Vec::new(),
                 location: None,
                 param_locations: Vec::new(),
+                search: None,
             }),
             sweep: 1,
             ..nyann_model::Stage::new(2.0, nyann_model::Mode::Concurrent)

@@ -150,10 +150,14 @@ pub(super) struct Current {
     pub(super) stopped: bool,
     /// The conversation pool of the running `conversation_pool` stage.
     pub(super) pool: Option<Arc<Pool>>,
-    /// Requests sent per step (for max_requests).
+    /// Requests sent per stage (for max_requests): the steps', then the
+    /// capacity-search stages'.
     sent: Vec<u64>,
-    /// `max_requests` per step (0 = no limit).
+    /// `max_requests` per stage (0 = no limit).
     max_requests: Vec<u64>,
+    /// What the requests of each stage are (workload, target, model); a
+    /// search stage's are set when it starts.
+    settings: Vec<Option<Arc<StageSettings>>>,
 }
 
 /// What [`Current::count_send`] decided for one request.
@@ -166,8 +170,14 @@ pub(super) struct Counted {
 }
 
 impl Current {
-    pub(super) fn new(scenario: &Scenario) -> Self {
-        let max_requests: Vec<u64> = scenario
+    /// The steps of `scenario` with their `settings`, then `search_slots`
+    /// stages for capacity searches.
+    pub(super) fn new(
+        scenario: &Scenario,
+        mut settings: Vec<Option<Arc<StageSettings>>>,
+        search_slots: usize,
+    ) -> Self {
+        let mut max_requests: Vec<u64> = scenario
             .steps
             .iter()
             .map(|s| match s {
@@ -175,13 +185,28 @@ impl Current {
                 Step::Barrier { .. } => 0,
             })
             .collect();
+        let stages = max_requests.len() + search_slots;
+        max_requests.resize(stages, 0);
+        settings.resize(stages, None);
         Current {
             stage: 0,
             phase: Phase::Hold,
             stopped: true,
             pool: None,
-            sent: vec![0; max_requests.len()],
+            sent: vec![0; stages],
             max_requests,
+            settings,
+        }
+    }
+
+    /// Search stage `slot` sends what stage `like` sent, up to `max_requests`.
+    pub(super) fn prepare_search(&mut self, slot: usize, like: usize, max_requests: u64) {
+        let settings = self.settings.get(like).cloned().flatten();
+        if let (Some(to), Some(max)) =
+            (self.settings.get_mut(slot), self.max_requests.get_mut(slot))
+        {
+            *to = settings;
+            *max = max_requests;
         }
     }
 
@@ -226,8 +251,8 @@ pub(super) struct Shared {
     pub(super) client: Client,
     pub(super) sink: RecordSink,
     pub(super) clock: Clock,
+    /// Per stage: the steps', then the capacity-search stages'.
     pub(super) slots: Vec<Slot>,
-    settings: Vec<Option<Arc<StageSettings>>>,
     pub(super) current: Mutex<Current>,
     pub(super) inflight: Counter,
     next_id: AtomicU64,
@@ -252,6 +277,8 @@ pub(super) struct SharedParts {
     pub(super) client: Client,
     pub(super) sink: RecordSink,
     pub(super) settings: Vec<Option<Arc<StageSettings>>>,
+    /// Stages capacity searches may add after the steps.
+    pub(super) search_slots: usize,
     pub(super) max_consecutive_errors: u32,
     pub(super) halt: CancellationToken,
     pub(super) live: Option<Arc<Live>>,
@@ -267,11 +294,10 @@ impl Shared {
             client: parts.client,
             sink: parts.sink,
             clock: Clock::now(),
-            slots: (0..scenario.steps.len())
+            slots: (0..scenario.steps.len() + parts.search_slots)
                 .map(|_| Slot::new(&abandon))
                 .collect(),
-            settings: parts.settings,
-            current: Mutex::new(Current::new(scenario)),
+            current: Mutex::new(Current::new(scenario, parts.settings, parts.search_slots)),
             inflight: Counter::default(),
             next_id: AtomicU64::new(parts.first_id),
             next_conversation: AtomicU64::new(parts.first_id),
@@ -298,7 +324,7 @@ impl Shared {
             return None;
         }
         let stage = cur.stage;
-        let settings = self.settings.get(stage)?.clone()?;
+        let settings = cur.settings.get(stage)?.clone()?;
         let counted = cur.count_send();
         if counted.reached_limit {
             self.slots[stage].limit_reached.notify_one();
@@ -448,7 +474,7 @@ mod tests {
 
     #[test]
     fn max_requests_ends_the_stage_at_its_last_request_and_holds_beyond() {
-        let mut cur = Current::new(&scenario(2));
+        let mut cur = Current::new(&scenario(2), Vec::new(), 0);
         cur.phase = Phase::Measured;
         let first = cur.count_send();
         assert_eq!((first.phase, first.reached_limit), (Phase::Measured, false));
@@ -463,7 +489,7 @@ mod tests {
 
     #[test]
     fn held_requests_count_toward_no_stage() {
-        let mut cur = Current::new(&scenario(1));
+        let mut cur = Current::new(&scenario(1), Vec::new(), 0);
         assert_eq!(cur.count_send().phase, Phase::Hold);
         cur.phase = Phase::Warmup;
         let first = cur.count_send();
@@ -472,7 +498,7 @@ mod tests {
 
     #[test]
     fn without_max_requests_a_stage_never_reaches_a_limit() {
-        let mut cur = Current::new(&scenario(0));
+        let mut cur = Current::new(&scenario(0), Vec::new(), 0);
         cur.phase = Phase::Measured;
         for _ in 0..1000 {
             assert_eq!(

@@ -5,15 +5,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nyann_model::{ClientStats, Scenario, Stage, Step};
+use nyann_model::{CapacitySearch, ClientStats, Scenario, Stage, Step};
 
 use crate::hook::{FinishedStage, HookDecision, StageHook};
 use crate::lock;
 use crate::record::Phase;
+use crate::result::SearchStage;
 use crate::result::{StageResult, StageStatus};
 use crate::runner::RunOptions;
 use crate::runner::load::Load;
 use crate::runner::results::{barrier, skipped, stage_result};
+use crate::runner::search::{Bounds, level};
 use crate::runner::secs;
 use crate::runner::state::Shared;
 use crate::runner::sweeps::Stops;
@@ -28,6 +30,19 @@ pub(super) struct Ran<A> {
     pub(super) interrupted: Option<usize>,
     /// Seconds of measured stages whose statistics are complete.
     pub(super) measured_seconds: f64,
+    /// The capacity searches' stages, in the order they ran.
+    pub(super) searched: Vec<StageResult<A>>,
+}
+
+/// How a stage ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StageEnd {
+    /// The hook let the run go on (or the stage was not judged).
+    Clean,
+    /// The hook stopped the stage's sweep.
+    Congested,
+    /// The run was halted during the stage (recorded interrupted).
+    Halted,
 }
 
 /// Runs `fut` unless the run is halted first (then `None`).
@@ -58,7 +73,9 @@ pub(super) async fn run_steps<H: StageHook>(
             stops: Stops::default(),
             interrupted: None,
             measured_seconds: 0.0,
+            searched: Vec::new(),
         },
+        next_slot: steps.len(),
     };
     for (index, step) in steps.iter().enumerate() {
         if shared.halt.is_cancelled() {
@@ -90,8 +107,13 @@ pub(super) async fn run_steps<H: StageHook>(
         let more = steps[index + 1..].iter().any(|later| {
             matches!(later, Step::Stage(_)) && runner.ran.stops.skips(later).is_none()
         });
-        if !runner.stage(index, stage, more).await {
-            break;
+        let search = stage.stop.as_ref().and_then(|stop| stop.search);
+        match (runner.stage(index, stage, more, None).await, search) {
+            (StageEnd::Halted, _) => break,
+            (StageEnd::Congested, Some(search)) if !runner.search(index, stage, search).await => {
+                break;
+            }
+            _ => {}
         }
     }
     runner.ran
@@ -111,6 +133,8 @@ struct Runner<'a, H: StageHook> {
     options: &'a RunOptions,
     hook: &'a mut H,
     ran: Ran<H::Annotation>,
+    /// The next capacity-search stage's index (past the steps).
+    next_slot: usize,
 }
 
 impl<H: StageHook> Runner<'_, H> {
@@ -133,17 +157,36 @@ impl<H: StageHook> Runner<'_, H> {
         self.ran.results.push(barrier(index, drain));
     }
 
-    /// One stage, from its start to the hook's answer; false when the run
-    /// was halted meanwhile (the stage is recorded interrupted). `more`:
-    /// whether a later stage will run (the streams are then held, not
-    /// stopped, at the end).
-    async fn stage(&mut self, index: usize, stage: &Stage, more: bool) -> bool {
+    /// Records a stage's result: a step's, or a search stage's.
+    fn record(&mut self, result: StageResult<H::Annotation>) {
+        if result.search.is_some() {
+            self.ran.searched.push(result);
+        } else {
+            self.ran.results.push(result);
+        }
+    }
+
+    /// One stage, from its start to the hook's answer (a halted stage is
+    /// recorded interrupted). `more`: whether a later stage will run (the
+    /// streams are then held, not stopped, at the end). `refines`: a
+    /// capacity-search stage, and the sweep stage it refines.
+    async fn stage(
+        &mut self,
+        index: usize,
+        stage: &Stage,
+        more: bool,
+        refines: Option<usize>,
+    ) -> StageEnd {
         let label = stage.label(index);
         let shared = self.shared;
         let start = Instant::now();
         let finished = self.load_for_its_time(index, stage, &label, start).await;
         let end = Instant::now();
-        let result = |status| stage_result(index, stage, status, Some((start, end)), &shared.clock);
+        let result = |status| {
+            let mut result = stage_result(index, stage, status, Some((start, end)), &shared.clock);
+            result.search = refines.map(|refines| SearchStage { refines });
+            result
+        };
         // Every request sent in a measured stage has to end (or be cut,
         // late) before its statistics exist.
         let drained = finished && {
@@ -162,12 +205,12 @@ impl<H: StageHook> Runner<'_, H> {
         };
         if !drained {
             self.ran.interrupted = Some(index);
-            self.ran.results.push(result(StageStatus::Interrupted));
-            return false;
+            self.record(result(StageStatus::Interrupted));
+            return StageEnd::Halted;
         }
         if stage.warmup {
-            self.ran.results.push(result(StageStatus::Warmup));
-            return true;
+            self.record(result(StageStatus::Warmup));
+            return StageEnd::Clean;
         }
         let duration = end.duration_since(start).as_secs_f64();
         self.ran.measured_seconds += duration;
@@ -178,7 +221,7 @@ impl<H: StageHook> Runner<'_, H> {
             client,
             detail,
         };
-        self.judge(index, stage, &label, measured).await
+        self.judge(index, stage, &label, measured, refines).await
     }
 
     /// Sends stage `index`'s load from `start` for its duration, or until
@@ -221,15 +264,16 @@ impl<H: StageHook> Runner<'_, H> {
     }
 
     /// Asks the hook about a measured stage and records the stage with its
-    /// answer: its annotation, and a stop of the stage's sweep. False when
-    /// the run was halted during the check.
+    /// answer: its annotation, and a stop of the stage's sweep (a search
+    /// stage's sweep has stopped already).
     async fn judge(
         &mut self,
         index: usize,
         stage: &Stage,
         label: &str,
         measured: Measured<H::Annotation>,
-    ) -> bool {
+        refines: Option<usize>,
+    ) -> StageEnd {
         let shared = self.shared;
         let Measured {
             mut result,
@@ -247,6 +291,7 @@ impl<H: StageHook> Runner<'_, H> {
             detail: &detail,
             stats: &stats,
             history: &self.ran.results,
+            refines,
         };
         let outcome = interruptible(shared, self.hook.after_stage(&done)).await;
         result.client = Some(client);
@@ -254,24 +299,90 @@ impl<H: StageHook> Runner<'_, H> {
         let Some(outcome) = outcome else {
             tracing::warn!("stage {label}: interrupted during its check");
             result.check_interrupted = true;
-            self.ran.results.push(result);
-            return false;
+            self.record(result);
+            return StageEnd::Halted;
         };
         result.annotation = outcome.annotation;
-        self.ran.results.push(result);
-        if let HookDecision::Stop { reason } = outcome.decision {
-            let what = match stage.sweep() {
-                Some(sweep) if sweep > 0 => format!("sweep {sweep}"),
-                _ => "the sweep".to_string(),
-            };
-            tracing::info!("stage {label}: {what} stops here: {reason}");
-            self.load.stop();
-            self.ran.stops.stop(
-                index,
-                stage.sweep(),
-                format!("stopped after stage {label}: {reason}"),
-            );
+        self.record(result);
+        let HookDecision::Stop { reason } = outcome.decision else {
+            return StageEnd::Clean;
+        };
+        self.load.stop();
+        if refines.is_some() {
+            tracing::info!("search stage {label}: congested: {reason}");
+            return StageEnd::Congested;
         }
+        let what = match stage.sweep() {
+            Some(sweep) if sweep > 0 => format!("sweep {sweep}"),
+            _ => "the sweep".to_string(),
+        };
+        tracing::info!("stage {label}: {what} stops here: {reason}");
+        self.ran.stops.stop(
+            index,
+            stage.sweep(),
+            format!("stopped after stage {label}: {reason}"),
+        );
+        StageEnd::Congested
+    }
+
+    /// The capacity search after stage `index` (`stage`) stopped its sweep:
+    /// stages shaped like it between the highest level of the sweep judged
+    /// not congested and the lowest judged congested. False when the run
+    /// was halted meanwhile.
+    async fn search(&mut self, index: usize, stage: &Stage, search: CapacitySearch) -> bool {
+        let Some(congested) = level(stage) else {
+            return true;
+        };
+        let streams = stage.concurrency.is_some();
+        let clean = self
+            .ran
+            .results
+            .iter()
+            .filter(|r| r.sweep == stage.sweep() && r.status == StageStatus::Measured)
+            .filter(|r| r.index != index)
+            .filter_map(|r| r.concurrency.map(f64::from).or(r.rate))
+            .filter(|&l| l < congested)
+            .reduce(f64::max);
+        let mut bounds = Bounds::new(clean, congested, streams, search.resolution);
+        let first = self.ran.searched.len();
+        for _ in 0..search.stages {
+            let Some(level) = bounds.next() else { break };
+            let slot = self.next_slot;
+            if slot >= self.shared.slots.len() {
+                break;
+            }
+            self.next_slot += 1;
+            // The requests the previous stage left end first: this run's
+            // queue on the server is then gone, and a lower level is not
+            // judged on it.
+            self.load.stop();
+            let drain = drain_all(self.shared, self.options.drain_timeout);
+            if interruptible(self.shared, drain).await.is_none() {
+                return false;
+            }
+            let mut at = Stage {
+                name: None,
+                warmup: false,
+                ..stage.clone()
+            };
+            if streams {
+                at.concurrency = Some(level as u32);
+            } else {
+                at.rate = Some(level);
+            }
+            lock(&self.shared.current).prepare_search(slot, index, at.max_requests);
+            match self.stage(slot, &at, false, Some(index)).await {
+                StageEnd::Halted => return false,
+                end => bounds.judged(level, end == StageEnd::Congested),
+            }
+        }
+        tracing::info!(
+            "capacity search after stage {}: {} stage(s); highest level not congested {}, lowest congested {}",
+            stage.label(index),
+            self.ran.searched.len() - first,
+            bounds.clean.map_or("none".to_string(), |l| l.to_string()),
+            bounds.congested
+        );
         true
     }
 }

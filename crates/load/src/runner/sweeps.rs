@@ -58,6 +58,7 @@ mod tests {
                 params: Vec::new(),
                 location: None,
                 param_locations: Vec::new(),
+                search: None,
             }),
             sweep: sweep.unwrap_or(0),
             ..Stage::new(1.0, Mode::Concurrent)

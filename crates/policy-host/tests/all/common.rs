@@ -79,6 +79,7 @@ pub fn stop(params: &[(&str, Value)]) -> StopCondition {
             column: 13,
         }),
         param_locations: Vec::new(),
+        search: None,
     }
 }
 

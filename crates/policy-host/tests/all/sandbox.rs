@@ -43,6 +43,7 @@ async fn assert_host_healthy() {
             ],
             location: None,
             param_locations: Vec::new(),
+            search: None,
         })
         .unwrap();
     let busy = StageObservation {
@@ -486,6 +487,7 @@ fn calls_at_load_get_a_larger_budget() {
             params: mode("validate-loop"),
             location: None,
             param_locations: Vec::new(),
+            search: None,
         })
         .unwrap_err();
     assert!(
@@ -729,6 +731,7 @@ fn validate_panic_and_loop_become_parameter_errors() {
         params: mode(m),
         location: None,
         param_locations: Vec::new(),
+        search: None,
     };
     let err = hostile.check_params(&stop("validate-panic")).unwrap_err();
     assert!(

@@ -39,6 +39,7 @@ fn stage(index: usize, c: u32, status: StageStatus, rps: f64) -> StageResult {
         skip_reason: (!ran).then(|| "stopped after stage #1 c=128: congested".into()),
         check_interrupted: false,
         degraded: None,
+        search: None,
     }
 }
 
@@ -111,6 +112,7 @@ fn sweep() -> SavedRun {
         ],
         location: None,
         param_locations: Vec::new(),
+        search: None,
     };
     let scenario = Scenario {
         target: None,

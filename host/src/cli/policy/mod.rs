@@ -344,6 +344,7 @@ async fn check(policy: &Policy, mut given: Vec<Param>) -> anyhow::Result<ExitCod
         params: given,
         location: None,
         param_locations: Vec::new(),
+        search: None,
     }) {
         Ok(params) => {
             println!("  ok");
