@@ -184,8 +184,13 @@ impl StageTable {
         }
         let mut rows = vec![header];
         for (stage, record) in result.stages.iter().zip(&records) {
+            // A capacity-search stage is told apart from the sweep's grid.
+            let label = match stage.search {
+                Some(_) => format!("{} (search)", stage.label),
+                None => stage.label.clone(),
+            };
             let mut row = vec![
-                stage.label.clone(),
+                label,
                 status(stage, record.as_ref()).to_string(),
                 level(stage),
             ];
@@ -552,6 +557,23 @@ mod tests {
             ) && table.contains("use more workers or cores"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn search_stages_are_named_as_such() {
+        let search = StageResult {
+            index: 3,
+            label: "#3 c=18".into(),
+            search: Some(nyann_load::SearchStage { refines: 1 }),
+            ..measured("#3 c=18", ClientStats::default())
+        };
+        let table = stage_table(&run(
+            RunOutcome::Completed,
+            vec![measured("#0 c=4", ClientStats::default()), search],
+        ));
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].starts_with("#0 c=4 "), "{table}");
+        assert!(lines[2].starts_with("#3 c=18 (search)"), "{table}");
     }
 
     #[test]
