@@ -242,7 +242,7 @@ impl CongestionCheck {
                     }
                     OnPolicyError::Stop => {
                         tracing::error!("{message}; the sweep stops (on a policy error: stop)");
-                        HookOutcome::stop(format!(
+                        HookOutcome::stop_on_failure(format!(
                             "policy error at stage {}: {message}",
                             done.label
                         ))

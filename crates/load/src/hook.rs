@@ -63,6 +63,9 @@ pub enum HookDecision {
 pub struct HookOutcome<A = serde_json::Value> {
     pub decision: HookDecision,
     pub annotation: Option<A>,
+    /// With a stop: whether the stage's level was too much for the server
+    /// (a capacity search may follow), rather than a failure to judge it.
+    pub congested: bool,
 }
 
 impl<A> HookOutcome<A> {
@@ -71,16 +74,27 @@ impl<A> HookOutcome<A> {
         HookOutcome {
             decision: HookDecision::Continue,
             annotation: None,
+            congested: false,
         }
     }
 
-    /// Stop the sweep after this stage.
+    /// Stop the sweep after this stage: it was congested.
     pub fn stop(reason: impl Into<String>) -> Self {
         HookOutcome {
             decision: HookDecision::Stop {
                 reason: reason.into(),
             },
             annotation: None,
+            congested: true,
+        }
+    }
+
+    /// Stop the sweep after this stage because it could not be judged (a
+    /// failed policy call): no capacity is searched from it.
+    pub fn stop_on_failure(reason: impl Into<String>) -> Self {
+        HookOutcome {
+            congested: false,
+            ..HookOutcome::stop(reason)
         }
     }
 

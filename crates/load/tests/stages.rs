@@ -372,3 +372,33 @@ async fn a_congested_first_stage_searches_down() {
     assert_eq!(levels, [128, 64, 32, 16, 24]);
     assert_eq!(result.stages.len(), 6);
 }
+
+/// Stops at c=32 because it could not judge it (as a failed policy call
+/// with `--on-policy-error stop` does).
+struct FailsAt32;
+
+impl StageHook for FailsAt32 {
+    type Annotation = serde_json::Value;
+    async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {
+        if done.stage.concurrency == Some(32) {
+            HookOutcome::stop_on_failure("policy error at stage #1 c=32: trapped")
+        } else {
+            HookOutcome::proceed()
+        }
+    }
+}
+
+/// A sweep stopped by a failure to judge, not by congestion, has no
+/// capacity to search: its stop level says nothing of the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_stopped_by_a_failed_judgement_is_not_searched() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sc = refined_sweep(&[8, 32, 128], 4);
+    let result = nyann_load::run(&sc, options(&server, dir.path()), FailsAt32)
+        .await
+        .unwrap();
+    assert_eq!(result.outcome.stop_stage(), Some(1));
+    assert_eq!(result.stages.len(), 3, "{:?}", result.stages);
+    assert!(result.stages.iter().all(|s| s.search.is_none()));
+}

@@ -39,8 +39,11 @@ pub(super) struct Ran<A> {
 enum StageEnd {
     /// The hook let the run go on (or the stage was not judged).
     Clean,
-    /// The hook stopped the stage's sweep.
+    /// The hook stopped the stage's sweep: its level was too much.
     Congested,
+    /// The hook stopped the stage's sweep without judging its level (a
+    /// failed policy call): no capacity is searched from it.
+    Failed,
     /// The run was halted during the stage (recorded interrupted).
     Halted,
 }
@@ -307,10 +310,15 @@ impl<H: StageHook> Runner<'_, H> {
         let HookDecision::Stop { reason } = outcome.decision else {
             return StageEnd::Clean;
         };
+        let end = if outcome.congested {
+            StageEnd::Congested
+        } else {
+            StageEnd::Failed
+        };
         self.load.stop();
         if refines.is_some() {
-            tracing::info!("search stage {label}: congested: {reason}");
-            return StageEnd::Congested;
+            tracing::info!("search stage {label}: {reason}");
+            return end;
         }
         let what = match stage.sweep() {
             Some(sweep) if sweep > 0 => format!("sweep {sweep}"),
@@ -322,7 +330,7 @@ impl<H: StageHook> Runner<'_, H> {
             stage.sweep(),
             format!("stopped after stage {label}: {reason}"),
         );
-        StageEnd::Congested
+        end
     }
 
     /// The capacity search after stage `index` (`stage`) stopped its sweep:
@@ -373,6 +381,9 @@ impl<H: StageHook> Runner<'_, H> {
             lock(&self.shared.current).prepare_search(slot, index, at.max_requests);
             match self.stage(slot, &at, false, Some(index)).await {
                 StageEnd::Halted => return false,
+                // A level that could not be judged bounds nothing: the
+                // search ends with what it knows.
+                StageEnd::Failed => break,
                 end => bounds.judged(level, end == StageEnd::Congested),
             }
         }
