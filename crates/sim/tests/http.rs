@@ -21,7 +21,7 @@ async fn post(sim: &RunningSim, path: &str, body: Value) -> reqwest::Response {
 }
 
 async fn get_json(sim: &RunningSim, path: &str) -> Value {
-    reqwest::get(format!("http://{}{path}", sim.endpoint()))
+    nyann_testkit::get(format!("http://{}{path}", sim.endpoint()))
         .await
         .unwrap()
         .json()
@@ -288,7 +288,7 @@ async fn models_health_tokenize() {
     assert_eq!(m["data"][0]["id"], "nyann-sim");
     assert_eq!(m["data"][0]["max_model_len"], 224 * 16);
     assert_eq!(
-        reqwest::get(format!("{base}/health"))
+        nyann_testkit::get(format!("{base}/health"))
             .await
             .unwrap()
             .status(),
@@ -329,7 +329,7 @@ async fn a_profile_shows_its_limits_and_chat_template() {
     let base = format!("http://{}", sim.endpoint());
     let m = get_json(&sim, "/v1/models").await;
     assert_eq!(m["data"][0]["max_model_len"], 1024);
-    let metrics = reqwest::get(format!("{base}/metrics"))
+    let metrics = nyann_testkit::get(format!("{base}/metrics"))
         .await
         .unwrap()
         .text()
@@ -426,7 +426,7 @@ async fn metrics_have_every_series_from_startup_and_count_requests() {
         vec![("aggregate".to_string(), sim.endpoint())]
     );
     let url = format!("http://{}/metrics", sim.endpoint());
-    let r = reqwest::get(&url).await.unwrap();
+    let r = nyann_testkit::get(&url).await.unwrap();
     assert!(
         r.headers()["content-type"]
             .to_str()
@@ -495,7 +495,14 @@ async fn metrics_have_every_series_from_startup_and_count_requests() {
         .await;
         assert_eq!(r.status(), 200);
     }
-    let s = parse_exposition(&reqwest::get(&url).await.unwrap().text().await.unwrap());
+    let s = parse_exposition(
+        &nyann_testkit::get(&url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
     assert_eq!(value(&s, &format!("vllm:generation_tokens_total{l}")), 30.0);
     assert_eq!(value(&s, &format!("vllm:prompt_tokens_total{l}")), 6.0);
     assert_eq!(
@@ -524,7 +531,7 @@ async fn metrics_have_every_series_from_startup_and_count_requests() {
             ("ok", 10, 2)
         );
     }
-    let j: Value = reqwest::get(format!("http://{}/sim/requests", sim.endpoint()))
+    let j: Value = nyann_testkit::get(format!("http://{}/sim/requests", sim.endpoint()))
         .await
         .unwrap()
         .json()
@@ -591,7 +598,7 @@ async fn disaggregated_prefill_then_decode_with_two_metrics_endpoints() {
     let l = r#"{engine="0",model_name="nyann-sim"}"#;
     let get = |addr: std::net::SocketAddr| async move {
         parse_exposition(
-            &reqwest::get(format!("http://{addr}/metrics"))
+            &nyann_testkit::get(format!("http://{addr}/metrics"))
                 .await
                 .unwrap()
                 .text()
@@ -874,7 +881,7 @@ async fn fast_profile_serves_many_concurrent_streams() {
 /// `vllm:prefix_cache_hits_total` on the simulator's `/metrics`.
 async fn prefix_cache_hits(sim: &RunningSim) -> u64 {
     let url = format!("http://{}/metrics", sim.endpoint());
-    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    let text = nyann_testkit::get(url).await.unwrap().text().await.unwrap();
     let line = text
         .lines()
         .find(|l| l.starts_with("vllm:prefix_cache_hits_total{"))

@@ -270,7 +270,7 @@ async fn a_chat_with_its_history_hits_the_prefill_engines_cache() {
             .1;
         let name = format!("{name}{{");
         async move {
-            let text = reqwest::get(format!("http://{addr}/metrics"))
+            let text = nyann_testkit::get(format!("http://{addr}/metrics"))
                 .await
                 .unwrap()
                 .text()

@@ -468,6 +468,12 @@ pub fn http_client() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
 }
 
+/// `GET url` with a client from [`http_client`] (`reqwest::get` would
+/// panic unless another test happened to install the provider first).
+pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http_client().build()?.get(url).send().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
