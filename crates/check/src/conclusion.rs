@@ -160,13 +160,12 @@ impl SweepConclusion {
     /// Adds a measured search stage (after the sweep's stages, which set
     /// its first bounds).
     fn searched(&mut self, stage: &StageResult, record: &CongestionRecord) {
-        let Some(first) = self.congested.clone() else {
+        let (Some(first), knee) = (&self.congested, &self.knee) else {
             return;
         };
-        let knee = self.knee.as_ref().map(|k| k.stage.clone());
         let capacity = self.capacity.get_or_insert_with(|| Capacity {
-            clean: knee,
-            congested: first,
+            clean: knee.as_ref().map(|k| k.stage.clone()),
+            congested: first.clone(),
             gap: None,
             stages: Vec::new(),
             seconds: 0.0,

@@ -347,7 +347,6 @@ impl<H: StageHook> Runner<'_, H> {
             .results
             .iter()
             .filter(|r| r.sweep == stage.sweep() && r.status == StageStatus::Measured)
-            .filter(|r| r.index != index)
             .filter_map(|r| r.concurrency.map(f64::from).or(r.rate))
             .filter(|&l| l < congested)
             .reduce(f64::max);
