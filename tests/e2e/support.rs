@@ -108,6 +108,11 @@ impl Run {
 
 /// Run `generate --config <scenario> --output-dir <tmp> --target <sim> ARGS`.
 pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run {
+    generate_at(&sim.base_url(), scenario, args).await
+}
+
+/// Run `generate --config <scenario> --output-dir <tmp> --target <target> ARGS`.
+pub async fn generate_at(target: &str, scenario: &str, args: &[String]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("scenario.star");
     std::fs::write(&config, scenario).unwrap();
@@ -117,7 +122,7 @@ pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run 
         .arg(&config)
         .arg("--output-dir")
         .arg(dir.path())
-        .args(["--target", &sim.base_url(), "--seed", "1"])
+        .args(["--target", target, "--seed", "1"])
         .args(args)
         .output()
         .await

@@ -371,6 +371,91 @@ async fn a_stopped_sweep_searches_its_capacity_with_refine() {
     crate::support::validate_against_schema(run.dir());
 }
 
+/// A server with 22 slots and 500 ms of service (`nyann_testkit::queue`):
+/// at concurrency c, `c - 22` requests wait, so the queueing rule (waiting
+/// p50 >= 1; the TTFT threshold is below any reply's 500 ms) congests it
+/// from c=23 up and at no level below, on any machine. Scraped every
+/// 200 ms: a 2-second stage's steady window holds about 7 samples, and a
+/// sample misses the one waiting request at c=23 only in the instant
+/// between a reply and the client's next request (one in ~23 ms).
+async fn search_against_22_slots(levels: &[u32], refine: u32) -> crate::support::Run {
+    use nyann_testkit::queue::{Queue, QueueServer};
+    let server = QueueServer::start(Queue {
+        slots: 22,
+        service: Duration::from_millis(500),
+        keep_abandoned: false,
+    })
+    .await;
+    let scenario = format!(
+        "scenario(\n    workload = workload(\"faker\", isl=16, osl=1),\n    stages = until_congested(\n        \
+         [stage(\"2s\", concurrency=c) for c in [{}]],\n        \
+         waiting_requests_p50=1, ttft_p99=\"5ms\", refine={refine},\n    ),\n)\n",
+        crate::support::starlark_list(levels)
+    );
+    let args = [
+        "--scrape".to_string(),
+        format!("aggregate={}", server.metrics_url()),
+        "--scrape-interval".into(),
+        "200ms".into(),
+    ];
+    crate::support::generate_at(&server.base_url(), &scenario, &args).await
+}
+
+/// The levels a run's search stages tried, and its capacity's bounds.
+fn searched(run: &crate::support::Run) -> (Vec<u64>, u64, u64) {
+    let tried = run
+        .stages()
+        .iter()
+        .filter(|stage| stage["search"].is_object())
+        .map(|stage| stage["concurrency"].as_u64().unwrap())
+        .collect();
+    let capacity = &run.summary["conclusion"]["sweeps"][0]["capacity"];
+    let level = |which: &str| capacity[which]["concurrency"].as_u64().unwrap_or(0);
+    (tried, level("clean"), level("congested"))
+}
+
+/// Issue 27's scripted case: grid [8, 32, 128] stops at 32; `refine=5`
+/// bisects 8..32 (20 clean, 26 and 23 congested, 21 and 22 clean) to the
+/// exact capacity: 22 streams, congested from 23, through the built-in
+/// policy, scraped signals and the real binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_search_finds_the_exact_level_a_server_congests_at() {
+    let _serial = serial().await;
+    let run = search_against_22_slots(&[8, 32, 128], 5).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(1), "{}", run.stderr());
+    assert_eq!(
+        searched(&run),
+        (vec![20, 26, 23, 21, 22], 22, 23),
+        "{}",
+        run.stderr()
+    );
+    assert!(
+        run.stderr().contains(
+            "capacity: concurrency=22 not congested, concurrency=23 congested (5 search stages, "
+        ),
+        "{}",
+        run.stderr()
+    );
+    crate::support::validate_against_schema(run.dir());
+}
+
+/// The first stage (c=32) is already congested: the search halves down to
+/// a clean level (16), then bisects up to the same 22/23.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_congested_first_stage_searches_down_to_the_capacity() {
+    let _serial = serial().await;
+    let run = search_against_22_slots(&[32, 64], 5).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(0), "{}", run.stderr());
+    assert_eq!(
+        searched(&run),
+        (vec![16, 24, 20, 22, 23], 22, 23),
+        "{}",
+        run.stderr()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_mode_records_every_verdict_and_never_stops() {
     let _serial = serial().await;

@@ -1,5 +1,6 @@
 //! Test support for nyann-bench: a real Prometheus for a test, a scripted
-//! `/metrics` exporter, a private CA, and a bounded polling helper.
+//! `/metrics` exporter, a server that queues beyond a fixed number of
+//! slots, a private CA, and a bounded polling helper.
 //!
 //! [`PrometheusServer::start`] writes a temporary config (`scrape_interval:
 //! 1s`) with the given jobs, targets and labels, starts the Debian
@@ -23,6 +24,7 @@
 //! ```
 
 pub mod exporter;
+pub mod queue;
 mod tls;
 
 pub use tls::PrivateCa;
