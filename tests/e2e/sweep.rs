@@ -437,6 +437,17 @@ async fn a_capacity_search_finds_the_exact_level_a_server_congests_at() {
         "{}",
         run.stderr()
     );
+    // One waiting request against a threshold of one: the verdict at 23
+    // sits on the threshold, and the result says so.
+    assert!(
+        run.stderr()
+            .contains("close call: concurrency=23 was judged congested at a threshold; "),
+        "{}",
+        run.stderr()
+    );
+    let capacity = &run.summary["conclusion"]["sweeps"][0]["capacity"];
+    assert_eq!(capacity["congested"]["margin"], 0.0, "{capacity}");
+    assert_eq!(capacity["clean"]["margin"], -1.0, "{capacity}");
     crate::support::validate_against_schema(run.dir());
 }
 

@@ -74,7 +74,17 @@ pub struct StageRef {
     pub label: String,
     #[serde(flatten)]
     pub level: Level,
+    /// How far its verdict was from flipping by the standard rules: the
+    /// relative amount the rule nearest to firing was over (positive) or
+    /// under (negative) its thresholds (`CongestionRecord::margin`); absent
+    /// when the policy does not judge by them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin: Option<f64>,
 }
+
+/// Verdicts this near a threshold (relative) are said to be close calls:
+/// the level could be judged the other way on another run.
+pub const CLOSE_CALL: f64 = 0.10;
 
 /// A stage's load level: its concurrency or its arrival rate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -147,12 +157,33 @@ impl std::fmt::Display for Level {
 }
 
 impl StageRef {
-    fn of(stage: &StageResult) -> StageRef {
+    fn of(stage: &StageResult, record: &CongestionRecord) -> StageRef {
         StageRef {
             stage: stage.index,
             label: stage.label.clone(),
             level: Level::of(stage),
+            margin: record.margin(),
         }
+    }
+
+    /// Its verdict was within [`CLOSE_CALL`] of flipping: what to say.
+    fn close_call(&self, congested: bool) -> Option<String> {
+        let margin = self.margin.filter(|m| m.abs() < CLOSE_CALL)?;
+        let percent = (margin.abs() * 100.0).round();
+        let by = if percent == 0.0 {
+            "at a threshold".to_string()
+        } else {
+            format!(
+                "{percent}% {} a threshold",
+                if congested { "over" } else { "under" }
+            )
+        };
+        let verdict = if congested {
+            "congested"
+        } else {
+            "not congested"
+        };
+        Some(format!("{} was judged {verdict} {by}", self.level))
     }
 }
 
@@ -170,7 +201,7 @@ impl SweepConclusion {
             stages: Vec::new(),
             seconds: 0.0,
         });
-        let at = StageRef::of(stage);
+        let at = StageRef::of(stage, record);
         let congested = record.congested();
         let level = at.level.value();
         if congested && level < capacity.congested.level.value() {
@@ -231,7 +262,7 @@ impl Conclusion {
                 continue;
             }
             if record.congested() {
-                sweep.congested = Some(StageRef::of(stage));
+                sweep.congested = Some(StageRef::of(stage, record));
                 if sweep.knee.is_none() {
                     sweep.suggested_start = Some(Level::of(stage).quarter());
                 }
@@ -239,7 +270,7 @@ impl Conclusion {
                 && let Some(client) = &stage.client
             {
                 sweep.knee = Some(Knee {
-                    stage: StageRef::of(stage),
+                    stage: StageRef::of(stage, record),
                     requests_per_second: client.requests_per_second,
                     output_tokens_per_second: client.output_tokens_per_second,
                     ttft_p50_seconds: client.ttft_p50_seconds,
@@ -325,6 +356,29 @@ impl Conclusion {
                         capacity.congested.level
                     ),
                 };
+            }
+            // The verdicts the answer rests on: the search's bounds, else
+            // the knee and the first congested stage.
+            let (clean, congested) = match &sweep.capacity {
+                Some(capacity) => (capacity.clean.as_ref(), Some(&capacity.congested)),
+                None => (
+                    sweep.knee.as_ref().map(|k| &k.stage),
+                    sweep.congested.as_ref(),
+                ),
+            };
+            let close: Vec<String> = [
+                clean.and_then(|c| c.close_call(false)),
+                congested.and_then(|c| c.close_call(true)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !close.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "{prefix}close call: {}; a level this near can be judged the other way on another run: re-judge it with a longer stage",
+                    close.join(", ")
+                );
             }
         }
         let lost = &self.load_not_sent;
@@ -506,6 +560,93 @@ mod tests {
         assert_eq!(json["sweeps"][0]["knee"]["concurrency"], 16);
         assert_eq!(json["sweeps"][0]["knee"]["label"], "#1 c=16");
         assert_eq!(json["load_not_sent"]["seconds"], 120.0);
+    }
+
+    /// `stage` judged by the built-in's thresholds (waiting p50 8, TTFT
+    /// p99 1 s, KV 0.95, 1 preemption) on one role's signals.
+    fn judged(
+        mut stage: StageResult,
+        waiting: f64,
+        ttft: f64,
+        kv: f64,
+        preempted: f64,
+    ) -> StageResult {
+        let record = &mut stage.annotation.as_mut().unwrap().congestion;
+        record.judged_params = [
+            ("waiting_requests_p50", 8.0),
+            ("ttft_p99", 1.0),
+            ("kv_cache_usage", 0.95),
+            ("preemptions", 1.0),
+        ]
+        .into_iter()
+        .map(|(name, value)| nyann_model::Param {
+            name: name.into(),
+            value: nyann_model::Value::Number(value),
+        })
+        .collect();
+        record.roles = vec![nyann_model::RoleSignals {
+            role: "aggregate".into(),
+            waiting_requests_p50: waiting,
+            ttft_p99_seconds: ttft,
+            kv_cache_usage_max: kv,
+            preemptions: preempted,
+            extra: vec![],
+        }];
+        stage
+    }
+
+    /// The margin is the rule nearest to firing, only as far over as its
+    /// least condition; it is claimed only where the verdict is the rules'.
+    #[test]
+    fn a_verdicts_margin_is_the_nearest_rules_least_condition() {
+        let margin = |stage: &StageResult| CongestionRecord::of(stage).unwrap().margin();
+        // Queueing: waiting 12 is 50% over, TTFT 1.1 s 10% over: 10% over.
+        let over = judged(stage(0, 32, Some(true)), 12.0, 1.1, 0.5, 0.0);
+        assert!((margin(&over).unwrap() - 0.10).abs() < 1e-9);
+        // Clean: queueing is 50% under on TTFT; KV 0.9 is 5% under with
+        // 3 preemptions: the KV rule is nearer.
+        let under = judged(stage(0, 16, Some(false)), 20.0, 0.5, 0.9025, 3.0);
+        assert!((margin(&under).unwrap() + 0.05).abs() < 1e-9);
+        // A verdict the rules do not give (a custom policy's logic), or no
+        // standard thresholds: no margin.
+        let custom = judged(stage(0, 16, Some(true)), 1.0, 0.1, 0.1, 0.0);
+        assert_eq!(margin(&custom), None);
+        assert_eq!(margin(&stage(0, 16, Some(true))), None);
+    }
+
+    /// The verdicts a capacity rests on, when near a threshold, are said.
+    #[test]
+    fn a_close_call_at_the_capacitys_bounds_is_said() {
+        let mut search = |index, c, congested, waiting| {
+            let mut s = judged(stage(index, c, Some(congested)), waiting, 2.0, 0.1, 0.0);
+            s.search = Some(nyann_load::SearchStage { refines: 1 });
+            s
+        };
+        let result = run(vec![
+            judged(stage(0, 8, Some(false)), 0.0, 2.0, 0.1, 0.0),
+            judged(stage(1, 32, Some(true)), 30.0, 2.0, 0.1, 0.0),
+            search(2, 20, true, 8.4),
+            search(3, 14, false, 4.0),
+            search(4, 17, false, 7.6),
+        ]);
+        let conclusion = Conclusion::of(&result, 1);
+        let capacity = conclusion.sweeps[0].capacity.as_ref().unwrap();
+        assert_eq!(capacity.congested.level.concurrency, Some(20));
+        assert!((capacity.congested.margin.unwrap() - 0.05).abs() < 1e-9);
+        assert!(
+            conclusion.lines().contains(
+                "close call: concurrency=17 was judged not congested 5% under a threshold, \
+                 concurrency=20 was judged congested 5% over a threshold; a level this near"
+            ),
+            "{}",
+            conclusion.lines()
+        );
+        // Far from every threshold: nothing to say.
+        let result = run(vec![
+            judged(stage(0, 8, Some(false)), 0.0, 2.0, 0.1, 0.0),
+            judged(stage(1, 32, Some(true)), 30.0, 2.0, 0.1, 0.0),
+        ]);
+        assert!(!Conclusion::of(&result, 1).lines().contains("close call"));
     }
 
     /// A sweep congested from its first stage has no knee: it says so and

@@ -93,6 +93,43 @@ impl CongestionRecord {
         self.verdict.as_ref().is_some_and(|v| v.congested)
     }
 
+    /// How far the verdict is from flipping, by the seed's standard rules
+    /// (sustained queueing: the largest waiting p50 and the largest TTFT p99
+    /// both at their thresholds; KV-cache pressure: usage and preemptions
+    /// both at theirs on one role): the relative amount by which the rule
+    /// nearest to firing is over (positive) or under (negative) its
+    /// thresholds, a rule being only as far over as the least of its
+    /// conditions. `None` when the policy did not judge with the four
+    /// standard thresholds, or when its verdict is not the rules' (a custom
+    /// policy's own logic): no margin is claimed then.
+    pub fn margin(&self) -> Option<f64> {
+        let threshold = |name: &str| match self.judged_params.iter().find(|p| p.name == name)?.value
+        {
+            nyann_model::Value::Number(n) if n > 0.0 => Some(n),
+            nyann_model::Value::Integer(i) if i > 0 => Some(i as f64),
+            _ => None,
+        };
+        let over = |value: f64, threshold: f64| value / threshold - 1.0;
+        let largest =
+            |signal: fn(&RoleSignals) -> f64| self.roles.iter().map(signal).reduce(f64::max);
+        let queueing = over(
+            largest(|r| r.waiting_requests_p50)?,
+            threshold("waiting_requests_p50")?,
+        )
+        .min(over(
+            largest(|r| r.ttft_p99_seconds)?,
+            threshold("ttft_p99")?,
+        ));
+        let (kv, preemptions) = (threshold("kv_cache_usage")?, threshold("preemptions")?);
+        let margin = self
+            .roles
+            .iter()
+            .map(|r| over(r.kv_cache_usage_max, kv).min(over(r.preemptions, preemptions)))
+            .fold(queueing, f64::max);
+        (margin.is_finite() && self.congested() == (margin >= 0.0) && self.verdict.is_some())
+            .then_some(margin)
+    }
+
     /// The value the policy judged parameter `name` with, and whether it was
     /// the policy's default (not written in the scenario).
     pub fn param(&self, name: &str) -> Option<(&nyann_model::Value, bool)> {
