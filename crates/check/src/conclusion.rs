@@ -617,7 +617,7 @@ mod tests {
     /// The verdicts a capacity rests on, when near a threshold, are said.
     #[test]
     fn a_close_call_at_the_capacitys_bounds_is_said() {
-        let mut search = |index, c, congested, waiting| {
+        let search = |index, c, congested, waiting| {
             let mut s = judged(stage(index, c, Some(congested)), waiting, 2.0, 0.1, 0.0);
             s.search = Some(nyann_load::SearchStage { refines: 1 });
             s
