@@ -228,6 +228,54 @@ impl SweepConclusion {
     }
 }
 
+impl Capacity {
+    /// What the search found, in words: "concurrency=22 not congested,
+    /// concurrency=23 congested (5 search stages, 10s of load)".
+    pub fn answer(&self) -> String {
+        let searched = format!(
+            "{} search stage{}, {} of load",
+            self.stages.len(),
+            if self.stages.len() == 1 { "" } else { "s" },
+            humantime::format_duration(std::time::Duration::from_secs_f64(
+                self.seconds.max(0.0).round()
+            ))
+        );
+        match &self.clean {
+            Some(clean) => format!(
+                "{} not congested, {} congested ({searched})",
+                clean.level, self.congested.level
+            ),
+            None => format!(
+                "not found: congested down to {} ({searched})",
+                self.congested.level
+            ),
+        }
+    }
+}
+
+impl SweepConclusion {
+    /// The verdicts the answer rests on (the search's bounds, else the knee
+    /// and the first congested stage) that were within [`CLOSE_CALL`] of
+    /// flipping, in words.
+    pub fn close_call(&self) -> Option<String> {
+        let (clean, congested) = match &self.capacity {
+            Some(capacity) => (capacity.clean.as_ref(), Some(&capacity.congested)),
+            None => (
+                self.knee.as_ref().map(|k| &k.stage),
+                self.congested.as_ref(),
+            ),
+        };
+        let close: Vec<String> = [
+            clean.and_then(|c| c.close_call(false)),
+            congested.and_then(|c| c.close_call(true)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!close.is_empty()).then(|| close.join(", "))
+    }
+}
+
 impl Conclusion {
     /// The conclusion of `result`, a run of `workers` processes.
     pub fn of(result: &RunResult, workers: usize) -> Conclusion {
@@ -336,48 +384,12 @@ impl Conclusion {
                 _ => {}
             }
             if let Some(capacity) = &sweep.capacity {
-                let searched = format!(
-                    "{} search stage{}, {} of load",
-                    capacity.stages.len(),
-                    if capacity.stages.len() == 1 { "" } else { "s" },
-                    humantime::format_duration(std::time::Duration::from_secs_f64(
-                        capacity.seconds.max(0.0).round()
-                    ))
-                );
-                let _ = match &capacity.clean {
-                    Some(clean) => writeln!(
-                        out,
-                        "{prefix}capacity: {} not congested, {} congested ({searched})",
-                        clean.level, capacity.congested.level
-                    ),
-                    None => writeln!(
-                        out,
-                        "{prefix}capacity: not found: congested down to {} ({searched})",
-                        capacity.congested.level
-                    ),
-                };
+                let _ = writeln!(out, "{prefix}capacity: {}", capacity.answer());
             }
-            // The verdicts the answer rests on: the search's bounds, else
-            // the knee and the first congested stage.
-            let (clean, congested) = match &sweep.capacity {
-                Some(capacity) => (capacity.clean.as_ref(), Some(&capacity.congested)),
-                None => (
-                    sweep.knee.as_ref().map(|k| &k.stage),
-                    sweep.congested.as_ref(),
-                ),
-            };
-            let close: Vec<String> = [
-                clean.and_then(|c| c.close_call(false)),
-                congested.and_then(|c| c.close_call(true)),
-            ]
-            .into_iter()
-            .flatten()
-            .collect();
-            if !close.is_empty() {
+            if let Some(close) = sweep.close_call() {
                 let _ = writeln!(
                     out,
-                    "{prefix}close call: {}; a level this near can be judged the other way on another run: re-judge it with a longer stage",
-                    close.join(", ")
+                    "{prefix}close call: {close}; a level this near can be judged the other way on another run: re-judge it with a longer stage"
                 );
             }
         }

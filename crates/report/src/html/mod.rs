@@ -3,7 +3,7 @@
 //! comparison.
 //!
 //! What the page shows, top-down: per run a headline (outcome, stop reason,
-//! policy, knee, what the skipped stages saved); throughput and client
+//! policy, knee, capacity, what the skipped stages saved); throughput and client
 //! latencies against the stage level; the server signals the policy judged,
 //! with the thresholds; per run a timeline of the requests with the stages
 //! shaded; the errors by reason; the stage table; the scenario.
@@ -132,7 +132,8 @@ fn ms(s: f64) -> String {
     format!("{:.0} ms", s * 1000.0)
 }
 
-/// The run's verdict in words, its policy, its knee and what stopping saved.
+/// The run's verdict in words, its policy, its knee, the capacity a
+/// search found (and its close calls) and what stopping saved.
 fn headline(out: &mut String, run: &SavedRun, index: usize) {
     let result = &run.result;
     let stopped = result.outcome.stop_stage().is_some();
@@ -174,6 +175,22 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
             }
         }
         None => out.push_str("<div>knee: none (no stage ran before congestion)</div>"),
+    }
+    for sweep in nyann_check::Conclusion::of(result, 1).sweeps {
+        if let Some(capacity) = &sweep.capacity {
+            let _ = write!(
+                out,
+                "<div class=\"verdict\">capacity: {}</div>",
+                esc(&capacity.answer())
+            );
+        }
+        if let Some(close) = sweep.close_call() {
+            let _ = write!(
+                out,
+                "<div class=\"worse\">close call: {}: a level this near can be judged the other way on another run</div>",
+                esc(&close)
+            );
+        }
     }
     let skipped: Vec<&StageResult> = result
         .stages

@@ -166,6 +166,46 @@ fn the_knee_is_the_last_stage_before_the_congested_one() {
     assert!(page.contains("policy builtin 0.1.0 (builtin), mode enforce"));
 }
 
+/// A capacity search after the stop is the headline's answer, and a bound
+/// judged near a threshold is said as a close call.
+#[test]
+fn the_capacity_a_search_found_heads_the_run() {
+    let mut run = sweep();
+    let mut searched = judged(
+        stage(3, 96, StageStatus::Measured, 14.0),
+        false,
+        vec![role(1.0)],
+    );
+    searched.search = Some(nyann_load::SearchStage { refines: 1 });
+    run.result.stages.push(searched);
+    let html = page(std::slice::from_ref(&run)).unwrap();
+    assert!(
+        html.contains(
+            "capacity: concurrency=96 not congested, concurrency=128 congested (1 search stage, 1m of load)"
+        ),
+        "{html}"
+    );
+    assert!(!html.contains("close call"), "{html}");
+    // The congested bound judged 2% over the standard thresholds.
+    let record = &mut run.result.stages[1].annotation.as_mut().unwrap().congestion;
+    record.judged_params = [
+        ("waiting_requests_p50", 39.2),
+        ("ttft_p99", 2.0),
+        ("kv_cache_usage", 0.95),
+        ("preemptions", 1.0),
+    ]
+    .map(|(name, value)| Param {
+        name: name.into(),
+        value: Value::Number(value),
+    })
+    .to_vec();
+    let html = page(std::slice::from_ref(&run)).unwrap();
+    assert!(
+        html.contains("close call: concurrency=128 was judged congested 2% over a threshold"),
+        "{html}"
+    );
+}
+
 #[test]
 fn thresholds_are_drawn_from_the_stop_condition_at_every_stage_that_carries_it() {
     let run = sweep();
