@@ -38,13 +38,18 @@ pub(super) fn level_axis(runs: &[SavedRun]) -> (LevelAxis, bool) {
 /// The measured stages of a run with their level (warm-up, skipped and
 /// barrier steps left out).
 fn measured(run: &SavedRun, by_rate: bool) -> Vec<(usize, f64, &ClientStats)> {
-    run.result
+    let mut measured: Vec<_> = run
+        .result
         .stages
         .iter()
         .enumerate()
         .filter(|(_, s)| s.status == StageStatus::Measured)
         .filter_map(|(i, s)| Some((i, stage_level(s, by_rate)?, s.client.as_ref()?)))
-        .collect()
+        .collect();
+    // By level, so that a curve runs left to right: a capacity search's
+    // stages come after the sweep's, between its levels.
+    measured.sort_by(|a, b| a.1.total_cmp(&b.1));
+    measured
 }
 
 /// The marks every level chart shows: the congested stage (on `value`'s

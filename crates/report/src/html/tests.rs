@@ -186,6 +186,14 @@ fn the_capacity_a_search_found_heads_the_run() {
         "{html}"
     );
     assert!(!html.contains("close call"), "{html}");
+    // The curves run by level: the search's c=96 between 64 and 128.
+    let figure = throughput(
+        std::slice::from_ref(&run),
+        &level_axis(std::slice::from_ref(&run)),
+        Throughput::Requests,
+    );
+    let levels: Vec<f64> = figure.lines[0].points.iter().map(|p| p.0).collect();
+    assert_eq!(levels, [64.0, 96.0, 128.0]);
     // The congested bound judged 2% over the standard thresholds.
     let record = &mut run.result.stages[1].annotation.as_mut().unwrap().congestion;
     record.judged_params = [
