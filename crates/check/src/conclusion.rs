@@ -187,6 +187,31 @@ impl StageRef {
     }
 }
 
+impl Capacity {
+    /// What the search found, in words: "concurrency=22 not congested,
+    /// concurrency=23 congested (5 search stages, 10s of load)".
+    pub fn answer(&self) -> String {
+        let searched = format!(
+            "{} search stage{}, {} of load",
+            self.stages.len(),
+            if self.stages.len() == 1 { "" } else { "s" },
+            humantime::format_duration(std::time::Duration::from_secs_f64(
+                self.seconds.max(0.0).round()
+            ))
+        );
+        match &self.clean {
+            Some(clean) => format!(
+                "{} not congested, {} congested ({searched})",
+                clean.level, self.congested.level
+            ),
+            None => format!(
+                "not found: congested down to {} ({searched})",
+                self.congested.level
+            ),
+        }
+    }
+}
+
 impl SweepConclusion {
     /// Adds a measured search stage (after the sweep's stages, which set
     /// its first bounds).
@@ -226,34 +251,7 @@ impl SweepConclusion {
             congested,
         });
     }
-}
 
-impl Capacity {
-    /// What the search found, in words: "concurrency=22 not congested,
-    /// concurrency=23 congested (5 search stages, 10s of load)".
-    pub fn answer(&self) -> String {
-        let searched = format!(
-            "{} search stage{}, {} of load",
-            self.stages.len(),
-            if self.stages.len() == 1 { "" } else { "s" },
-            humantime::format_duration(std::time::Duration::from_secs_f64(
-                self.seconds.max(0.0).round()
-            ))
-        );
-        match &self.clean {
-            Some(clean) => format!(
-                "{} not congested, {} congested ({searched})",
-                clean.level, self.congested.level
-            ),
-            None => format!(
-                "not found: congested down to {} ({searched})",
-                self.congested.level
-            ),
-        }
-    }
-}
-
-impl SweepConclusion {
     /// The verdicts the answer rests on (the search's bounds, else the knee
     /// and the first congested stage) that were within [`CLOSE_CALL`] of
     /// flipping, in words.
