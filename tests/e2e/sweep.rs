@@ -383,7 +383,6 @@ async fn search_against_22_slots(levels: &[u32], refine: u32) -> crate::support:
     let server = QueueServer::start(Queue {
         slots: 22,
         service: Duration::from_millis(500),
-        keep_abandoned: false,
     })
     .await;
     let scenario = format!(

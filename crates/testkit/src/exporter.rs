@@ -165,6 +165,16 @@ impl Engine {
     }
 }
 
+/// Serves `app` on an ephemeral loopback port, in the background.
+pub(crate) async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    addr
+}
+
 /// A scripted exporter serving `Engine::exposition()` at `/metrics`.
 pub struct Exporter {
     pub addr: SocketAddr,
@@ -182,12 +192,10 @@ impl Exporter {
                 async move { ([("content-type", "text/plain; version=0.0.4")], text) }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        Exporter { addr, engine }
+        Exporter {
+            addr: serve(app).await,
+            engine,
+        }
     }
 
     pub fn url(&self) -> String {

@@ -27,9 +27,6 @@ pub struct Queue {
     pub slots: usize,
     /// How long each request takes once it runs (its reply comes at the end).
     pub service: Duration,
-    /// Requests the client gave up on stay queued and run to their end, as
-    /// on a server that does not abort on disconnect.
-    pub keep_abandoned: bool,
 }
 
 struct Shared {
@@ -43,7 +40,6 @@ struct Shared {
 /// A running [`Queue`] server on an ephemeral loopback port.
 pub struct QueueServer {
     pub addr: SocketAddr,
-    shared: Arc<Shared>,
 }
 
 impl QueueServer {
@@ -60,13 +56,10 @@ impl QueueServer {
             .route("/v1/completions", post(complete))
             .route("/v1/models", get(models))
             .route("/metrics", get(metrics))
-            .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        QueueServer { addr, shared }
+            .with_state(shared);
+        QueueServer {
+            addr: crate::exporter::serve(app).await,
+        }
     }
 
     /// The base URL for `--target`.
@@ -76,11 +69,6 @@ impl QueueServer {
 
     pub fn metrics_url(&self) -> String {
         format!("http://{}/metrics", self.addr)
-    }
-
-    /// Requests waiting for a slot now.
-    pub fn waiting(&self) -> usize {
-        self.shared.waiting.load(Ordering::SeqCst)
     }
 }
 
@@ -106,13 +94,7 @@ async fn complete(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
 ) -> ([(&'static str, &'static str); 1], String) {
-    let serve = serve(shared.clone());
-    if shared.queue.keep_abandoned {
-        // Spawned, the request runs on when the client goes away.
-        tokio::spawn(serve).await.unwrap();
-    } else {
-        serve.await;
-    }
+    serve(shared).await;
     let delta = if uri.path().contains("chat") {
         r#""delta":{"content":"ok "}"#
     } else {
