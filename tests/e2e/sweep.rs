@@ -383,6 +383,7 @@ async fn search_against_22_slots(levels: &[u32], refine: u32) -> crate::support:
     let server = QueueServer::start(Queue {
         slots: 22,
         service: Duration::from_millis(500),
+        serves_abandoned: false,
     })
     .await;
     let scenario = format!(
@@ -461,6 +462,50 @@ async fn a_congested_first_stage_searches_down_to_the_capacity() {
     assert_eq!(
         searched(&run),
         (vec![16, 24, 20, 22, 23], 22, 23),
+        "{}",
+        run.stderr()
+    );
+}
+
+/// A server that serves what its clients gave up on (4 slots, 250 ms each,
+/// no abort on disconnect) against a client that gives up after 400 ms:
+/// every congested stage leaves a queue on the server that outlives the
+/// client's own drain. Each search stage waits for that queue to drain, so
+/// c=4 (no request waits) is judged clean, and the capacity is 4/5. Without
+/// the wait (`--server-drain-wait 0s`), c=4 is judged on the queue c=8 left
+/// and the search finds nothing clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_stage_waits_for_the_server_to_drain_what_the_stage_before_left() {
+    use nyann_testkit::queue::{Queue, QueueServer};
+    let _serial = serial().await;
+    let server = QueueServer::start(Queue {
+        slots: 4,
+        service: Duration::from_millis(250),
+        serves_abandoned: true,
+    })
+    .await;
+    let scenario = "scenario(\n    workload = workload(\"faker\", isl=16, osl=1),\n    \
+                    stages = until_congested([stage(\"2s\", concurrency=16)],\n        \
+                    waiting_requests_p50=1, ttft_p99=\"5ms\", refine=4),\n)\n";
+    let args = [
+        "--scrape".to_string(),
+        format!("aggregate={}", server.metrics_url()),
+        "--scrape-interval".into(),
+        "100ms".into(),
+        "--request-timeout".into(),
+        "400ms".into(),
+        "--drain-timeout".into(),
+        "100ms".into(),
+        "--max-consecutive-errors".into(),
+        "0".into(),
+    ];
+    let run = crate::support::generate_at(&server.base_url(), scenario, &args).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(searched(&run), (vec![8, 4, 6, 5], 4, 5), "{}", run.stderr());
+    assert!(
+        run.stderr().contains(
+            "capacity search: waiting (at most 1m) for the requests waiting on the server to drain"
+        ),
         "{}",
         run.stderr()
     );

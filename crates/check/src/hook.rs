@@ -21,12 +21,12 @@
 //! judged with a whole role missing is a warning naming the role.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use nyann_load::{FinishedStage, HookDecision, HookOutcome, StageHook};
+use nyann_load::{FinishedStage, HookDecision, HookOutcome, NextSearch, StageHook};
 use nyann_model::{
-    Param, RoleCoverage, RoleSignals, Scenario, StageObservation, Step, StopCondition, SweepRef,
-    Verdict,
+    Param, RoleCoverage, RoleSignals, Scenario, Stage, StageObservation, Step, StopCondition,
+    SweepRef, Verdict,
 };
 use nyann_policy_host::Policy;
 use nyann_signals::{ClientEvidence, SignalSource, StageSignals};
@@ -41,6 +41,7 @@ pub struct CongestionCheck {
     policy: Policy,
     mode: PolicyMode,
     on_error: OnPolicyError,
+    server_drain_wait: Duration,
     /// For each step that carries a stop condition, by step index: its
     /// condition, checked parameters (defaults filled, durations in
     /// seconds) and sweep.
@@ -55,6 +56,9 @@ pub struct CongestionCheck {
 pub struct CheckSettings {
     pub mode: PolicyMode,
     pub on_error: OnPolicyError,
+    /// Before each capacity-search stage, the longest wait for the server
+    /// to drain (every role's waiting requests back to 0); zero skips it.
+    pub server_drain_wait: Duration,
 }
 
 /// Why a congestion check cannot judge the scenario.
@@ -127,6 +131,7 @@ impl CongestionCheck {
             policy,
             mode: settings.mode,
             on_error: settings.on_error,
+            server_drain_wait: settings.server_drain_wait,
             stops,
             history: BTreeMap::new(),
         })
@@ -262,6 +267,18 @@ impl CongestionCheck {
 impl StageHook for CongestionCheck {
     type Annotation = Judged;
 
+    /// A search stage starts once the server drained what the stage before
+    /// left (requests this client abandoned at its drain timeout, which a
+    /// server that does not abort on disconnect still serves; another
+    /// client's): a lower level is not judged on an earlier level's queue.
+    async fn before_search(&mut self, next: &NextSearch<'_>) -> Option<Stage> {
+        let level = next.level?;
+        if let Some(source) = &self.source {
+            wait_for_server_drain(source, self.server_drain_wait).await;
+        }
+        Some(next.at(level))
+    }
+
     async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {
         // A capacity-search stage is judged by the stop condition of the
         // sweep stage it refines.
@@ -269,6 +286,54 @@ impl StageHook for CongestionCheck {
             Some(stop) => self.judge(done, &stop).await,
             None => HookOutcome::proceed(),
         }
+    }
+}
+
+/// Polls `source` until no role has requests waiting, for at most `wait`.
+/// A failed query reads 0 (fail-open, like a stage's signals).
+async fn wait_for_server_drain(source: &SignalSource, wait: Duration) {
+    if wait.is_zero() {
+        return;
+    }
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        let now = source.waiting_now().await;
+        let waiting: Vec<String> = now
+            .roles
+            .iter()
+            .filter(|role| role.waiting_requests_p50 >= 0.5)
+            .map(|role| format!("{} {}", role.role, role.waiting_requests_p50))
+            .collect();
+        if waiting.is_empty() {
+            if said {
+                tracing::info!(
+                    "capacity search: the server drained in {:.1}s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            return;
+        }
+        if started.elapsed() >= wait {
+            tracing::warn!(
+                "capacity search: requests still waiting on the server after {} ({}): the \
+                 search stage starts, and its verdict may carry that queue (raise \
+                 --server-drain-wait)",
+                humantime::format_duration(wait),
+                waiting.join(", ")
+            );
+            return;
+        }
+        if !said {
+            tracing::info!(
+                "capacity search: waiting (at most {}) for the requests waiting on the server \
+                 to drain before the next stage: {}",
+                humantime::format_duration(wait),
+                waiting.join(", ")
+            );
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

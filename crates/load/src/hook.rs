@@ -47,6 +47,39 @@ pub struct FinishedStage<'a, A = serde_json::Value> {
     pub refines: Option<usize>,
 }
 
+/// The next stage of a capacity search (`refine=`), as the runner's own
+/// bisection sees it; [`StageHook::before_search`] decides what runs.
+#[derive(Debug)]
+pub struct NextSearch<'a> {
+    /// The search stage's index (past the scenario's steps).
+    pub slot: usize,
+    /// The congested sweep stage it refines (its index), whose shape
+    /// (duration, mode, workload) every search stage keeps.
+    pub refines: usize,
+    pub like: &'a Stage,
+    /// The level the bisection tries next (concurrency, or rate); `None`
+    /// when its bounds are adjacent or the last stage could not be judged.
+    pub level: Option<f64>,
+}
+
+impl NextSearch<'_> {
+    /// The refined stage at `level`: unnamed and measured.
+    pub fn at(&self, level: f64) -> Stage {
+        let mut stage = Stage {
+            name: None,
+            warmup: false,
+            ..self.like.clone()
+        };
+        if stage.concurrency.is_some() {
+            // Levels of streams are whole (the bisection floors them).
+            stage.concurrency = Some(level as u32);
+        } else {
+            stage.rate = Some(level);
+        }
+        stage
+    }
+}
+
 /// Whether the sweep goes on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HookDecision {
@@ -128,6 +161,19 @@ pub trait StageHook: Send {
         std::future::ready(())
     }
 
+    /// Called before each capacity-search stage (after the requests of the
+    /// stage before it ended): returns the stage to run, or `None` to end
+    /// the search. By default, the bisection's next level. A congestion
+    /// check first waits for the server to drain what the stage before
+    /// left; a fleet's leader bisects the fleet's levels and tells every
+    /// worker its share.
+    fn before_search(
+        &mut self,
+        next: &NextSearch<'_>,
+    ) -> impl Future<Output = Option<Stage>> + Send {
+        std::future::ready(next.level.map(|level| next.at(level)))
+    }
+
     /// What the hook records with a stage it judged: stored typed in the
     /// stage's result (and under `annotation` in `stages.json`).
     type Annotation: Serialize + DeserializeOwned + Debug + Clone + PartialEq + Send + Sync;
@@ -158,6 +204,13 @@ impl<H: StageHook> StageHook for Option<H> {
         }
     }
 
+    async fn before_search(&mut self, next: &NextSearch<'_>) -> Option<Stage> {
+        match self {
+            Some(hook) => hook.before_search(next).await,
+            None => next.level.map(|level| next.at(level)),
+        }
+    }
+
     async fn after_stage(
         &mut self,
         done: &FinishedStage<'_, H::Annotation>,
@@ -174,6 +227,13 @@ impl<H: StageHook> StageHook for &mut H {
 
     fn before_stage(&mut self, index: usize) -> impl Future<Output = ()> + Send {
         (**self).before_stage(index)
+    }
+
+    fn before_search(
+        &mut self,
+        next: &NextSearch<'_>,
+    ) -> impl Future<Output = Option<Stage>> + Send {
+        (**self).before_search(next)
     }
 
     fn after_stage(

@@ -23,12 +23,13 @@ pub mod stats;
 pub mod workload;
 
 pub use client::{Api, ClientConfig};
-pub use hook::{FinishedStage, HookDecision, HookOutcome, NoHook, StageHook};
+pub use hook::{FinishedStage, HookDecision, HookOutcome, NextSearch, NoHook, StageHook};
 pub use live::{Live, LiveSnapshot};
 pub use record::{Phase, RequestRecord, Status, TokenSource};
 pub use result::{
     DegradedStage, EXIT_DEGRADED, RunOutcome, RunResult, SearchStage, StageResult, StageStatus,
 };
+pub use runner::search::Bounds;
 pub use runner::{DEFAULT_TARGET, RunError, RunOptions, run};
 pub use stats::StageDetail;
 pub use tokio_util::sync::CancellationToken;

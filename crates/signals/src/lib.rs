@@ -257,6 +257,21 @@ impl SignalSource {
         }
     }
 
+    /// Every role's waiting requests now: the p50 of their sum over the
+    /// last few samples (three scrape intervals for `--scrape`; for
+    /// Prometheus, whose scrape interval is not known here, the last 30 s,
+    /// so a drain shows there up to 15 s late). A failed query reads 0,
+    /// with its error.
+    pub async fn waiting_now(&self) -> StageSignals {
+        let recent = match &self.inner {
+            Inner::Prometheus(_) => 30.0,
+            Inner::Scrape(s) => (3.0 * s.interval().as_secs_f64()).max(0.5),
+        };
+        let now = unix_now();
+        self.stage_signals(now - recent, now, ClientEvidence::default())
+            .await
+    }
+
     /// Role names in output order.
     pub fn roles(&self) -> Vec<String> {
         match &self.inner {

@@ -27,6 +27,9 @@ pub struct Queue {
     pub slots: usize,
     /// How long each request takes once it runs (its reply comes at the end).
     pub service: Duration,
+    /// A request whose client went away is still served (waiting, then
+    /// running), like a server that does not abort on disconnect.
+    pub serves_abandoned: bool,
 }
 
 struct Shared {
@@ -94,7 +97,12 @@ async fn complete(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
 ) -> ([(&'static str, &'static str); 1], String) {
-    serve(shared).await;
+    if shared.queue.serves_abandoned {
+        // A task of its own outlives the connection's handler.
+        let _ = tokio::spawn(serve(shared)).await;
+    } else {
+        serve(shared).await;
+    }
     let delta = if uri.path().contains("chat") {
         r#""delta":{"content":"ok "}"#
     } else {

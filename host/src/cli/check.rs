@@ -50,6 +50,13 @@ pub struct PolicyArgs {
     #[arg(long, value_enum, default_value_t = OnErrorArg::Continue)]
     pub on_policy_error: OnErrorArg,
 
+    /// Before each stage of a capacity search (`refine=`), the longest
+    /// wait for the server to drain what the stage before left: every
+    /// role's waiting requests back to 0 (read from the server signals).
+    /// 0s starts each search stage as soon as this client's requests ended.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = nyann_model::parse_duration)]
+    pub server_drain_wait: Duration,
+
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 }
@@ -146,6 +153,7 @@ impl PolicyArgs {
                 OnErrorArg::Continue => OnPolicyError::Continue,
                 OnErrorArg::Stop => OnPolicyError::Stop,
             },
+            server_drain_wait: self.server_drain_wait,
         }
     }
 }

@@ -44,7 +44,7 @@ mod load;
 mod pool;
 mod prepare;
 mod results;
-mod search;
+pub mod search;
 mod state;
 mod steps;
 mod sweeps;

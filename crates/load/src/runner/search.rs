@@ -25,26 +25,29 @@ pub(super) fn slots(scenario: &Scenario) -> usize {
 }
 
 /// A stage's level: its concurrency, else its rate.
-pub(super) fn level(stage: &Stage) -> Option<f64> {
+pub fn level(stage: &Stage) -> Option<f64> {
     stage.concurrency.map(f64::from).or(stage.rate)
 }
 
 /// Where a search stands: the highest level judged not congested (if any)
 /// and the lowest judged congested.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Bounds {
-    pub(super) clean: Option<f64>,
-    pub(super) congested: f64,
+pub struct Bounds {
+    pub clean: Option<f64>,
+    pub congested: f64,
     /// Levels are streams (whole numbers), not requests per second.
-    pub(super) streams: bool,
+    pub streams: bool,
     /// The search ends when the bounds are this close.
-    pub(super) resolution: f64,
+    pub resolution: f64,
+    /// The lowest level worth trying (one stream; a fleet's workers each
+    /// need one).
+    pub floor: f64,
 }
 
 impl Bounds {
     /// The bounds of a search whose congested stage is at `congested`,
     /// `clean` the highest level below it judged not congested.
-    pub(super) fn new(
+    pub fn new(
         clean: Option<f64>,
         congested: f64,
         streams: bool,
@@ -56,25 +59,26 @@ impl Bounds {
             congested,
             streams,
             resolution,
+            floor: if streams { 1.0 } else { 0.0 },
         }
     }
 
     /// The next level to try, or `None` when the search is done.
-    pub(super) fn next(&self) -> Option<f64> {
+    pub fn next(&self) -> Option<f64> {
         let whole = |x: f64| if self.streams { x.floor() } else { x };
         let level = match self.clean {
-            // Nothing clean yet: halve, down to one stream.
-            None => whole(self.congested / 2.0),
+            // Nothing clean yet: halve, down to the floor.
+            None => whole(self.congested / 2.0).max(self.floor),
             Some(clean) if self.congested - clean <= self.resolution => return None,
             Some(clean) => whole((clean + self.congested) / 2.0),
         };
-        let floor = if self.streams { 1.0 } else { 0.0 };
         let above_clean = self.clean.is_none_or(|clean| level > clean);
-        (level >= floor && level > 0.0 && level < self.congested && above_clean).then_some(level)
+        (level >= self.floor && level > 0.0 && level < self.congested && above_clean)
+            .then_some(level)
     }
 
     /// `level` was judged: congested or not.
-    pub(super) fn judged(&mut self, level: f64, congested: bool) {
+    pub fn judged(&mut self, level: f64, congested: bool) {
         if congested {
             self.congested = level;
         } else {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nyann_model::{CapacitySearch, ClientStats, Scenario, Stage, Step};
 
-use crate::hook::{FinishedStage, HookDecision, StageHook};
+use crate::hook::{FinishedStage, HookDecision, NextSearch, StageHook};
 use crate::lock;
 use crate::record::Phase;
 use crate::result::SearchStage;
@@ -351,14 +351,13 @@ impl<H: StageHook> Runner<'_, H> {
             .filter(|&l| l < congested)
             .reduce(f64::max);
         let mut bounds = Bounds::new(clean, congested, streams, search.resolution);
+        let mut judged = true;
         let first = self.ran.searched.len();
         for _ in 0..search.stages {
-            let Some(level) = bounds.next() else { break };
             let slot = self.next_slot;
             if slot >= self.shared.slots.len() {
                 break;
             }
-            self.next_slot += 1;
             // The requests the previous stage left end first: this run's
             // queue on the server is then gone, and a lower level is not
             // judged on it.
@@ -367,23 +366,28 @@ impl<H: StageHook> Runner<'_, H> {
             if interruptible(self.shared, drain).await.is_none() {
                 return false;
             }
-            let mut at = Stage {
-                name: None,
-                warmup: false,
-                ..stage.clone()
+            let next = NextSearch {
+                slot,
+                refines: index,
+                like: stage,
+                level: bounds.next().filter(|_| judged),
             };
-            if streams {
-                at.concurrency = Some(level as u32);
-            } else {
-                at.rate = Some(level);
-            }
+            let Some(at) = interruptible(self.shared, self.hook.before_search(&next)).await else {
+                return false;
+            };
+            let Some(at) = at else { break };
+            self.next_slot += 1;
             lock(&self.shared.current).prepare_search(slot, index, at.max_requests);
             match self.stage(slot, &at, false, Some(index)).await {
                 StageEnd::Halted => return false,
                 // A level that could not be judged bounds nothing: the
                 // search ends with what it knows.
-                StageEnd::Failed => break,
-                end => bounds.judged(level, end == StageEnd::Congested),
+                StageEnd::Failed => judged = false,
+                end => {
+                    if let Some(level) = level(&at) {
+                        bounds.judged(level, end == StageEnd::Congested);
+                    }
+                }
             }
         }
         tracing::info!(
