@@ -1143,40 +1143,91 @@ async fn zero_workers_are_refused() {
     assert!(stderr.contains("0 workers cannot run anything"), "{stderr}");
 }
 
-/// A capacity search does not run in a fleet yet: the leader refuses it
-/// before it waits for anyone.
+/// A capacity search in a fleet of 3 against the server of 22 slots
+/// (`nyann_testkit::queue`, congested from 23 streams up): the leader
+/// bisects the fleet's levels and every worker runs its share, so the
+/// fleet finds what one process finds (tried 20, 26, 23, 21, 22; capacity
+/// 22, congested 23), and `summary.json` holds the fleet's levels, each
+/// search stage run and judged by all three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_capacity_search_is_refused_in_a_fleet() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sweep.star");
-    std::fs::write(
-        &config,
-        r#"scenario(stages = until_congested([stage("1s", concurrency=c) for c in [4, 8]], refine=2, waiting_requests_p50=8, ttft_p99="1s"))"#,
-    )
-    .unwrap();
-    let out = nyann_bench()
-        .args(["generate", "--workers", "2", "--worker-index", "0"])
-        .arg("--config")
-        .arg(&config)
-        .arg("--output-dir")
-        .arg(dir.path().join("run"))
-        .args([
-            "--target",
-            "http://127.0.0.1:9/v1",
-            "--coordinator-listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+async fn a_fleet_searches_the_capacity_in_the_fleets_levels() {
+    use nyann_testkit::queue::{Queue, QueueServer};
+    let _serial = serial().await;
+    let server = QueueServer::start(Queue {
+        slots: 22,
+        service: Duration::from_millis(500),
+        serves_abandoned: false,
+    })
+    .await;
+    let scenario = "scenario(\n    workload = workload(\"faker\", isl=16, osl=1),\n    \
+                    stages = until_congested([stage(\"2s\", concurrency=c) for c in [8, 32, 128]],\n        \
+                    waiting_requests_p50=1, ttft_p99=\"5ms\", refine=5),\n)\n";
+    let lead = [
+        "--scrape".to_string(),
+        format!("aggregate={}", server.metrics_url()),
+        "--scrape-interval".into(),
+        "200ms".into(),
+    ];
+    let mut fleet = Fleet::start(&server.base_url(), scenario, 3, &lead, &[]).await;
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    assert_eq!(codes, [Some(0); 3], "{}", fleet.all_stderr());
+    validate_against_schema(&fleet.path("w0"));
+
+    let summary = fleet.json("w0/summary.json");
+    let stages = summary["stages"].as_array().unwrap();
+    let search: Vec<&Value> = stages.iter().filter(|s| s["search"].is_object()).collect();
+    let levels: Vec<u64> = search
+        .iter()
+        .map(|s| s["concurrency"].as_u64().unwrap())
+        .collect();
+    assert_eq!(levels, [20, 26, 23, 21, 22], "{}", fleet.all_stderr());
+    let capacity = &summary["conclusion"]["sweeps"][0]["capacity"];
+    assert_eq!(capacity["clean"]["concurrency"], 22, "{capacity}");
+    assert_eq!(capacity["congested"]["concurrency"], 23, "{capacity}");
     assert!(
-        stderr.contains(
-            "refine= (the capacity search after a sweep stops) does not run with --workers yet"
+        fleet.stderr(0).contains(
+            "capacity: concurrency=22 not congested, concurrency=23 congested (5 search stages, "
         ),
-        "{stderr}"
+        "{}",
+        fleet.stderr(0)
     );
+    let records = fleet.records("w0/requests.jsonl");
+    for stage in &search {
+        let index = stage["index"].as_u64().unwrap();
+        assert_eq!(
+            stage["annotation"]["fleet"]["judged_workers"],
+            serde_json::json!([0, 1, 2]),
+            "{stage}"
+        );
+        // Every worker's requests are in the fleet's statistics.
+        let mut workers: Vec<u64> = records
+            .iter()
+            .filter(|r| r["stage"] == index && r["phase"] != "hold")
+            .map(|r| r["worker"].as_u64().unwrap())
+            .collect();
+        let in_records = workers.len() as u64;
+        workers.sort_unstable();
+        workers.dedup();
+        assert_eq!(workers, [0, 1, 2], "stage {index}");
+        assert_eq!(counted(stage), in_records, "stage {index}");
+    }
+    // Each worker ran its share of every level (by position, like the
+    // steps), labelled with the fleet's stage.
+    for (worker, expected) in [(1, [7, 9, 8, 7, 7]), (2, [6, 8, 7, 7, 7])] {
+        let theirs = fleet.json(&format!("w{worker}/worker-{worker}/summary.json"));
+        let search: Vec<&Value> = theirs["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["search"].is_object())
+            .collect();
+        let shares: Vec<u64> = search
+            .iter()
+            .map(|s| s["concurrency"].as_u64().unwrap())
+            .collect();
+        assert_eq!(shares, expected, "worker {worker}");
+        assert_eq!(search[4]["name"], "#7 c=22", "worker {worker}");
+    }
 }
 
 /// The policy judges the level that ran: after worker 2 leaves in a plain

@@ -29,7 +29,8 @@ use std::time::Duration;
 
 use nyann_load::stats::StageAccumulator;
 use nyann_load::{
-    CancellationToken, FinishedStage, HookDecision, HookOutcome, RunResult, StageHook,
+    Bounds, CancellationToken, FinishedStage, HookDecision, HookOutcome, NextSearch, RunResult,
+    StageHook,
 };
 use nyann_model::{Scenario, Stage, Step};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -41,7 +42,7 @@ use crate::merge::{FleetRun, Judgement, LostWorker, RecordsFile, WorkerRun};
 use crate::protocol::{
     ToLeader, ToWorker, marker_name, receive, scenario_digest, send, write_task,
 };
-use crate::share::{first_id, scenario_share, worker_seed};
+use crate::share::{first_id, scenario_share, search_share, worker_seed};
 use crate::{FleetError, UPLOADED_RECORDS, lock, worker_dir};
 
 /// What the leader does when a worker is lost (or leaves).
@@ -384,6 +385,8 @@ impl Leader {
             finished: BTreeMap::new(),
             scenario: scenario.clone(),
             shares,
+            clean: BTreeMap::new(),
+            search: None,
             seed,
             workers: n,
             watch,
@@ -811,10 +814,16 @@ pub struct LeaderGate<H> {
     /// Per measured step: the workers whose statistics of it arrived (0 included).
     finished: BTreeMap<usize, BTreeSet<usize>>,
     /// The whole fleet's scenario: the judge sees the fleet's stage (its
-    /// concurrency or rate), not the leader's share of it.
+    /// concurrency or rate), not the leader's share of it. Capacity-search
+    /// stages are added after the steps as they start (here and in every
+    /// share), so that a search stage is looked up like a step.
     scenario: Scenario,
     /// Each worker's share of it.
     shares: Vec<Scenario>,
+    /// Per sweep, the fleet levels judged not congested so far.
+    clean: BTreeMap<u32, Vec<f64>>,
+    /// The capacity search under way: the fleet's bounds.
+    search: Option<Bounds>,
     seed: u64,
     workers: usize,
     watch: CancellationToken,
@@ -992,7 +1001,52 @@ impl<H> LeaderGate<H> {
             aborted: self.aborted(),
             presence,
             shares: std::mem::take(&mut self.shares),
+            scenario: self.scenario.clone(),
         }
+    }
+}
+
+impl<H> LeaderGate<H> {
+    /// Follows the capacity search in the fleet's levels: a judged sweep
+    /// stage (`ran`, at the level it ran) that was clean is a lower bound
+    /// for its sweep; a congested one with `refine=` starts a search; a
+    /// search stage (`refines`) moves its bounds, and one that could not be
+    /// judged ends it.
+    fn track_search<A>(&mut self, ran: &Stage, refines: Option<usize>, outcome: &HookOutcome<A>) {
+        let Some(level) = nyann_load::runner::search::level(ran) else {
+            return;
+        };
+        let stopped = matches!(outcome.decision, HookDecision::Stop { .. });
+        if refines.is_some() {
+            match (&mut self.search, stopped, outcome.congested) {
+                (Some(bounds), false, _) => bounds.judged(level, false),
+                (Some(bounds), true, true) => bounds.judged(level, true),
+                _ => self.search = None,
+            }
+            return;
+        }
+        let Some(stop) = &ran.stop else { return };
+        if !stopped {
+            self.clean.entry(ran.sweep).or_default().push(level);
+            return;
+        }
+        self.search = None;
+        let Some(search) = stop.search.filter(|_| outcome.congested) else {
+            return;
+        };
+        let clean = self.clean.get(&ran.sweep).and_then(|levels| {
+            levels
+                .iter()
+                .copied()
+                .filter(|&l| l < level)
+                .reduce(f64::max)
+        });
+        let mut bounds = Bounds::new(clean, level, ran.concurrency.is_some(), search.resolution);
+        if bounds.streams {
+            // Every worker taking part needs one stream at least.
+            bounds.floor = (self.live.len() + 1) as f64;
+        }
+        self.search = Some(bounds);
     }
 }
 
@@ -1034,6 +1088,62 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
         started.insert(0);
         self.started.insert(index, started);
         self.fleet.broadcast(&ToWorker::Start { stage: index });
+    }
+
+    /// The fleet bisects the fleet's levels (the levels its stages were
+    /// judged at); each worker runs its share of the level, the workers
+    /// still taking part dividing it.
+    async fn before_search(&mut self, next: &NextSearch<'_>) -> Option<Stage> {
+        let slot = next.slot;
+        self.fleet.step.store(slot, Ordering::SeqCst);
+        self.collect(|e| matches!(e, Event::Ready { stage, .. } if *stage == slot))
+            .await;
+        let workers: Vec<usize> = std::iter::once(0)
+            .chain(self.live.iter().copied())
+            .collect();
+        let like = match self.scenario.steps.get(next.refines) {
+            Some(Step::Stage(stage)) => stage.clone(),
+            _ => next.like.clone(),
+        };
+        let fleet_next = NextSearch {
+            slot,
+            refines: next.refines,
+            like: &like,
+            level: self.search.and_then(|bounds| bounds.next()),
+        };
+        // Search stages are looked up like steps: the next one's index is
+        // the number of steps so far.
+        let stage = match fleet_next.level {
+            Some(_) if self.scenario.steps.len() == slot => {
+                // The check's wait for the server to drain comes before
+                // any worker starts.
+                self.inner.before_search(&fleet_next).await
+            }
+            _ => None,
+        };
+        let level = stage.as_ref().and_then(nyann_load::runner::search::level);
+        let label = stage.as_ref().map(|s| s.label(slot)).unwrap_or_default();
+        self.fleet.broadcast(&ToWorker::Search {
+            stage: slot,
+            level,
+            workers: workers.clone(),
+            label: label.clone(),
+        });
+        let (stage, level) = (stage?, level?);
+        for (worker, share) in self.shares.iter_mut().enumerate() {
+            let part = search_share(&stage, level, &workers, worker).unwrap_or_else(|| Stage {
+                concurrency: stage.concurrency.map(|_| 0),
+                rate: stage.rate.map(|_| 0.0),
+                ..stage.clone()
+            });
+            share.steps.push(Step::Stage(part));
+        }
+        self.scenario.steps.push(Step::Stage(stage));
+        self.started.insert(slot, workers.iter().copied().collect());
+        let mut own = search_share(next.like, level, &workers, 0)?;
+        own.name = Some(label);
+        own.warmup = false;
+        Some(own)
     }
 
     async fn after_stage(
@@ -1089,10 +1199,10 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
             detail: &detail,
             stats: &merged,
             history: done.history,
-            // A fleet refuses capacity searches before it starts.
-            refines: None,
+            refines: done.refines,
         };
         let outcome = self.inner.after_stage(&fleet_stage).await;
+        self.track_search(&ran, done.refines, &outcome);
         let stop = match &outcome.decision {
             HookDecision::Stop { reason } => Some(reason.clone()),
             HookDecision::Continue => None,

@@ -135,6 +135,9 @@ pub struct FleetRun<A> {
     pub presence: BTreeMap<usize, Vec<usize>>,
     /// Each worker's share of the scenario.
     pub shares: Vec<Scenario>,
+    /// The fleet's scenario, its capacity-search stages (the fleet's
+    /// levels) after the steps, as in `shares`.
+    pub scenario: Scenario,
 }
 
 /// Why a worker's records are not in the merged results.
@@ -178,14 +181,10 @@ pub struct Merged<A> {
 
 /// Merges `fleet` into `dir` and returns the fleet's result. A records
 /// file that cannot be read is named as missing; it fails nothing else.
-pub fn write<A: Serialize + Clone>(
-    fleet: &FleetRun<A>,
-    scenario: &Scenario,
-    dir: &Path,
-) -> std::io::Result<Merged<A>> {
+pub fn write<A: Serialize + Clone>(fleet: &FleetRun<A>, dir: &Path) -> std::io::Result<Merged<A>> {
     let mut result = fleet.leader.clone();
     let records = merge_records(fleet, result.stages.len(), dir)?;
-    let mut fleet_stages = fleet_statistics(fleet, scenario, &mut result, records.stages);
+    let mut fleet_stages = fleet_statistics(fleet, &mut result, records.stages);
     result.requests_recorded = records.lines;
     result.seed = fleet.seed;
     for run in &fleet.runs {
@@ -325,7 +324,6 @@ fn merge_records<A>(
 /// departures). A stage some workers missed is marked degraded.
 fn fleet_statistics<A>(
     fleet: &FleetRun<A>,
-    scenario: &Scenario,
     result: &mut RunResult<A>,
     mut accs: Vec<Option<StageAccumulator>>,
 ) -> Vec<StageFleet> {
@@ -334,7 +332,7 @@ fn fleet_statistics<A>(
     let mut fleet_stages = vec![StageFleet::default(); result.stages.len()];
     for stage in &mut result.stages {
         // The fleet's level, not worker 0's share.
-        if let Some(Step::Stage(s)) = scenario.steps.get(stage.index) {
+        if let Some(Step::Stage(s)) = fleet.scenario.steps.get(stage.index) {
             stage.label = s.label(stage.index);
             stage.name = s.name.clone();
             stage.concurrency = s.concurrency;

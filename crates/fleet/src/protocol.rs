@@ -107,6 +107,16 @@ pub enum ToWorker {
     Start {
         stage: usize,
     },
+    /// A capacity-search stage (`refine=`) starts: `level` is the fleet's
+    /// (concurrency or rate), divided between `workers` by their position
+    /// ([`crate::share::search_share`]), `label` the fleet's label of the
+    /// stage; `level: None` ends the search.
+    Search {
+        stage: usize,
+        level: Option<f64>,
+        workers: Vec<usize>,
+        label: String,
+    },
     /// `stop`: the sweep stops after `stage`, with this reason.
     Decision {
         stage: usize,

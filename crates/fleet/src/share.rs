@@ -5,7 +5,7 @@
 //! seed derived from the leader's and a disjoint range of request and
 //! conversation ids, so the whole run is reproducible from one seed.
 
-use nyann_model::{Scenario, Step};
+use nyann_model::{Scenario, Stage, Step};
 
 /// Ids of worker `i` start at `i << ID_BITS`.
 const ID_BITS: u32 = 40;
@@ -72,6 +72,22 @@ pub fn scenario_share(
         }
     }
     Ok(share)
+}
+
+/// Worker `me`'s share of a capacity-search stage shaped like `like` at the
+/// fleet's `level`, divided between `workers` (`me` among them) like the
+/// steps are: a count by position, a rate evenly. `None` when `me` does not
+/// take part.
+pub fn search_share(like: &Stage, level: f64, workers: &[usize], me: usize) -> Option<Stage> {
+    let position = workers.iter().position(|&w| w == me)?;
+    let mut stage = like.clone();
+    if stage.concurrency.is_some() {
+        let streams = count_share(level as u64, workers.len(), position);
+        stage.concurrency = Some(u32::try_from(streams).unwrap_or(u32::MAX));
+    } else {
+        stage.rate = Some(level / workers.len() as f64);
+    }
+    Some(stage)
 }
 
 /// Worker `index`'s seed, derived from the leader's (splitmix64).

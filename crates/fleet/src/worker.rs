@@ -18,8 +18,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nyann_load::{CancellationToken, FinishedStage, HookOutcome, RunResult, StageHook};
-use nyann_model::Scenario;
+use nyann_load::{CancellationToken, FinishedStage, HookOutcome, NextSearch, RunResult, StageHook};
+use nyann_model::{Scenario, Stage};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
@@ -29,6 +29,7 @@ use crate::coordinator::Coordinator;
 use crate::protocol::{
     Queued, ToLeader, ToWorker, WireError, marker_name, receive, send, write_task,
 };
+use crate::share::search_share;
 
 /// How a worker finds and joins its leader.
 #[derive(Debug, Clone)]
@@ -554,6 +555,28 @@ impl StageHook for WorkerGate {
         self.send(ToLeader::Ready { stage: index }).await;
         self.next(|m| matches!(m, ToWorker::Start { stage } if stage == index).then_some(()))
             .await;
+    }
+
+    /// A search stage runs at the share of the level the leader decided
+    /// (its own bisection of the fleet's levels), when it says so.
+    async fn before_search(&mut self, next: &NextSearch<'_>) -> Option<Stage> {
+        let slot = next.slot;
+        self.send(ToLeader::Ready { stage: slot }).await;
+        let (level, workers, label) = self
+            .next(|m| match m {
+                ToWorker::Search {
+                    stage,
+                    level,
+                    workers,
+                    label,
+                } if stage == slot => Some((level, workers, label)),
+                _ => None,
+            })
+            .await;
+        let mut stage = search_share(next.like, level?, &workers, self.config.index)?;
+        stage.name = Some(label);
+        stage.warmup = false;
+        Some(stage)
     }
 
     async fn after_stage(&mut self, done: &FinishedStage<'_>) -> HookOutcome {

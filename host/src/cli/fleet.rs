@@ -121,12 +121,6 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let fleet = &args.fleet;
     let (scenario, source) = load_scenario(args)?;
-    if scenario.searches_capacity() {
-        bail!(
-            "refine= (the capacity search after a sweep stops) does not run with --workers yet: \
-             run the sweep in one process, or drop refine="
-        );
-    }
     // A stage that cannot be divided is refused before anyone waits.
     for i in 0..fleet.workers {
         scenario_share(&scenario, fleet.workers, i)?;
@@ -195,7 +189,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
             grace + Duration::from_secs(60),
         )
         .await;
-    let merged = nyann_fleet::merge::write(&waited, &scenario, dir)
+    let merged = nyann_fleet::merge::write(&waited, dir)
         .with_context(|| format!("writing the fleet's results to {}", dir.display()))?;
     for gone in &waited.departed {
         eprintln!(
