@@ -53,6 +53,8 @@ pub const RUN_SHADES: [[RGBColor; 3]; 4] = [
 /// The congested stage's marks and the thresholds' lines.
 pub const CONGESTED: RGBColor = RGBColor(214, 39, 40);
 const MUTED: RGBColor = RGBColor(140, 140, 140);
+/// Capacity-search stages: dark, apart from every run's shade.
+const SEARCHED: RGBColor = RGBColor(40, 40, 40);
 
 /// How values on the y axis read.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -145,6 +147,9 @@ pub enum MarkKind {
     Skipped,
     /// A judged stage whose server signal had no data (on the x axis).
     NoData,
+    /// A stage of the capacity search after the stop (at the stage's
+    /// value): the levels the search added between the sweep's.
+    Searched,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -293,6 +298,10 @@ fn draw_legend(
                     MarkKind::Skipped => {
                         root.draw(&Cross::new((x + 8, y), 4, color.stroke_width(width)))
                     }
+                    MarkKind::Searched => root.draw(&Rectangle::new(
+                        [(x + 4, y - 4), (x + 12, y + 4)],
+                        color.stroke_width(width),
+                    )),
                     _ => root.draw(&Circle::new((x + 8, y), 4, color.stroke_width(width))),
                 }
             }
@@ -323,6 +332,7 @@ fn mark_style(kind: MarkKind) -> (RGBColor, u32) {
         MarkKind::Congested => (CONGESTED, 3),
         MarkKind::Skipped => (MUTED, 2),
         MarkKind::NoData => (MUTED, 1),
+        MarkKind::Searched => (SEARCHED, 2),
     }
 }
 
@@ -423,7 +433,14 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
             legend.push(("above the axis (value shown)".to_owned(), Glyph::OffScale));
         }
 
-        for kind in [MarkKind::Skipped, MarkKind::NoData, MarkKind::Congested] {
+        // A search stage's square over a congested stage's circle.
+        let kinds = [
+            MarkKind::Skipped,
+            MarkKind::NoData,
+            MarkKind::Congested,
+            MarkKind::Searched,
+        ];
+        for kind in kinds {
             let points: Vec<_> = figure
                 .marks
                 .iter()
@@ -445,12 +462,18 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
                 MarkKind::NoData => {
                     chart.draw_series(points.into_iter().map(|p| Circle::new(p, 5, style)))
                 }
+                MarkKind::Searched => chart.draw_series(
+                    points
+                        .into_iter()
+                        .map(|p| EmptyElement::at(p) + Rectangle::new([(-5, -5), (5, 5)], style)),
+                ),
             }
             .map_err(plot_error)?;
             let name = match kind {
                 MarkKind::Congested => "congested",
                 MarkKind::Skipped => "skipped (not run, no value)",
                 MarkKind::NoData => "no data",
+                MarkKind::Searched => "capacity search stage",
             };
             legend.push((name.to_owned(), Glyph::Mark(kind)));
         }

@@ -52,8 +52,8 @@ fn measured(run: &SavedRun, by_rate: bool) -> Vec<(usize, f64, &ClientStats)> {
     measured
 }
 
-/// The marks every level chart shows: the congested stage (on `value`'s
-/// curve) and the skipped stages.
+/// The marks every level chart shows: the congested stages and the
+/// capacity search's (on `value`'s curve), and the skipped stages.
 fn stage_marks(
     run: &SavedRun,
     by_rate: bool,
@@ -64,6 +64,13 @@ fn stage_marks(
         let Some(x) = stage_level(stage, by_rate) else {
             continue;
         };
+        if stage.search.is_some() && stage.status == StageStatus::Measured {
+            marks.push(Mark {
+                kind: MarkKind::Searched,
+                x,
+                y: value(stage),
+            });
+        }
         if record.as_ref().is_some_and(CongestionRecord::congested) {
             marks.push(Mark {
                 kind: MarkKind::Congested,
@@ -269,7 +276,7 @@ pub(super) fn server_signal(
     };
     for (i, run) in runs.iter().enumerate() {
         let shades = RUN_SHADES[i % RUN_SHADES.len()];
-        let judged: Vec<(f64, &CongestionRecord, usize)> = run
+        let mut judged: Vec<(f64, &CongestionRecord, usize)> = run
             .result
             .stages
             .iter()
@@ -279,6 +286,8 @@ pub(super) fn server_signal(
                 Some((stage_level(stage, *by_rate)?, record.as_ref()?, index))
             })
             .collect();
+        // By level, as the client's curves (a search's stages come last).
+        judged.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut roles: Vec<&str> = judged
             .iter()
             .flat_map(|(_, r, _)| r.roles.iter().map(|s| s.role.as_str()))
@@ -288,14 +297,22 @@ pub(super) fn server_signal(
         roles.dedup();
         for (r, role) in roles.iter().enumerate() {
             let mut points = Vec::new();
-            for (x, record, _) in &judged {
+            for &(x, record, index) in &judged {
                 match record.roles.iter().find(|s| s.role == *role) {
                     Some(signals) if has_data(record, role, signal.field) => {
-                        points.push((*x, (signal.value)(signals)))
+                        let y = (signal.value)(signals);
+                        points.push((x, y));
+                        if run.result.stages[index].search.is_some() {
+                            figure.marks.push(Mark {
+                                kind: MarkKind::Searched,
+                                x,
+                                y: Some(y),
+                            });
+                        }
                     }
                     _ => figure.marks.push(Mark {
                         kind: MarkKind::NoData,
-                        x: *x,
+                        x,
                         y: None,
                     }),
                 }
@@ -318,7 +335,7 @@ pub(super) fn server_signal(
         // the value the policy judged with (its default when the scenario
         // did not write it), else the value written.
         let thresholds = Thresholds::of(run, signal.param);
-        let threshold: Vec<(f64, f64)> = run
+        let mut threshold: Vec<(f64, f64)> = run
             .result
             .stages
             .iter()
@@ -327,6 +344,7 @@ pub(super) fn server_signal(
                 Some((stage_level(stage, *by_rate)?, thresholds.at(run, index)?.0))
             })
             .collect();
+        threshold.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !threshold.is_empty() {
             let default = if thresholds.defaulted {
                 " (policy default)"

@@ -177,6 +177,7 @@ fn the_capacity_a_search_found_heads_the_run() {
         vec![role(1.0)],
     );
     searched.search = Some(nyann_load::SearchStage { refines: 1 });
+    run.records.push(CongestionRecord::of(&searched).cloned());
     run.result.stages.push(searched);
     let html = page(std::slice::from_ref(&run)).unwrap();
     assert!(
@@ -194,6 +195,31 @@ fn the_capacity_a_search_found_heads_the_run() {
     );
     let levels: Vec<f64> = figure.lines[0].points.iter().map(|p| p.0).collect();
     assert_eq!(levels, [64.0, 96.0, 128.0]);
+    // The search's stage is marked apart from the sweep's, on its curve.
+    let searched: Vec<(f64, Option<f64>)> = figure
+        .marks
+        .iter()
+        .filter(|m| m.kind == MarkKind::Searched)
+        .map(|m| (m.x, m.y))
+        .collect();
+    assert_eq!(searched, [(96.0, Some(14.0))]);
+    assert!(html.contains("capacity search stage"), "the chart's legend");
+    // So do the server signals' curves and their thresholds.
+    let waiting = server_signal(
+        std::slice::from_ref(&run),
+        &level_axis(std::slice::from_ref(&run)),
+        SIGNALS[0],
+    );
+    for line in &waiting.lines {
+        let levels: Vec<f64> = line.points.iter().map(|p| p.0).collect();
+        assert!(levels.is_sorted(), "{}: {levels:?}", line.name);
+    }
+    assert!(
+        waiting
+            .marks
+            .iter()
+            .any(|m| m.kind == MarkKind::Searched && m.x == 96.0 && m.y == Some(1.0))
+    );
     // The congested bound judged 2% over the standard thresholds.
     let record = &mut run.result.stages[1].annotation.as_mut().unwrap().congestion;
     record.judged_params = [
