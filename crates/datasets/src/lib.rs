@@ -1,0 +1,284 @@
+//! Eval datasets asked as load: GSM8K and GPQA in the files users download,
+//! each question as the prompt a request sends, and the answer extracted
+//! from a reply and scored. The load generator asks them; the simulator
+//! finds the question a prompt asks ([`EvalSet::find`]) to answer it.
+//!
+//! Every prompt ends with its question as a block that starts with
+//! `Question: `: few-shot examples (GSM8K) come before it, the choices
+//! (GPQA) after it.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+mod gpqa;
+mod gsm8k;
+mod numbers;
+
+pub use gpqa::extract_letter;
+pub use gsm8k::extract_number;
+
+/// Which dataset, and so how a reply is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalKind {
+    /// Grade-school math: the answer is a number.
+    Gsm8k,
+    /// Four-choice questions: the answer is a letter, A to D.
+    Gpqa,
+}
+
+/// One question as asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    /// The whole prompt (few-shot examples included).
+    pub prompt: String,
+    /// The answer that scores a reply: a normalised number, or a letter.
+    pub expected: String,
+}
+
+/// A reply, scored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    /// The answer read from the reply; `None`: it gave none (unanswerable).
+    pub extracted: Option<String>,
+    pub correct: bool,
+}
+
+/// Why a dataset cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// One record (a line of JSONL, a row of CSV) is not what the format
+    /// needs.
+    #[error("{path}: record {record}: {why}")]
+    Record {
+        path: String,
+        record: usize,
+        why: String,
+    },
+    #[error("{path}: no question in the file ({expected})")]
+    Empty {
+        path: String,
+        expected: &'static str,
+    },
+}
+
+/// The questions of a dataset, in the file's order.
+#[derive(Debug, Clone)]
+pub struct EvalSet {
+    kind: EvalKind,
+    questions: Vec<Question>,
+    /// The first line of each question's block, capped: what
+    /// [`EvalSet::find`] looks up.
+    by_key: HashMap<String, usize>,
+}
+
+/// Where a prompt's own question starts.
+const MARKER: &str = "Question: ";
+/// Characters of a question's first line that identify it.
+const KEY_CHARS: usize = 120;
+
+impl EvalSet {
+    /// A GSM8K test file (JSONL of `question`/`answer`, the answer ending
+    /// `#### N`), each question preceded by the first `fewshot` worked
+    /// examples of `train` (the same format; needed when `fewshot > 0`).
+    pub fn gsm8k(
+        path: &Path,
+        train: Option<&Path>,
+        fewshot: usize,
+    ) -> Result<EvalSet, DatasetError> {
+        gsm8k::load(path, train, fewshot).map(|q| EvalSet::new(EvalKind::Gsm8k, q))
+    }
+
+    /// A GPQA file (its CSV, or JSONL with the same columns: `Question`,
+    /// `Correct Answer`, `Incorrect Answer 1..3`), each question's choices
+    /// shuffled with `seed`.
+    pub fn gpqa(path: &Path, seed: u64) -> Result<EvalSet, DatasetError> {
+        gpqa::load(path, seed).map(|q| EvalSet::new(EvalKind::Gpqa, q))
+    }
+
+    fn new(kind: EvalKind, questions: Vec<Question>) -> EvalSet {
+        let mut by_key = HashMap::new();
+        for (index, question) in questions.iter().enumerate() {
+            if let Some(key) = key(&question.prompt) {
+                by_key.entry(key).or_insert(index);
+            }
+        }
+        EvalSet {
+            kind,
+            questions,
+            by_key,
+        }
+    }
+
+    pub fn kind(&self) -> EvalKind {
+        self.kind
+    }
+
+    pub fn len(&self) -> usize {
+        self.questions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.questions.is_empty()
+    }
+
+    pub fn question(&self, index: usize) -> Option<&Question> {
+        self.questions.get(index)
+    }
+
+    /// The question `prompt` asks (its last `Question: ` block), if it is
+    /// one of this set's; `prompt` may carry a chat template around it.
+    pub fn find(&self, prompt: &str) -> Option<&Question> {
+        let index = *self.by_key.get(&key(prompt)?)?;
+        self.questions.get(index)
+    }
+
+    /// Reads the answer in `reply` and scores it against `question`.
+    pub fn score(&self, question: &Question, reply: &str) -> Scored {
+        let extracted = match self.kind {
+            EvalKind::Gsm8k => extract_number(reply),
+            EvalKind::Gpqa => extract_letter(reply).map(String::from),
+        };
+        Scored {
+            correct: extracted.as_deref() == Some(question.expected.as_str()),
+            extracted,
+        }
+    }
+
+    /// A reply that answers `question` right or, with `correct` false,
+    /// wrong: what the simulator says.
+    pub fn reply(&self, question: &Question, correct: bool) -> String {
+        match self.kind {
+            EvalKind::Gsm8k if correct => format!("#### {}", question.expected),
+            EvalKind::Gsm8k => format!("#### {}", numbers::another(&question.expected)),
+            EvalKind::Gpqa => {
+                let letter = if correct {
+                    question.expected.clone()
+                } else {
+                    let next = match question.expected.as_str() {
+                        "A" => "B",
+                        "B" => "C",
+                        "C" => "D",
+                        _ => "A",
+                    };
+                    next.to_string()
+                };
+                format!("Answer: {letter}")
+            }
+        }
+    }
+}
+
+/// The first line of the last `Question: ` block of `text`, capped.
+fn key(text: &str) -> Option<String> {
+    let start = text.rfind(MARKER)? + MARKER.len();
+    let line = text[start..].split('\n').next().unwrap_or_default();
+    Some(line.chars().take(KEY_CHARS).collect())
+}
+
+/// Removes `<think>...</think>` blocks (reasoning models' reasoning, whose
+/// numbers and letters are not the answer); an unclosed block runs to the
+/// end.
+fn without_reasoning(reply: &str) -> String {
+    let mut out = String::with_capacity(reply.len());
+    let mut rest = reply;
+    while let Some(open) = rest.find("<think>") {
+        out.push_str(&rest[..open]);
+        match rest[open..].find("</think>") {
+            Some(close) => rest = &rest[open + close + "</think>".len()..],
+            None => return out,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Each line of a JSONL file as an object, numbered from 1 (blank lines
+/// skipped).
+fn jsonl(
+    path: &Path,
+    text: &str,
+) -> impl Iterator<Item = Result<(usize, serde_json::Map<String, serde_json::Value>), DatasetError>>
+{
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(move |(i, line)| match serde_json::from_str(line) {
+            Ok(serde_json::Value::Object(map)) => Ok((i + 1, map)),
+            Ok(_) => Err(record(path, i + 1, "not a JSON object".into())),
+            Err(e) => Err(record(path, i + 1, format!("not JSON: {e}"))),
+        })
+}
+
+fn read(path: &Path) -> Result<String, DatasetError> {
+    std::fs::read_to_string(path).map_err(|source| DatasetError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn record(path: &Path, record: usize, why: String) -> DatasetError {
+    DatasetError::Record {
+        path: path.display().to_string(),
+        record,
+        why,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_is_left_out() {
+        assert_eq!(without_reasoning("<think>7</think>8"), "8");
+        assert_eq!(
+            without_reasoning("a<think>1</think>b<think>2</think>c"),
+            "abc"
+        );
+        assert_eq!(without_reasoning("x<think>unclosed 9"), "x");
+    }
+
+    #[test]
+    fn a_prompt_is_found_by_its_last_question_even_inside_a_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let test = dir.path().join("test.jsonl");
+        let train = dir.path().join("train.jsonl");
+        std::fs::write(
+            &test,
+            "{\"question\": \"What is 2 + 3?\", \"answer\": \"2 + 3 = 5\\n#### 5\"}\n\
+             {\"question\": \"What is 4 + 4?\", \"answer\": \"#### 8\"}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &train,
+            "{\"question\": \"What is 1 + 1?\", \"answer\": \"1 + 1 = 2\\n#### 2\"}\n",
+        )
+        .unwrap();
+        let set = EvalSet::gsm8k(&test, Some(&train), 1).unwrap();
+        let second = set.question(1).unwrap();
+        assert!(
+            second
+                .prompt
+                .starts_with("Question: What is 1 + 1?\nAnswer: 1 + 1 = 2")
+        );
+        let templated = format!("<|user|>\n{}<|end|>\n<|assistant|>\n", second.prompt);
+        assert_eq!(set.find(&templated), Some(second));
+        assert_eq!(set.find("Question: What is 9 + 9?\nAnswer:"), None);
+        assert_eq!(set.find("no question"), None);
+        let right = set.reply(second, true);
+        assert!(set.score(second, &right).correct);
+        let wrong = set.reply(second, false);
+        assert_eq!(
+            set.score(second, &wrong),
+            Scored {
+                extracted: Some("9".into()),
+                correct: false
+            }
+        );
+    }
+}
