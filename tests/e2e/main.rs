@@ -9,6 +9,7 @@
 mod abuse;
 mod browser;
 mod cli;
+mod evals;
 mod fleet;
 mod policy;
 mod report;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::{DatasetError, MARKER, Question, jsonl, read, record, without_reasoning};
 
-const LETTERS: [&str; 4] = ["A", "B", "C", "D"];
+pub(crate) const LETTERS: [&str; 4] = ["A", "B", "C", "D"];
 const COLUMNS: [&str; 5] = [
     "Question",
     "Correct Answer",
@@ -87,6 +87,7 @@ pub(crate) fn load(path: &Path, seed: u64) -> Result<Vec<Question>, DatasetError
         .into_iter()
         .enumerate()
         .map(|(i, [question, correct, wrong1, wrong2, wrong3])| {
+            let correct_text = correct.clone();
             let mut choices = [
                 (correct, true),
                 (wrong1, false),
@@ -108,7 +109,11 @@ pub(crate) fn load(path: &Path, seed: u64) -> Result<Vec<Question>, DatasetError
             prompt.push_str(
                 "Answer with the letter of the correct choice, as `Answer: X` on the last line.",
             );
-            Question { prompt, expected }
+            Question {
+                prompt,
+                expected,
+                correct: correct_text,
+            }
         })
         .collect())
 }
@@ -154,13 +159,10 @@ pub fn extract_letter(reply: &str) -> Option<&'static str> {
     {
         return Some(found);
     }
-    if let Some(found) = reply
-        .rmatch_indices('(')
-        .find_map(|(at, _)| {
-            let inside = reply[at + 1..].split(')').next()?;
-            LETTERS.iter().find(|l| inside.trim() == **l).copied()
-        })
-    {
+    if let Some(found) = reply.rmatch_indices('(').find_map(|(at, _)| {
+        let inside = reply[at + 1..].split(')').next()?;
+        LETTERS.iter().find(|l| inside.trim() == **l).copied()
+    }) {
         return Some(found);
     }
     let last = reply.trim_end().trim_end_matches(['.', ')', '*']);
@@ -217,6 +219,12 @@ mod tests {
             })
             .collect();
         assert!(letters.len() > 1, "the correct answer moves with the seed");
+        // Whoever shuffled, the expected letter is read from the prompt.
+        let set = crate::EvalSet::gpqa(&csv, 99).unwrap();
+        for seed in 0..8 {
+            let asked = &load(&csv, seed).unwrap()[0];
+            assert_eq!(set.expected_in(&asked.prompt), Some(asked.expected.clone()));
+        }
         assert_eq!(load(&csv, 3).unwrap(), load(&csv, 3).unwrap());
 
         let jsonl = dir.path().join("gpqa.jsonl");

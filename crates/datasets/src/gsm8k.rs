@@ -76,6 +76,7 @@ pub(crate) fn load(
                 })?;
             Ok(Question {
                 prompt: format!("{prefix}{MARKER}{}\nAnswer:", example.question),
+                correct: expected.clone(),
                 expected,
             })
         })

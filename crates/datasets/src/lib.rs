@@ -33,6 +33,9 @@ pub struct Question {
     pub prompt: String,
     /// The answer that scores a reply: a normalised number, or a letter.
     pub expected: String,
+    /// The right answer as the dataset writes it: the number (GSM8K), the
+    /// correct choice's text (GPQA, whose letter depends on the shuffle).
+    pub correct: String,
 }
 
 /// A reply, scored.
@@ -149,23 +152,36 @@ impl EvalSet {
         }
     }
 
-    /// A reply that answers `question` right or, with `correct` false,
-    /// wrong: what the simulator says.
-    pub fn reply(&self, question: &Question, correct: bool) -> String {
+    /// The answer `prompt` expects, read from the prompt itself (a GPQA
+    /// prompt's letter depends on the asker's shuffle, not this set's): what
+    /// the simulator answers with.
+    pub fn expected_in(&self, prompt: &str) -> Option<String> {
+        let question = self.find(prompt)?;
         match self.kind {
-            EvalKind::Gsm8k if correct => format!("#### {}", question.expected),
-            EvalKind::Gsm8k => format!("#### {}", numbers::another(&question.expected)),
+            EvalKind::Gsm8k => Some(question.expected.clone()),
+            EvalKind::Gpqa => gpqa::LETTERS
+                .iter()
+                .find(|letter| prompt.contains(&format!("\n{letter}) {}\n", question.correct)))
+                .map(|letter| (*letter).to_string()),
+        }
+    }
+
+    /// A reply giving the answer `expected` or, with `correct` false, a
+    /// wrong one: what the simulator says.
+    pub fn reply(&self, expected: &str, correct: bool) -> String {
+        match self.kind {
+            EvalKind::Gsm8k if correct => format!("#### {expected}"),
+            EvalKind::Gsm8k => format!("#### {}", numbers::another(expected)),
             EvalKind::Gpqa => {
                 let letter = if correct {
-                    question.expected.clone()
+                    expected
                 } else {
-                    let next = match question.expected.as_str() {
+                    match expected {
                         "A" => "B",
                         "B" => "C",
                         "C" => "D",
                         _ => "A",
-                    };
-                    next.to_string()
+                    }
                 };
                 format!("Answer: {letter}")
             }
@@ -270,9 +286,10 @@ mod tests {
         assert_eq!(set.find(&templated), Some(second));
         assert_eq!(set.find("Question: What is 9 + 9?\nAnswer:"), None);
         assert_eq!(set.find("no question"), None);
-        let right = set.reply(second, true);
+        assert_eq!(set.expected_in(&templated).as_deref(), Some("8"));
+        let right = set.reply("8", true);
         assert!(set.score(second, &right).correct);
-        let wrong = set.reply(second, false);
+        let wrong = set.reply("8", false);
         assert_eq!(
             set.score(second, &wrong),
             Scored {

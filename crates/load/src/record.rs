@@ -130,6 +130,15 @@ pub struct RequestRecord {
     /// ports, buffers): the client is the cause, not the server.
     #[serde(default, skip_serializing_if = "is_false")]
     pub client_error: bool,
+    /// An eval request (GSM8K, GPQA): the answer that scores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_expected: Option<String>,
+    /// The answer read from the reply (absent: none found, or no reply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_extracted: Option<String>,
+    /// Whether the reply was right; absent when no reply came to score.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_correct: Option<bool>,
 }
 
 impl RequestRecord {
@@ -169,6 +178,9 @@ impl RequestRecord {
             client_lag_s: None,
             resent: false,
             client_error: false,
+            eval_expected: None,
+            eval_extracted: None,
+            eval_correct: None,
         }
     }
 }

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use nyann_model::ClientStats;
+use nyann_model::{ClientStats, EvalStats};
 use serde::{Deserialize, Serialize};
 
 use crate::record::{RequestRecord, Status};
@@ -142,6 +142,32 @@ pub struct StageAccumulator {
     /// The longest any request waited for its first token (µs), see
     /// [`first_token_wait`].
     longest_first_token_wait: u64,
+    eval: EvalCounts,
+}
+
+/// The scored replies of eval requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+struct EvalCounts {
+    answered: u64,
+    correct: u64,
+    unanswerable: u64,
+}
+
+impl EvalCounts {
+    fn add(&mut self, record: &RequestRecord) {
+        let Some(correct) = record.eval_correct else {
+            return;
+        };
+        self.answered += 1;
+        self.correct += u64::from(correct);
+        self.unanswerable += u64::from(record.eval_extracted.is_none());
+    }
+
+    fn merge(&mut self, other: EvalCounts) {
+        self.answered += other.answered;
+        self.correct += other.correct;
+        self.unanswerable += other.unanswerable;
+    }
 }
 
 impl Default for StageAccumulator {
@@ -209,6 +235,8 @@ struct WireAccumulator {
     /// Microseconds; absent from messages of builds before it.
     #[serde(default)]
     longest_first_token_wait: u64,
+    #[serde(default)]
+    eval: EvalCounts,
 }
 
 fn buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
@@ -245,6 +273,7 @@ impl From<StageAccumulator> for WireAccumulator {
             first_ttft: buckets(&a.first_ttft),
             later_ttft: buckets(&a.later_ttft),
             longest_first_token_wait: a.longest_first_token_wait,
+            eval: a.eval,
         }
     }
 }
@@ -268,6 +297,7 @@ impl From<WireAccumulator> for StageAccumulator {
             first_ttft: from_buckets(&w.first_ttft),
             later_ttft: from_buckets(&w.later_ttft),
             longest_first_token_wait: w.longest_first_token_wait,
+            eval: w.eval,
         }
     }
 }
@@ -307,6 +337,7 @@ impl StageAccumulator {
             e2e: histogram(),
             client_lag: histogram(),
             longest_first_token_wait: 0,
+            eval: EvalCounts::default(),
         }
     }
 
@@ -318,6 +349,7 @@ impl StageAccumulator {
         if let Some(lag) = record.client_lag_s {
             self.client_lag.saturating_record(micros(lag));
         }
+        self.eval.add(record);
         match record.status {
             Status::Ok => {
                 self.ok += 1;
@@ -352,6 +384,7 @@ impl StageAccumulator {
 
     /// Adds everything `other` accumulated (for run totals).
     pub fn merge(&mut self, other: &StageAccumulator) {
+        self.eval.merge(other.eval);
         self.ok += other.ok;
         self.failed += other.failed;
         self.rejected += other.rejected;
@@ -418,6 +451,13 @@ impl StageAccumulator {
             requests_rejected: self.rejected,
             rejected_per_second: per_second(self.rejected),
             requests_late: self.late,
+            eval: (self.eval.answered > 0).then(|| {
+                EvalStats::of(
+                    self.eval.answered,
+                    self.eval.correct,
+                    self.eval.unanswerable,
+                )
+            }),
         };
         let detail = StageDetail {
             sent: self.ok + self.failed + self.rejected + self.late + self.cancelled,
@@ -476,7 +516,41 @@ mod tests {
             client_lag_s: Some(0.002),
             resent: false,
             client_error: false,
+            eval_expected: None,
+            eval_extracted: None,
+            eval_correct: None,
         }
+    }
+
+    /// Eval answers count like requests: exactly, through a fleet's wire
+    /// form and its merge.
+    #[test]
+    fn eval_answers_are_counted_and_merged_exactly() {
+        let scored = |extracted: Option<&str>, correct: Option<bool>| RequestRecord {
+            eval_expected: Some("7".into()),
+            eval_extracted: extracted.map(String::from),
+            eval_correct: correct,
+            ..record(Status::Ok, 0.1, 3)
+        };
+        let mut one = StageAccumulator::new();
+        one.add(&scored(Some("7"), Some(true)));
+        one.add(&scored(Some("8"), Some(false)));
+        let mut other = StageAccumulator::new();
+        other.add(&scored(None, Some(false)));
+        other.add(&scored(Some("7"), Some(true)));
+        // A failed request has no reply to score.
+        other.add(&RequestRecord {
+            eval_expected: Some("7".into()),
+            ..record(Status::Failed, 0.1, 0)
+        });
+        let wire: StageAccumulator =
+            serde_json::from_str(&serde_json::to_string(&other).unwrap()).unwrap();
+        one.merge(&wire);
+        let eval = one.finish(1.0).0.eval.unwrap();
+        assert_eq!((eval.answered, eval.correct, eval.unanswerable), (4, 2, 1));
+        assert_eq!(eval.accuracy, 0.5);
+        assert!(eval.accuracy_low < 0.5 && eval.accuracy_high > 0.5);
+        assert_eq!(StageAccumulator::new().finish(1.0).0.eval, None);
     }
 
     #[test]

@@ -26,8 +26,8 @@ pub use duration::{DURATION_HELP, parse_duration, parse_seconds};
 pub use header::parse_header;
 
 pub use observation::{
-    ClientStats, FiredRule, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation,
-    SweepRef, Verdict,
+    ClientStats, EvalStats, FiredRule, ParamKind, ParamSpec, PolicyInfo, RoleSignals,
+    StageObservation, SweepRef, Verdict, wilson,
 };
 pub use scenario::{
     CacheSalt, CapacitySearch, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition,

@@ -62,6 +62,61 @@ pub struct ClientStats {
     pub requests_late: u64,
     /// Open-loop arrivals not sent because `max_inflight` requests were in flight.
     pub dropped: u64,
+    /// The scored answers of an eval workload's requests (GSM8K, GPQA);
+    /// absent from other stages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalStats>,
+}
+
+/// A stage's eval answers: how many replies were scored and how many were
+/// right, with the accuracy's 95% Wilson interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct EvalStats {
+    /// Requests that got a reply, scored (unanswerable ones included).
+    pub answered: u64,
+    pub correct: u64,
+    /// Replies in which no answer was found (scored wrong).
+    pub unanswerable: u64,
+    /// `correct / answered`.
+    pub accuracy: f64,
+    /// The accuracy's 95% Wilson score interval.
+    pub accuracy_low: f64,
+    pub accuracy_high: f64,
+}
+
+impl EvalStats {
+    /// The figures of `correct` right answers out of `answered`.
+    pub fn of(answered: u64, correct: u64, unanswerable: u64) -> EvalStats {
+        let (low, high) = wilson(correct, answered);
+        EvalStats {
+            answered,
+            correct,
+            unanswerable,
+            accuracy: if answered == 0 {
+                0.0
+            } else {
+                correct as f64 / answered as f64
+            },
+            accuracy_low: low,
+            accuracy_high: high,
+        }
+    }
+}
+
+/// The 95% Wilson score interval of `successes` out of `trials` (`(0, 1)`
+/// for none): unlike the normal approximation it stays within [0, 1] and
+/// is honest at small counts and at 0% or 100%.
+pub fn wilson(successes: u64, trials: u64) -> (f64, f64) {
+    if trials == 0 {
+        return (0.0, 1.0);
+    }
+    const Z: f64 = 1.959_963_984_540_054;
+    let n = trials as f64;
+    let p = successes as f64 / n;
+    let z2 = Z * Z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = Z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
+    ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
 /// Which sweep a stage belongs to: one `until_congested(...)` list.
@@ -160,4 +215,27 @@ pub struct PolicyInfo {
     /// Whether the policy reads server signals (policies built before
     /// interface 0.3 all may): without them it runs with no signal source.
     pub server_signals: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wilson_intervals_match_the_textbook() {
+        // 81 of 263 (Wilson 1927's worked figures, to 4 places): 0.2553..0.3662.
+        let (low, high) = wilson(81, 263);
+        assert!(
+            (low - 0.2553).abs() < 5e-4 && (high - 0.3662).abs() < 5e-4,
+            "{low} {high}"
+        );
+        let (low, high) = wilson(10, 10);
+        assert!(
+            (high - 1.0).abs() < 1e-9 && (low - 0.7225).abs() < 5e-4,
+            "{low}"
+        );
+        assert_eq!(wilson(0, 0), (0.0, 1.0));
+        let stats = EvalStats::of(4, 3, 1);
+        assert_eq!(stats.accuracy, 0.75);
+    }
 }

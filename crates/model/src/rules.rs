@@ -36,10 +36,42 @@ pub fn workload_problems(w: &Workload) -> Vec<String> {
             "type \"corpus\" needs corpus_path: the path of a text file to draw prompts from"
                 .into(),
         ),
-        WorkloadType::Synthetic | WorkloadType::Faker if w.corpus_path.is_some() => out.push(
+        WorkloadType::Corpus => {}
+        _ if w.corpus_path.is_some() => out.push(
             "corpus_path is only used by type \"corpus\"; remove it or set type=\"corpus\"".into(),
         ),
         _ => {}
+    }
+    let kind = w.kind.name();
+    if w.kind.is_eval() {
+        if w.path.as_deref().is_none_or(str::is_empty) {
+            out.push(format!(
+                "type \"{kind}\" needs path: the dataset file ({})",
+                if w.kind == WorkloadType::Gsm8k {
+                    "GSM8K's JSONL of question/answer"
+                } else {
+                    "GPQA's CSV, or JSONL with its columns"
+                }
+            ));
+        }
+        if w.turns > 1 {
+            out.push(format!(
+                "type \"{kind}\" asks one question per request: turns must be 1"
+            ));
+        }
+    } else if w.path.is_some() {
+        out.push(format!(
+            "path is only used by the eval types \"gsm8k\" and \"gpqa\" (type \"{kind}\" reads corpus_path)"
+        ));
+    }
+    if w.kind != WorkloadType::Gsm8k && (w.train_path.is_some() || w.fewshot > 0) {
+        out.push("train_path and fewshot are only used by type \"gsm8k\"".into());
+    }
+    if w.kind == WorkloadType::Gsm8k && w.fewshot > 0 && w.train_path.is_none() {
+        out.push(format!(
+            "fewshot={} needs train_path: the GSM8K train file the worked examples come from",
+            w.fewshot
+        ));
     }
     if !(w.chars_per_token.is_finite() && w.chars_per_token >= 0.0) {
         out.push(format!(

@@ -261,6 +261,16 @@ pub struct Workload {
     pub cache_salt: Option<CacheSalt>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An eval dataset's file (`gsm8k`, `gpqa`); a relative path is taken
+    /// from the scenario file's folder when the scenario is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// GSM8K's train file, where few-shot examples come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_path: Option<String>,
+    /// GSM8K: worked examples (from `train_path`) before each question.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fewshot: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,6 +279,28 @@ pub enum WorkloadType {
     Synthetic,
     Faker,
     Corpus,
+    /// GSM8K's questions, each answered and scored.
+    Gsm8k,
+    /// GPQA's four-choice questions, each answered and scored.
+    Gpqa,
+}
+
+impl WorkloadType {
+    /// As scenarios write it: `workload("gsm8k", ...)`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadType::Synthetic => "synthetic",
+            WorkloadType::Faker => "faker",
+            WorkloadType::Corpus => "corpus",
+            WorkloadType::Gsm8k => "gsm8k",
+            WorkloadType::Gpqa => "gpqa",
+        }
+    }
+
+    /// An eval dataset: its requests are scored.
+    pub fn is_eval(self) -> bool {
+        matches!(self, WorkloadType::Gsm8k | WorkloadType::Gpqa)
+    }
 }
 
 /// Prefix-cache salt: a fresh random salt per conversation, or a fixed one.
@@ -292,6 +324,9 @@ impl Default for Workload {
             chars_per_token: 0.0,
             cache_salt: None,
             name: None,
+            path: None,
+            train_path: None,
+            fewshot: 0,
         }
     }
 }

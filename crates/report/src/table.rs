@@ -75,6 +75,10 @@ const HEADER: [&str; 22] = [
 /// share of prompt tokens served from the server's prefix cache.
 const CACHED: &str = "cached";
 
+/// The column shown after the client columns when some stage asked eval
+/// questions (GSM8K, GPQA).
+const ACCURACY: &str = "accuracy";
+
 /// What a server cell says for a signal no role had series of.
 const NO_DATA: &str = "no data";
 
@@ -179,6 +183,13 @@ impl StageTable {
                 .as_ref()
                 .is_some_and(|d| d.cached_prompt_share.is_some())
         });
+        let show_accuracy = result
+            .stages
+            .iter()
+            .any(|s| s.client.as_ref().is_some_and(|c| c.eval.is_some()));
+        if show_accuracy {
+            header.insert(server_columns_at, ACCURACY.into());
+        }
         if show_cached {
             header.insert(server_columns_at, CACHED.into());
         }
@@ -220,6 +231,17 @@ impl StageTable {
                 let share = stage.detail.as_ref().and_then(|d| d.cached_prompt_share);
                 row.push(share.map_or("-".into(), |s| format!("{:.0}%", 100.0 * s)));
             }
+            if show_accuracy {
+                let eval = stage.client.as_ref().and_then(|c| c.eval);
+                row.push(eval.map_or("-".into(), |e| {
+                    format!(
+                        "{:.1}% ({:.0}-{:.0})",
+                        100.0 * e.accuracy,
+                        100.0 * e.accuracy_low,
+                        100.0 * e.accuracy_high
+                    )
+                }));
+            }
             row.extend(server_cells(stage, record.as_ref()));
             rows.push(row);
         }
@@ -239,6 +261,12 @@ impl StageTable {
             notes.push(
                 ">=: a lower bound: the quantile lies beyond the histogram's largest bucket bound, \
                  or no first token came in the window while requests waited (a stall)"
+                    .into(),
+            );
+        }
+        if show_accuracy {
+            notes.push(
+                "accuracy: eval answers right, of those scored (95% Wilson interval); eval_* in requests.jsonl"
                     .into(),
             );
         }

@@ -392,8 +392,9 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
 #[starlark_module]
 fn workload_builtins(builder: &mut GlobalsBuilder) {
     /// `workload(type, isl=128, osl=256, turns=1, subsequent_isl=None,
-    /// corpus_path=None, chars_per_token=0.0, cache_salt=None, name=None)`:
-    /// what the prompts look like.
+    /// corpus_path=None, chars_per_token=0.0, cache_salt=None, name=None,
+    /// path=None, train_path=None, fewshot=0)`: what the prompts look like
+    /// (`gsm8k` and `gpqa`: an eval dataset's questions, scored).
     fn workload<'v>(
         r#type: Value<'v>,
         isl: Option<Value<'v>>,
@@ -404,19 +405,23 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
         chars_per_token: Option<Value<'v>>,
         cache_salt: Option<Value<'v>>,
         name: Option<Value<'v>>,
+        path: Option<Value<'v>>,
+        train_path: Option<Value<'v>>,
+        fewshot: Option<Value<'v>>,
         eval: &mut Evaluator<'v, '_, '_>,
     ) -> starlark::Result<Value<'v>> {
         let location = call_location(eval);
         let mut a = Args::new("workload");
-        let kind = match a.string("type", r#type, "\"synthetic\", \"faker\" or \"corpus\"") {
+        let types = "\"synthetic\", \"faker\", \"corpus\", \"gsm8k\" or \"gpqa\"";
+        let kind = match a.string("type", r#type, types) {
             Some(t) => match t.as_str() {
                 "synthetic" => Some(WorkloadType::Synthetic),
                 "faker" => Some(WorkloadType::Faker),
                 "corpus" => Some(WorkloadType::Corpus),
+                "gsm8k" => Some(WorkloadType::Gsm8k),
+                "gpqa" => Some(WorkloadType::Gpqa),
                 other => {
-                    a.problem(format!(
-                        "type must be \"synthetic\", \"faker\" or \"corpus\", got {other:?}"
-                    ));
+                    a.problem(format!("type must be {types}, got {other:?}"));
                     None
                 }
             },
@@ -452,6 +457,12 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
             }
         });
         let name = a.opt_string("name", name);
+        let path = a.opt_string("path", path);
+        let train_path = a.opt_string("train_path", train_path);
+        let fewshot = match fewshot {
+            None => 0,
+            Some(v) => a.u32("fewshot", v, "an int >= 0").unwrap_or(0),
+        };
         let workload = Workload {
             kind: kind.unwrap_or(WorkloadType::Faker),
             isl,
@@ -462,6 +473,9 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
             chars_per_token,
             cache_salt,
             name,
+            path,
+            train_path,
+            fewshot,
         };
         if a.problems.is_empty() {
             for p in workload_problems(&workload) {

@@ -36,12 +36,34 @@ pub fn load_file(path: &Path) -> Result<Scenario, ScenarioError> {
 pub fn load_file_with_source(path: &Path) -> Result<(Scenario, String), ScenarioError> {
     let name = path.display().to_string();
     let source = source::read(path, &name)?;
-    let scenario = if path.extension().and_then(|e| e.to_str()) == Some("json") {
+    let mut scenario = if path.extension().and_then(|e| e.to_str()) == Some("json") {
         parse_ir(&name, &source)
     } else {
         compile_str(&name, &source)
     }?;
+    if let Some(dir) = path.parent() {
+        datasets_from(&mut scenario, dir);
+    }
     Ok((scenario, source))
+}
+
+/// Eval datasets' relative paths are the scenario file's neighbours: made
+/// absolute from `dir`, so that the run finds them from any directory.
+fn datasets_from(scenario: &mut Scenario, dir: &Path) {
+    let stages = scenario.steps.iter_mut().filter_map(|step| match step {
+        nyann_model::Step::Stage(stage) => stage.workload.as_mut(),
+        nyann_model::Step::Barrier { .. } => None,
+    });
+    for workload in std::iter::once(&mut scenario.workload).chain(stages) {
+        for path in [&mut workload.path, &mut workload.train_path]
+            .into_iter()
+            .flatten()
+        {
+            if Path::new(path.as_str()).is_relative() {
+                *path = dir.join(&*path).display().to_string();
+            }
+        }
+    }
 }
 
 /// Compiles Starlark `source` (named `file_name` in error messages and in the

@@ -11,7 +11,7 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 
 use allocative::Allocative;
-use nyann_model::{Scenario, SourceLocation, Stage, Workload, WorkloadType};
+use nyann_model::{Scenario, SourceLocation, Stage, Workload};
 use starlark::starlark_simple_value;
 use starlark::values::starlark_value;
 use starlark::values::{NoSerialize, ProvidesStaticType, StarlarkPagablePanic, StarlarkValue};
@@ -83,11 +83,7 @@ impl<'v> StarlarkValue<'v> for WorkloadValue {}
 impl fmt::Display for WorkloadValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let w = &self.workload;
-        let kind = match w.kind {
-            WorkloadType::Synthetic => "synthetic",
-            WorkloadType::Faker => "faker",
-            WorkloadType::Corpus => "corpus",
-        };
+        let kind = w.kind.name();
         write!(
             f,
             "workload(\"{kind}\", isl={}, osl={}, turns={}",

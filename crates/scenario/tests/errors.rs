@@ -75,7 +75,9 @@ fn wrong_types_are_errors_not_zero() {
     assert_error(
         &on_line_3("workload(\"random\")"),
         3,
-        &["type must be \"synthetic\", \"faker\" or \"corpus\", got \"random\""],
+        &[
+            "type must be \"synthetic\", \"faker\", \"corpus\", \"gsm8k\" or \"gpqa\", got \"random\"",
+        ],
     );
     assert_error(
         &on_line_3("barrier(drain = \"yes\")"),
@@ -195,6 +197,40 @@ fn cache_salt_is_random_or_fixed_value() {
         &on_line_3("workload(\"faker\", cache_salt = True)"),
         3,
         &["cache_salt must be \"random\" or \"fixed:VALUE\", got bool True"],
+    );
+}
+
+#[test]
+fn eval_workloads_need_their_dataset_and_ask_one_question_per_request() {
+    assert_error(
+        &on_line_3("workload(\"gsm8k\")"),
+        3,
+        &["type \"gsm8k\" needs path: the dataset file (GSM8K's JSONL"],
+    );
+    assert_error(
+        &on_line_3("workload(\"gpqa\", path = \"g.csv\", turns = 2)"),
+        3,
+        &["type \"gpqa\" asks one question per request: turns must be 1"],
+    );
+    assert_error(
+        &on_line_3("workload(\"gsm8k\", path = \"t.jsonl\", fewshot = 5)"),
+        3,
+        &["fewshot=5 needs train_path"],
+    );
+    assert_error(
+        &on_line_3("workload(\"gpqa\", path = \"g.csv\", fewshot = 5)"),
+        3,
+        &["train_path and fewshot are only used by type \"gsm8k\""],
+    );
+    assert_error(
+        &on_line_3("workload(\"faker\", path = \"t.jsonl\")"),
+        3,
+        &["path is only used by the eval types"],
+    );
+    assert_error(
+        &on_line_3("workload(\"mmlu\")"),
+        3,
+        &["type must be \"synthetic\", \"faker\", \"corpus\", \"gsm8k\" or \"gpqa\""],
     );
 }
 

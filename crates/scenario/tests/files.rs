@@ -112,3 +112,27 @@ fn non_utf8_text_is_located() {
         "{err}"
     );
 }
+
+/// An eval dataset's relative path is the scenario file's neighbour,
+/// whatever the directory the run starts in; an absolute one is kept.
+#[test]
+fn eval_dataset_paths_are_taken_from_the_scenario_files_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evals.star");
+    std::fs::write(
+        &path,
+        "scenario(stages = [\n    stage(\"1s\", workload = workload(\"gsm8k\", path = \"data/test.jsonl\", train_path = \"/abs/train.jsonl\", fewshot = 2)),\n])\n",
+    )
+    .unwrap();
+    let scenario = load_file(&path).unwrap();
+    let nyann_model::Step::Stage(stage) = &scenario.steps[0] else {
+        panic!("a stage");
+    };
+    let workload = stage.workload.as_ref().unwrap();
+    assert_eq!(
+        workload.path.as_deref(),
+        Some(dir.path().join("data/test.jsonl").to_str().unwrap())
+    );
+    assert_eq!(workload.train_path.as_deref(), Some("/abs/train.jsonl"));
+    assert_eq!(workload.fewshot, 2);
+}

@@ -223,6 +223,7 @@ scenario(
         chars_per_token: 3.5,
         cache_salt: Some(CacheSalt::Fixed("run-7".into())),
         name: Some("chat".into()),
+        ..Workload::default()
     };
     assert_eq!(s.workload, chat);
     assert!(matches!(s.steps[1], Step::Barrier { drain: false }));

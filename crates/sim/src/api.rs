@@ -76,6 +76,41 @@ pub(crate) struct App {
     pub backend: Backend,
     pub faults: Faults,
     pub log: RequestLog,
+    /// Eval questions it answers (`--eval-gsm8k`, `--eval-gpqa`).
+    pub eval: Option<Eval>,
+}
+
+/// An eval dataset the simulator answers, right with probability `accuracy`.
+pub(crate) struct Eval {
+    pub set: nyann_datasets::EvalSet,
+    pub accuracy: f64,
+}
+
+impl App {
+    /// The first tokens of request `n`'s reply when its prompt asks one of
+    /// the eval questions: the answer, right or not by a seeded roll.
+    fn answer(&self, n: u64, prompt: &PromptContent) -> Vec<String> {
+        let (Some(eval), PromptContent::Text(text)) = (&self.eval, prompt) else {
+            return Vec::new();
+        };
+        let Some(expected) = eval.set.expected_in(text) else {
+            return Vec::new();
+        };
+        let right = !self.faults.roll(n, 5, 1.0 - eval.accuracy);
+        eval.set
+            .reply(&expected, right)
+            .split_whitespace()
+            .map(|word| format!(" {word}"))
+            .collect()
+    }
+
+    /// Token `index` of request `n`'s reply: its answer's, then words.
+    fn token<'a>(&self, n: u64, answer: &'a [String], index: u32) -> &'a str {
+        match answer.get(index as usize) {
+            Some(word) => word,
+            None => output_token(self.seed, n, index),
+        }
+    }
 }
 
 pub(crate) fn router(app: Arc<App>) -> Router {
@@ -332,6 +367,8 @@ struct Gen {
     finish: FinishedReason,
     stream: bool,
     include_usage: bool,
+    /// The first tokens of the reply: an eval question's answer.
+    answer: Vec<String>,
 }
 
 fn validate(
@@ -404,6 +441,7 @@ fn validate(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        answer: Vec::new(),
     })
 }
 
@@ -476,8 +514,9 @@ fn queue_error(e: QueueError) -> Response {
     }
 }
 
-async fn generate(app: Arc<App>, g: Gen) -> Response {
+async fn generate(app: Arc<App>, mut g: Gen) -> Response {
     let n = app.next.fetch_add(1, Ordering::Relaxed);
+    g.answer = app.answer(n, &g.prompt);
     let id = match g.kind {
         Kind::Chat => format!("chatcmpl-{n}"),
         Kind::Completion => format!("cmpl-{n}"),
@@ -722,11 +761,8 @@ impl StreamState {
                     FinishedReason::Stop => "stop",
                     _ => "length",
                 });
-                self.chunks.token(
-                    &mut out,
-                    output_token(self.app.seed, self.n, self.sent),
-                    finish,
-                );
+                let token = self.app.token(self.n, &self.g.answer, self.sent);
+                self.chunks.token(&mut out, token, finish);
                 self.sent += 1;
                 self.guard.rec.completion_tokens = self.sent;
             }
@@ -776,7 +812,7 @@ async fn complete(
         }
     };
     let text: String = (0..g.max_tokens)
-        .map(|i| output_token(app.seed, n, i))
+        .map(|i| app.token(n, &g.answer, i))
         .collect();
     guard.rec.completion_tokens = g.max_tokens;
     guard.rec.status = "ok";

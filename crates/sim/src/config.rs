@@ -163,6 +163,18 @@ pub struct SimConfig {
 
     /// Requests kept in the per-request timing record (GET /sim/requests).
     pub record_capacity: usize,
+
+    /// Answer the questions of this GSM8K file (its JSONL) when a prompt
+    /// asks one: `#### N`, right with probability `eval_accuracy`.
+    pub eval_gsm8k: Option<PathBuf>,
+
+    /// Answer the questions of this GPQA file (CSV or JSONL) when a prompt
+    /// asks one: `Answer: X`, right with probability `eval_accuracy`.
+    pub eval_gpqa: Option<PathBuf>,
+
+    /// Probability (0..1) that an eval question is answered right (seeded
+    /// per request: the same seed answers the same way).
+    pub eval_accuracy: f64,
 }
 
 impl Default for SimConfig {
@@ -204,6 +216,9 @@ impl Default for SimConfig {
             fault_stall: Duration::from_secs(2),
             fault_reset_rate: 0.0,
             record_capacity: 200_000,
+            eval_gsm8k: None,
+            eval_gpqa: None,
+            eval_accuracy: 1.0,
         }
     }
 }
@@ -273,6 +288,7 @@ impl SimConfig {
             ("fault_cut_rate", self.fault_cut_rate),
             ("fault_stall_rate", self.fault_stall_rate),
             ("fault_reset_rate", self.fault_reset_rate),
+            ("eval_accuracy", self.eval_accuracy),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(ConfigError::new(field, "between 0 and 1", v));

@@ -66,6 +66,9 @@ pub enum SimError {
     InvalidProfile(String),
     #[error(transparent)]
     Profile(#[from] ProfileError),
+    /// An eval dataset to answer from (`eval_gsm8k`, `eval_gpqa`).
+    #[error("eval dataset {0}")]
+    Dataset(#[from] nyann_datasets::DatasetError),
     // The OS error is the source (printed once, after the hint).
     #[error("cannot listen on {addr} (is the port in use? use port 0 for an ephemeral one)")]
     Bind {
@@ -293,6 +296,11 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
         }
     };
     let log = RequestLog::new(args.record_capacity);
+    let eval = match (&args.eval_gsm8k, &args.eval_gpqa) {
+        (Some(path), _) => Some(nyann_datasets::EvalSet::gsm8k(path, None, 0)?),
+        (None, Some(path)) => Some(nyann_datasets::EvalSet::gpqa(path, args.seed)?),
+        (None, None) => None,
+    };
     let app = Arc::new(App {
         model_json: serde_json::Value::String(args.model.clone()).to_string(),
         model: args.model.clone(),
@@ -315,6 +323,10 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
             reset_rate: args.fault_reset_rate,
         },
         log: log.clone(),
+        eval: eval.map(|set| api::Eval {
+            set,
+            accuracy: args.eval_accuracy,
+        }),
     });
     let mut servers = vec![serve(listener, api::router(app.clone()), &stop)];
     for (l, r) in extra {

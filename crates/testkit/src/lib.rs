@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod datasets;
 pub mod exporter;
 pub mod queue;
 mod tls;

@@ -177,11 +177,17 @@ impl Current {
         mut settings: Vec<Option<Arc<StageSettings>>>,
         search_slots: usize,
     ) -> Self {
+        // An eval stage asks each question once unless told otherwise.
         let mut max_requests: Vec<u64> = scenario
             .steps
             .iter()
-            .map(|s| match s {
-                Step::Stage(stage) => stage.max_requests,
+            .zip(&settings)
+            .map(|(step, settings)| match step {
+                Step::Stage(stage) if stage.max_requests > 0 => stage.max_requests,
+                Step::Stage(_) => settings
+                    .as_ref()
+                    .and_then(|s| s.prompts.eval_set())
+                    .map_or(0, |set| set.len() as u64),
                 Step::Barrier { .. } => 0,
             })
             .collect();
@@ -199,9 +205,19 @@ impl Current {
         }
     }
 
+    /// Stage `stage`'s `max_requests` (0: no limit).
+    pub(super) fn max_requests(&self, stage: usize) -> u64 {
+        self.max_requests.get(stage).copied().unwrap_or(0)
+    }
+
     /// Search stage `slot` sends what stage `like` sent, up to `max_requests`.
     pub(super) fn prepare_search(&mut self, slot: usize, like: usize, max_requests: u64) {
         let settings = self.settings.get(like).cloned().flatten();
+        // As `like`'s own (an eval stage's default is its dataset's size).
+        let max_requests = match max_requests {
+            0 => self.max_requests(like),
+            given => given,
+        };
         if let (Some(to), Some(max)) =
             (self.settings.get_mut(slot), self.max_requests.get_mut(slot))
         {

@@ -257,10 +257,11 @@ impl<H: StageHook> Runner<'_, H> {
         );
         let deadline = tokio::time::Instant::from_std(start + secs(stage.duration_s));
         let limit = shared.slots[index].limit_reached.notified();
+        let limited = lock(&shared.current).max_requests(index) > 0;
         let stage_done = async {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {}
-                _ = limit, if stage.max_requests > 0 => {}
+                _ = limit, if limited => {}
             }
         };
         interruptible(shared, stage_done).await.is_some()

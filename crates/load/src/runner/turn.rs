@@ -87,7 +87,10 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         role: "user",
         content: text,
     });
-    let keep_reply = conv.turn < s.turns;
+    let next_turn = conv.turn < s.turns;
+    // An eval question's reply is read for its answer.
+    let question = s.prompts.question(conv.id);
+    let keep_reply = next_turn || question.is_some();
     let spec = RequestSpec {
         target: &s.target,
         endpoint: &s.endpoint,
@@ -107,7 +110,7 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         &outcome,
         abandoned.then(|| shared.abandoned_by_interrupt.load(Ordering::SeqCst)),
     );
-    let record = make_record(
+    let mut record = make_record(
         shared,
         &claim,
         conv,
@@ -116,6 +119,14 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         &mut outcome,
         before,
     );
+    if let (Some(question), Some(set)) = (question, s.prompts.eval_set()) {
+        record.eval_expected = Some(question.expected.clone());
+        if status == Status::Ok {
+            let scored = set.score(question, &outcome.reply);
+            record.eval_extracted = scored.extracted;
+            record.eval_correct = Some(scored.correct);
+        }
+    }
     let turn = match status {
         Status::Ok => Turn::Ok,
         Status::Failed | Status::Rejected => Turn::Failed {
@@ -123,7 +134,7 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         },
         Status::Cancelled | Status::Late | Status::Dropped => Turn::Abandoned,
     };
-    if turn == Turn::Ok && keep_reply {
+    if turn == Turn::Ok && next_turn {
         conv.messages.push(Message {
             role: "assistant",
             content: std::mem::take(&mut outcome.reply),
@@ -207,6 +218,9 @@ fn make_record(
         client_lag_s: o.lag.map(|lag| lag.as_secs_f64()),
         resent: o.resent,
         client_error: o.client_side,
+        eval_expected: None,
+        eval_extracted: None,
+        eval_correct: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Prompt text generators: `synthetic` (random words), `faker` (varied
-//! prose) and `corpus` (sliding windows over real text).
+//! prose), `corpus` (sliding windows over real text), and the eval
+//! datasets' questions (`gsm8k`, `gpqa`: see `nyann_datasets`).
 //!
 //! Every prompt is a pure function of (seed, conversation, turn, length), so a
 //! run with `--seed` sends the same prompts again, and different
@@ -17,8 +18,9 @@ mod words;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nyann_datasets::{DatasetError, EvalSet, Question};
 use nyann_model::{Workload, WorkloadType};
-use rand::{SeedableRng, rngs::SmallRng, seq::IndexedRandom};
+use rand::{SeedableRng, rngs::SmallRng, seq::IndexedRandom, seq::SliceRandom};
 
 use self::corpus::load_corpus;
 use self::faker::sentence;
@@ -28,6 +30,10 @@ use self::words::WORDS;
 pub enum WorkloadError {
     #[error("workload `corpus` needs `corpus_path` (a text file or a directory of text files)")]
     NoCorpusPath,
+    #[error("an eval workload (`gsm8k`, `gpqa`) needs `path` (the dataset file)")]
+    NoDatasetPath,
+    #[error("eval dataset {0}")]
+    Dataset(#[from] DatasetError),
     #[error("cannot read corpus {path}: {error}")]
     Read {
         path: PathBuf,
@@ -54,6 +60,11 @@ enum Kind {
     Faker,
     /// Whitespace-normalised corpus text.
     Corpus(Arc<str>),
+    /// An eval dataset's questions, in an order shuffled with the seed.
+    Eval {
+        set: Arc<EvalSet>,
+        order: Vec<usize>,
+    },
 }
 
 impl PromptGen {
@@ -69,15 +80,63 @@ impl PromptGen {
                     .ok_or(WorkloadError::NoCorpusPath)?;
                 Kind::Corpus(load_corpus(Path::new(path))?)
             }
+            WorkloadType::Gsm8k | WorkloadType::Gpqa => {
+                let path = workload
+                    .path
+                    .as_deref()
+                    .ok_or(WorkloadError::NoDatasetPath)?;
+                let set = if workload.kind == WorkloadType::Gsm8k {
+                    EvalSet::gsm8k(
+                        Path::new(path),
+                        workload.train_path.as_deref().map(Path::new),
+                        workload.fewshot as usize,
+                    )
+                } else {
+                    EvalSet::gpqa(Path::new(path), seed)
+                }?;
+                let mut order: Vec<usize> = (0..set.len()).collect();
+                order.shuffle(&mut SmallRng::seed_from_u64(seed));
+                Kind::Eval {
+                    set: Arc::new(set),
+                    order,
+                }
+            }
         };
         Ok(PromptGen { kind, seed })
     }
 
-    /// Exactly `chars` characters of prompt text for this conversation and turn.
+    /// The eval dataset this workload asks, if it is one.
+    pub fn eval_set(&self) -> Option<&EvalSet> {
+        match &self.kind {
+            Kind::Eval { set, .. } => Some(set),
+            _ => None,
+        }
+    }
+
+    /// The question conversation `conversation` asks (an eval workload's):
+    /// consecutive conversations go through the shuffled dataset, each
+    /// question once per pass. Ids count from the worker's first id
+    /// (the low 40 bits).
+    pub fn question(&self, conversation: u64) -> Option<&Question> {
+        let Kind::Eval { set, order } = &self.kind else {
+            return None;
+        };
+        let local = (conversation & ((1 << 40) - 1)) as usize;
+        let index = *order.get(local.checked_rem(order.len())?)?;
+        set.question(index)
+    }
+
+    /// Exactly `chars` characters of prompt text for this conversation and
+    /// turn; an eval workload's question as it is, whatever its length.
     pub fn text(&self, conversation: u64, turn: u32, chars: usize) -> String {
+        if let Some(question) = self.question(conversation) {
+            return question.prompt.clone();
+        }
         let mut rng = SmallRng::seed_from_u64(mix(self.seed, conversation, turn));
         let mut out = String::with_capacity(chars + 64);
         match &self.kind {
+            // Only an empty dataset has no question (a loaded one never is).
+            Kind::Eval { .. } => {}
             Kind::Synthetic => {
                 while out.len() < chars {
                     push_word(&mut out, WORDS.choose(&mut rng).copied().unwrap_or("token"));

@@ -169,6 +169,21 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     pub fault_reset_rate: f64,
 
+    /// Answer the questions of this GSM8K file (its JSONL) when a prompt
+    /// asks one (`#### N`), right with probability --eval-accuracy.
+    #[arg(long, value_name = "FILE", conflicts_with = "eval_gpqa")]
+    pub eval_gsm8k: Option<PathBuf>,
+
+    /// Answer the questions of this GPQA file (CSV or JSONL) when a prompt
+    /// asks one (`Answer: X`), right with probability --eval-accuracy.
+    #[arg(long, value_name = "FILE")]
+    pub eval_gpqa: Option<PathBuf>,
+
+    /// Probability (0..1) that an eval question is answered right (a
+    /// seeded roll per request).
+    #[arg(long, default_value_t = 1.0)]
+    pub eval_accuracy: f64,
+
     /// Requests kept in the per-request timing record (GET /sim/requests).
     #[arg(long, default_value_t = 200_000)]
     pub record_capacity: usize,
@@ -212,6 +227,9 @@ impl SimArgs {
             fault_stall_rate: self.fault_stall_rate,
             fault_stall: self.fault_stall,
             fault_reset_rate: self.fault_reset_rate,
+            eval_gsm8k: self.eval_gsm8k.clone(),
+            eval_gpqa: self.eval_gpqa.clone(),
+            eval_accuracy: self.eval_accuracy,
             record_capacity: self.record_capacity,
         }
     }
