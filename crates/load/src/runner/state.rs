@@ -181,11 +181,12 @@ impl Current {
         let mut max_requests: Vec<u64> = scenario
             .steps
             .iter()
-            .zip(&settings)
-            .map(|(step, settings)| match step {
+            .enumerate()
+            .map(|(index, step)| match step {
                 Step::Stage(stage) if stage.max_requests > 0 => stage.max_requests,
                 Step::Stage(_) => settings
-                    .as_ref()
+                    .get(index)
+                    .and_then(Option::as_ref)
                     .and_then(|s| s.prompts.eval_set())
                     .map_or(0, |set| set.len() as u64),
                 Step::Barrier { .. } => 0,
