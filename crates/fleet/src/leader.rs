@@ -1119,7 +1119,14 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
                 // any worker starts.
                 self.inner.before_search(&fleet_next).await
             }
-            _ => None,
+            Some(_) => {
+                tracing::error!(
+                    "capacity search: stage {slot} does not follow the {} known: the search ends",
+                    self.scenario.steps.len()
+                );
+                None
+            }
+            None => None,
         };
         let level = stage.as_ref().and_then(nyann_load::runner::search::level);
         let label = stage.as_ref().map(|s| s.label(slot)).unwrap_or_default();

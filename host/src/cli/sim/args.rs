@@ -181,7 +181,7 @@ pub struct SimArgs {
 
     /// Probability (0..1) that an eval question is answered right (a
     /// seeded roll per request).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
     pub eval_accuracy: f64,
 
     /// Requests kept in the per-request timing record (GET /sim/requests).
