@@ -15,13 +15,9 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_STAGE=${1:-10}
 SEED=${SEED:-1}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [[ -z "${BIN:-}" ]]; then
-    BIN="$TARGET_DIR/release/nyann-bench"
-    cargo build --release -p nyann-bench >&2
-fi
 
 source "$(dirname "$0")/common.sh"
+bin_or_build
 require_tools capacity python3
 
 # sweep NAME LEVELS EXTRA: one run against a fresh twin (no run inherits

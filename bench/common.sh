@@ -11,6 +11,15 @@ require_tools() {
     done
 }
 
+# bin_or_build: BIN as given (another build to measure), else this
+# checkout's nyann-bench, built first.
+bin_or_build() {
+    if [[ -z "${BIN:-}" ]]; then
+        BIN="${CARGO_TARGET_DIR:-target}/release/nyann-bench"
+        cargo build --release -p nyann-bench >&2
+    fi
+}
+
 WORK=$(mktemp -d)
 SIM_PID=
 cleanup() {

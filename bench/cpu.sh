@@ -20,13 +20,9 @@ SECONDS_PER_RUN=${1:-6}
 C=${2:-1024}
 RUNS=${RUNS:-1}
 OUTPUT=${OUTPUT:-1}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [[ -z "${BIN:-}" ]]; then
-    BIN="$TARGET_DIR/release/nyann-bench"
-    cargo build --release -p nyann-bench >&2
-fi
-SIM_BIN=${SIM_BIN:-$BIN}
 source "$(dirname "$0")/common.sh"
+bin_or_build
+SIM_BIN=${SIM_BIN:-$BIN}
 require_tools cpu jq /usr/bin/time
 
 start_fast_sim cpu "$SIM_BIN"

@@ -26,11 +26,9 @@ cd "$(dirname "$0")/.."
 STAGES=${STAGES:-40}
 C=${C:-256}
 SECONDS_PER_POINT=${SECONDS_PER_POINT:-10}
-BUILD=0
-if [[ -z "${BIN:-}" ]]; then BIN=target/release/nyann-bench; BUILD=1; fi
 source "$(dirname "$0")/common.sh"
 require_tools bench jq python3 taskset
-if [[ "$BUILD" == 1 ]]; then cargo build --release -p nyann-bench >&2; fi
+bin_or_build
 CORES=$(nproc)
 
 start_fast_sim fleet "$BIN"

@@ -31,12 +31,6 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_POINT=${1:-10}
 CONCURRENCIES=${CONCURRENCIES:-"64 256 1024 4096"}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-BUILD=0
-if [[ -z "${BIN:-}" ]]; then
-    BIN="$TARGET_DIR/release/nyann-bench"
-    BUILD=1
-fi
 OSL=32
 ISL=32
 
@@ -46,7 +40,7 @@ if ! command -v oha >/dev/null; then
     echo "bench: installing oha from crates.io (cargo install oha --locked)" >&2
     cargo install oha --locked >&2
 fi
-if [[ "$BUILD" == 1 ]]; then cargo build --release -p nyann-bench >&2; fi
+bin_or_build
 
 start_fast_sim bench "${SIM_BIN:-$BIN}"
 HOST=${BASE%/v1}

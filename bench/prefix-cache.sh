@@ -19,13 +19,9 @@ SECONDS_PER_RUN=${1:-8}
 POOL_SIZES=${2:-4 8 16 32}
 SEED=${SEED:-1}
 CONCURRENCY=${CONCURRENCY:-4}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [[ -z "${BIN:-}" ]]; then
-    BIN="$TARGET_DIR/release/nyann-bench"
-    cargo build --release -p nyann-bench >&2
-fi
 
 source "$(dirname "$0")/common.sh"
+bin_or_build
 require_tools prefix-cache python3 curl
 
 echo "| pool | cache | first-turn TTFT p50 | later-turn TTFT p50 | later turns | hit rate | output tok/s |"

@@ -10,12 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REQUESTS=${1:-100000}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [[ -z "${BIN:-}" ]]; then
-    BIN="$TARGET_DIR/release/nyann-bench"
-    cargo build --release -p nyann-bench >&2
-fi
 source "$(dirname "$0")/common.sh"
+bin_or_build
 require_tools report jq
 
 # best_of_3 DIR: the fastest of three `report DIR` runs, in seconds.

@@ -16,13 +16,9 @@ cd "$(dirname "$0")/.."
 PROFILE=${1:-vllm-cpu-ref}
 SECONDS_PER_LEVEL=${2:-10}
 SEED=${SEED:-1}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [[ -z "${BIN:-}" ]]; then
-    BIN="$TARGET_DIR/release/nyann-bench"
-    cargo build --release -p nyann-bench >&2
-fi
 
 source "$(dirname "$0")/common.sh"
+bin_or_build
 require_tools twin python3
 
 start_sim twin "$BIN" --profile "$PROFILE" --seed "$SEED"
