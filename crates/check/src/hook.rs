@@ -272,11 +272,11 @@ impl StageHook for CongestionCheck {
     /// server that does not abort on disconnect still serves; another
     /// client's): a lower level is not judged on an earlier level's queue.
     async fn before_search(&mut self, next: &NextSearch<'_>) -> Option<Stage> {
-        let level = next.level?;
+        next.level?;
         if let Some(source) = &self.source {
             wait_for_server_drain(source, self.server_drain_wait).await;
         }
-        Some(next.at(level))
+        next.proposed()
     }
 
     async fn after_stage(&mut self, done: &FinishedStage<'_, Judged>) -> HookOutcome<Judged> {

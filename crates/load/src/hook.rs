@@ -63,6 +63,11 @@ pub struct NextSearch<'a> {
 }
 
 impl NextSearch<'_> {
+    /// The stage the bisection proposes: the refined one at `level`.
+    pub fn proposed(&self) -> Option<Stage> {
+        self.level.map(|level| self.at(level))
+    }
+
     /// The refined stage at `level`: unnamed and measured.
     pub fn at(&self, level: f64) -> Stage {
         let mut stage = Stage {
@@ -171,7 +176,7 @@ pub trait StageHook: Send {
         &mut self,
         next: &NextSearch<'_>,
     ) -> impl Future<Output = Option<Stage>> + Send {
-        std::future::ready(next.level.map(|level| next.at(level)))
+        std::future::ready(next.proposed())
     }
 
     /// What the hook records with a stage it judged: stored typed in the
@@ -207,7 +212,7 @@ impl<H: StageHook> StageHook for Option<H> {
     async fn before_search(&mut self, next: &NextSearch<'_>) -> Option<Stage> {
         match self {
             Some(hook) => hook.before_search(next).await,
-            None => next.level.map(|level| next.at(level)),
+            None => next.proposed(),
         }
     }
 

@@ -29,6 +29,15 @@ pub fn level(stage: &Stage) -> Option<f64> {
     stage.concurrency.map(f64::from).or(stage.rate)
 }
 
+/// The highest of `levels` below `congested`: where a search's clean
+/// bound starts.
+pub fn highest_below(levels: impl IntoIterator<Item = f64>, congested: f64) -> Option<f64> {
+    levels
+        .into_iter()
+        .filter(|&l| l < congested)
+        .reduce(f64::max)
+}
+
 /// Where a search stands: the highest level judged not congested (if any)
 /// and the lowest judged congested.
 #[derive(Debug, Clone, Copy, PartialEq)]

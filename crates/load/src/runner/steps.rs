@@ -15,7 +15,7 @@ use crate::result::{StageResult, StageStatus};
 use crate::runner::RunOptions;
 use crate::runner::load::Load;
 use crate::runner::results::{barrier, skipped, stage_result};
-use crate::runner::search::{Bounds, level};
+use crate::runner::search::{Bounds, highest_below, level};
 use crate::runner::secs;
 use crate::runner::state::Shared;
 use crate::runner::sweeps::Stops;
@@ -343,14 +343,13 @@ impl<H: StageHook> Runner<'_, H> {
             return true;
         };
         let streams = stage.concurrency.is_some();
-        let clean = self
+        let measured = self
             .ran
             .results
             .iter()
             .filter(|r| r.sweep == stage.sweep() && r.status == StageStatus::Measured)
-            .filter_map(|r| r.concurrency.map(f64::from).or(r.rate))
-            .filter(|&l| l < congested)
-            .reduce(f64::max);
+            .filter_map(|r| r.concurrency.map(f64::from).or(r.rate));
+        let clean = highest_below(measured, congested);
         let mut bounds = Bounds::new(clean, congested, streams, search.resolution);
         let mut judged = true;
         let first = self.ran.searched.len();
