@@ -1272,3 +1272,71 @@ async fn the_policy_judges_the_level_that_ran() {
     assert_eq!(judged["degraded"]["configured_concurrency"], 3);
     assert_eq!(judged["client"]["requests_ok"], 14);
 }
+
+/// Two workers share a GSM8K stage of 101 questions: the dataset is
+/// shuffled once with the leader's seed and cut in two contiguous chunks
+/// (51 and 50), so each question is asked exactly once in the fleet, and
+/// the merged accuracy is the sum of the workers' counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_asks_each_eval_question_once_and_merges_the_accuracy() {
+    let _serial = serial().await;
+    let data = tempfile::tempdir().unwrap();
+    let path = data.path().join("test.jsonl");
+    nyann_testkit::datasets::write_gsm8k(&path, 101);
+    let sim = nyann_sim::start(SimConfig {
+        eval_gsm8k: Some(path.clone()),
+        eval_accuracy: 0.6,
+        ..SimConfig::fast()
+    })
+    .await
+    .unwrap();
+    let scenario = format!(
+        "scenario(stages = [stage(\"60s\", concurrency=4, workload=workload(\"gsm8k\", path={:?}, osl=6))])\n",
+        path.display().to_string()
+    );
+    let mut fleet = Fleet::start(&sim.base_url(), &scenario, 2, &[], &[]).await;
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    assert_eq!(codes, [Some(0); 2], "{}", fleet.all_stderr());
+    validate_against_schema(&fleet.path("w0"));
+
+    let records = fleet.records("w0/requests.jsonl");
+    let measured: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["phase"] == "measured")
+        .collect();
+    let mut asked: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for r in &measured {
+        asked
+            .entry(r["eval_expected"].as_str().unwrap())
+            .or_default()
+            .push(r["worker"].as_u64().unwrap());
+    }
+    assert_eq!(asked.len(), 101, "every question asked");
+    assert!(
+        asked.values().all(|workers| workers.len() == 1),
+        "each once: {asked:?}"
+    );
+    let per_worker = |w: u64| asked.values().filter(|ws| ws[0] == w).count();
+    assert_eq!((per_worker(0), per_worker(1)), (51, 50));
+
+    let stage = &fleet.json("w0/stages.json")["stages"][0];
+    let eval = &stage["client"]["eval"];
+    let correct = measured
+        .iter()
+        .filter(|r| r["eval_correct"] == true)
+        .count();
+    assert_eq!(eval["answered"], 101, "{eval}");
+    assert_eq!(eval["correct"], correct, "{eval}");
+    let theirs: u64 = stage["annotation"]["fleet"]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["client"]["eval"]["correct"].as_u64().unwrap())
+        .sum();
+    assert_eq!(theirs, correct as u64, "the workers' counts add up");
+    let (low, high) = (
+        eval["accuracy_low"].as_f64().unwrap(),
+        eval["accuracy_high"].as_f64().unwrap(),
+    );
+    assert!(low < 0.6 && 0.6 < high, "{eval}");
+}

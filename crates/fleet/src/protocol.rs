@@ -95,6 +95,8 @@ pub enum ToWorker {
         scenario: Box<Scenario>,
         seed: u64,
         first_id: u64,
+        /// The worker's part of the scenario's eval datasets.
+        dataset_share: nyann_load::DatasetShare,
         /// This run's token. The leader keeps a file named
         /// [`marker_name`]`(run)` in its results directory while the run
         /// lasts: a worker that finds it in its own sees a shared directory.

@@ -98,6 +98,16 @@ pub fn worker_seed(seed: u64, index: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Worker `index`'s part of the eval datasets: a contiguous chunk of the
+/// dataset shuffled with the leader's `seed`.
+pub fn dataset_share(seed: u64, index: usize, workers: usize) -> nyann_load::DatasetShare {
+    nyann_load::DatasetShare {
+        seed,
+        worker: index,
+        workers,
+    }
+}
+
 /// The first request and conversation id of worker `index`.
 pub fn first_id(index: usize) -> u64 {
     (index as u64) << ID_BITS

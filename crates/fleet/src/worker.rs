@@ -53,6 +53,8 @@ pub struct Assignment {
     pub scenario: Scenario,
     pub seed: u64,
     pub first_id: u64,
+    /// The worker's part of the scenario's eval datasets.
+    pub dataset_share: nyann_load::DatasetShare,
     /// The run's token (names the leader's shared-directory marker).
     pub run: String,
 }
@@ -142,12 +144,14 @@ pub async fn join(config: &WorkerConfig) -> Result<Joined, FleetError> {
             scenario,
             seed,
             first_id,
+            dataset_share,
             run,
         } => Ok(Joined {
             assignment: Assignment {
                 scenario: *scenario,
                 seed,
                 first_id,
+                dataset_share,
                 run,
             },
             read,

@@ -33,6 +33,7 @@ pub use runner::search::Bounds;
 pub use runner::{DEFAULT_TARGET, RunError, RunOptions, run};
 pub use stats::StageDetail;
 pub use tokio_util::sync::CancellationToken;
+pub use workload::DatasetShare;
 
 /// Locks `m`. A poisoned lock only means another task panicked while
 /// holding it; the data is still usable.

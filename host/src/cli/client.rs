@@ -154,6 +154,7 @@ impl ClientArgs {
             interrupt_now: CancellationToken::new(),
             live: None,
             first_id: 0,
+            dataset_share: None,
         })
     }
 }

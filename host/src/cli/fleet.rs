@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use nyann_fleet::protocol::{build_id, scenario_digest};
-use nyann_fleet::share::{first_id, scenario_share, worker_seed};
+use nyann_fleet::share::{dataset_share, first_id, scenario_share, worker_seed};
 use nyann_fleet::{Coordinator, Leader, LeaderConfig, OnWorkerLoss, WorkerConfig, worker_dir};
 use nyann_model::parse_duration;
 
@@ -172,6 +172,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     options.output_dir = Some(own_dir.clone());
     options.seed = worker_seed(seed, 0);
     options.first_id = first_id(0);
+    options.dataset_share = Some(dataset_share(seed, 0, fleet.workers));
     let grace = options.grace + options.drain_timeout;
     let share = scenario_share(&scenario, fleet.workers, 0)?;
     let result = nyann_load::run(&share, options, &mut gate).await;
@@ -273,6 +274,7 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     options.output_dir = Some(own_dir.clone());
     options.seed = joined.assignment.seed;
     options.first_id = joined.assignment.first_id;
+    options.dataset_share = Some(joined.assignment.dataset_share);
     let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     let scenario = joined.assignment.scenario.clone();
     let mut gate = joined.start(options.interrupt.clone(), options.interrupt_now.clone());

@@ -39,7 +39,7 @@ use crate::merge::{LostWorker, RecordsFile, WorkerRun};
 use crate::protocol::{
     ToLeader, ToWorker, marker_name, receive, scenario_digest, send, write_task,
 };
-use crate::share::{first_id, scenario_share, worker_seed};
+use crate::share::{dataset_share, first_id, scenario_share, worker_seed};
 use crate::{FleetError, UPLOADED_RECORDS, lock, worker_dir};
 
 mod gate;
@@ -345,6 +345,7 @@ impl Leader {
                 scenario: Box::new(shares[worker].clone()),
                 seed: worker_seed(seed, worker),
                 first_id: first_id(worker),
+                dataset_share: dataset_share(seed, worker, n),
                 run: run.clone(),
             };
             if let Err(err) = send(&mut write, &welcome).await {

@@ -63,7 +63,7 @@ use crate::live::Live;
 use crate::preflight;
 use crate::record::{RecordSink, RecordWriter};
 use crate::result::RunResult;
-use crate::workload::WorkloadError;
+use crate::workload::{DatasetShare, WorkloadError};
 
 use self::load::Load;
 use self::state::{Shared, SharedParts};
@@ -103,6 +103,9 @@ pub struct RunOptions {
     /// First request and conversation id: one of several workers starts
     /// its ids apart from the others' so records merge without clashes.
     pub first_id: u64,
+    /// This process's part of an eval dataset, when it is one of a
+    /// fleet's workers; `None`: the whole dataset, shuffled with `seed`.
+    pub dataset_share: Option<DatasetShare>,
 }
 
 impl Default for RunOptions {
@@ -121,6 +124,7 @@ impl Default for RunOptions {
             interrupt_now: CancellationToken::new(),
             live: None,
             first_id: 0,
+            dataset_share: None,
         }
     }
 }

@@ -11,7 +11,7 @@ use nyann_model::{CacheSalt, Scenario, Step, Workload};
 use crate::client::{Client, ClientError};
 use crate::http::{RequestTemplate, Target};
 use crate::runner::{DEFAULT_TARGET, RunError, RunOptions};
-use crate::workload::PromptGen;
+use crate::workload::{DatasetShare, PromptGen};
 
 /// Per-stage request settings, resolved once before the run.
 #[derive(Debug)]
@@ -114,7 +114,13 @@ pub(super) async fn prepare(
         let prompts = match generators.iter().find(|(w, _)| same_text(w, &workload)) {
             Some((_, prompts)) => prompts.clone(),
             None => {
-                let prompts = Arc::new(PromptGen::new(&workload, options.seed)?);
+                let prompts = Arc::new(PromptGen::new(
+                    &workload,
+                    options.seed,
+                    options
+                        .dataset_share
+                        .unwrap_or(DatasetShare::whole(options.seed)),
+                )?);
                 generators.push((workload.clone(), prompts.clone()));
                 prompts
             }

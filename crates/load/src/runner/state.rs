@@ -187,8 +187,8 @@ impl Current {
                 Step::Stage(_) => settings
                     .get(index)
                     .and_then(Option::as_ref)
-                    .and_then(|s| s.prompts.eval_set())
-                    .map_or(0, |set| set.len() as u64),
+                    .and_then(|s| s.prompts.eval_questions())
+                    .map_or(0, |questions| questions as u64),
                 Step::Barrier { .. } => 0,
             })
             .collect();

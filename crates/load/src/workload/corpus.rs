@@ -69,7 +69,7 @@ pub(super) fn load_corpus(path: &Path) -> Result<Arc<str>, WorkloadError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::workload::{PromptGen, WorkloadError};
+    use crate::workload::{DatasetShare, PromptGen, WorkloadError};
     use nyann_model::{Workload, WorkloadType};
 
     #[test]
@@ -91,7 +91,7 @@ mod tests {
             corpus_path: Some(dir.path().display().to_string()),
             ..Workload::default()
         };
-        let g = PromptGen::new(&w, 0).unwrap();
+        let g = PromptGen::new(&w, 0, DatasetShare::whole(0)).unwrap();
         let a = g.text(0, 1, 300);
         let b = g.text(1, 1, 300);
         assert_eq!(a.len(), 300);
@@ -111,7 +111,7 @@ mod tests {
             ..Workload::default()
         };
         assert!(
-            PromptGen::new(&w, 0)
+            PromptGen::new(&w, 0, DatasetShare::whole(0))
                 .unwrap_err()
                 .to_string()
                 .contains("corpus_path")
@@ -123,7 +123,7 @@ mod tests {
             ..Workload::default()
         };
         assert!(matches!(
-            PromptGen::new(&w, 0),
+            PromptGen::new(&w, 0, DatasetShare::whole(0)),
             Err(WorkloadError::Empty(_))
         ));
         // A device is refused without being read (it would never end).
@@ -133,7 +133,7 @@ mod tests {
             ..Workload::default()
         };
         assert!(matches!(
-            PromptGen::new(&w, 0),
+            PromptGen::new(&w, 0, DatasetShare::whole(0)),
             Err(WorkloadError::NotAFile(_))
         ));
     }

@@ -72,7 +72,7 @@ fn capitalise(out: &mut String, start: usize) {
 
 #[cfg(test)]
 mod tests {
-    use crate::workload::PromptGen;
+    use crate::workload::{DatasetShare, PromptGen};
     use nyann_model::{Workload, WorkloadType};
 
     #[test]
@@ -83,6 +83,7 @@ mod tests {
                 ..Workload::default()
             },
             1,
+            DatasetShare::whole(1),
         )
         .unwrap();
         let t = g.text(0, 1, 2000);

@@ -47,6 +47,41 @@ pub enum WorkloadError {
     TooLarge { path: PathBuf, max: u64 },
 }
 
+/// Which part of an eval dataset this process asks. A fleet shuffles the
+/// dataset once, with the leader's seed (so every worker sees the same
+/// order and the same GPQA letters), and gives each worker a contiguous
+/// chunk of it, the first `len % workers` chunks one question longer (as
+/// counts are divided), so that each question is asked once per pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DatasetShare {
+    /// The seed the dataset is shuffled with: the fleet's.
+    pub seed: u64,
+    /// This worker's position, 0-based.
+    pub worker: usize,
+    /// How many workers share the dataset.
+    pub workers: usize,
+}
+
+impl DatasetShare {
+    /// The whole dataset, shuffled with `seed`: a run of one process.
+    pub fn whole(seed: u64) -> DatasetShare {
+        DatasetShare {
+            seed,
+            worker: 0,
+            workers: 1,
+        }
+    }
+
+    /// This worker's chunk of `len` positions.
+    fn chunk(&self, len: usize) -> std::ops::Range<usize> {
+        let workers = self.workers.max(1);
+        let (size, extra) = (len / workers, len % workers);
+        let start = self.worker * size + self.worker.min(extra);
+        let end = start + size + usize::from(self.worker < extra);
+        start.min(len)..end.min(len)
+    }
+}
+
 /// Generates prompt text for one workload.
 #[derive(Debug, Clone)]
 pub struct PromptGen {
@@ -69,7 +104,9 @@ enum Kind {
 
 impl PromptGen {
     /// Builds the generator; a corpus is read (and normalised) once here.
-    pub fn new(workload: &Workload, seed: u64) -> Result<Self, WorkloadError> {
+    /// `seed` varies the generated text; an eval dataset is ordered and
+    /// divided by `share` instead.
+    pub fn new(workload: &Workload, seed: u64, share: DatasetShare) -> Result<Self, WorkloadError> {
         let kind = match workload.kind {
             WorkloadType::Synthetic => Kind::Synthetic,
             WorkloadType::Faker => Kind::Faker,
@@ -92,10 +129,11 @@ impl PromptGen {
                         workload.fewshot as usize,
                     )
                 } else {
-                    EvalSet::gpqa(Path::new(path), seed)
+                    EvalSet::gpqa(Path::new(path), share.seed)
                 }?;
                 let mut order: Vec<usize> = (0..set.len()).collect();
-                order.shuffle(&mut SmallRng::seed_from_u64(seed));
+                order.shuffle(&mut SmallRng::seed_from_u64(share.seed));
+                let order = order[share.chunk(order.len())].to_vec();
                 Kind::Eval {
                     set: Arc::new(set),
                     order,
@@ -113,9 +151,18 @@ impl PromptGen {
         }
     }
 
+    /// How many questions this process asks per pass over its share of
+    /// the eval dataset (`None`: not an eval workload).
+    pub fn eval_questions(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Eval { order, .. } => Some(order.len()),
+            _ => None,
+        }
+    }
+
     /// The question conversation `conversation` asks (an eval workload's):
-    /// consecutive conversations go through the shuffled dataset, each
-    /// question once per pass. Ids count from the worker's first id
+    /// consecutive conversations go through this process's share of the
+    /// shuffled dataset, each question once per pass. Ids count from the worker's first id
     /// (the low 40 bits).
     pub fn question(&self, conversation: u64) -> Option<&Question> {
         let Kind::Eval { set, order } = &self.kind else {
@@ -235,7 +282,7 @@ mod tests {
     #[test]
     fn exact_length_and_reproducible() {
         for kind in [WorkloadType::Synthetic, WorkloadType::Faker] {
-            let g = PromptGen::new(&workload(kind), 42).unwrap();
+            let g = PromptGen::new(&workload(kind), 42, DatasetShare::whole(42)).unwrap();
             for chars in [0, 1, 7, 100, 5000] {
                 let t = g.text(3, 1, chars);
                 assert_eq!(t.len(), chars, "{kind:?}");
@@ -243,8 +290,74 @@ mod tests {
             }
             assert_ne!(g.text(3, 1, 200), g.text(4, 1, 200), "conversations differ");
             assert_ne!(g.text(3, 1, 200), g.text(3, 2, 200), "turns differ");
-            let other_seed = PromptGen::new(&workload(kind), 43).unwrap();
+            let other_seed = PromptGen::new(&workload(kind), 43, DatasetShare::whole(43)).unwrap();
             assert_ne!(g.text(3, 1, 200), other_seed.text(3, 1, 200));
         }
+    }
+
+    #[test]
+    fn a_fleet_asks_each_question_once_in_contiguous_chunks() {
+        for (len, workers) in [(10, 3), (7, 7), (3, 5), (200, 2), (0, 2)] {
+            let chunks: Vec<_> = (0..workers)
+                .map(|worker| {
+                    DatasetShare {
+                        seed: 9,
+                        worker,
+                        workers,
+                    }
+                    .chunk(len)
+                })
+                .collect();
+            // Consecutive, covering 0..len, sizes as counts are divided.
+            assert_eq!(chunks.first().map(|c| c.start), Some(0));
+            assert_eq!(chunks.last().map(|c| c.end), Some(len));
+            for pair in chunks.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start, "{len}/{workers}");
+                assert!(pair[0].len() >= pair[1].len());
+            }
+        }
+    }
+
+    #[test]
+    fn fleet_workers_ask_disjoint_questions_of_one_shuffle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("test.jsonl");
+        let mut text = String::new();
+        for i in 0..25 {
+            text.push_str(&format!(
+                "{{\"question\": \"What is {i} plus 0?\", \"answer\": \"#### {i}\"}}\n"
+            ));
+        }
+        std::fs::write(&path, text).unwrap();
+        let workload = Workload {
+            kind: WorkloadType::Gsm8k,
+            path: Some(path.display().to_string()),
+            ..Workload::default()
+        };
+        let asked = |share: DatasetShare, seed: u64| {
+            let g = PromptGen::new(&workload, seed, share).unwrap();
+            let n = g.eval_questions().unwrap() as u64;
+            (0..n)
+                .map(|c| g.question(c).unwrap().expected.clone())
+                .collect::<Vec<_>>()
+        };
+        let whole = asked(DatasetShare::whole(5), 5);
+        // Workers have seeds of their own; the share's seed orders the set.
+        let parts: Vec<Vec<String>> = (0..3)
+            .map(|worker| {
+                let share = DatasetShare {
+                    seed: 5,
+                    worker,
+                    workers: 3,
+                };
+                asked(share, 100 + worker as u64)
+            })
+            .collect();
+        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), [9, 8, 8]);
+        assert_eq!(parts.concat(), whole, "the chunks of the one shuffle");
+        let mut sorted = whole.clone();
+        sorted.sort_by_key(|n| n.parse::<u32>().unwrap());
+        assert_eq!(sorted, (0..25).map(|i| i.to_string()).collect::<Vec<_>>());
+        assert_ne!(whole, sorted[..].to_vec(), "shuffled");
     }
 }
