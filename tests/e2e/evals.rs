@@ -112,3 +112,93 @@ async fn a_gpqa_stage_scores_the_letter_and_counts_unanswerable_replies() {
     assert_eq!(cut["unanswerable"], 120, "{cut}");
     assert_eq!(cut["correct"], 0, "{cut}");
 }
+
+/// `--metrics` serves the eval counters under the Go tool's names: read
+/// while a second (plain) stage runs, they hold every reply the eval stage
+/// scored (the measured ones and those sent beyond its `max_requests`),
+/// as `requests.jsonl` records them; the plain stage has no accuracy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_metrics_count_the_scored_replies() {
+    let data = tempfile::tempdir().unwrap();
+    let path = data.path().join("test.jsonl");
+    nyann_testkit::datasets::write_gsm8k(&path, 50);
+    let sim = nyann_sim::start(SimConfig {
+        profile: nyann_sim::Profile::Fast,
+        eval_gsm8k: Some(path.clone()),
+        eval_accuracy: 0.5,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let scenario = data.path().join("scenario.star");
+    std::fs::write(
+        &scenario,
+        "scenario(stages = [\n    stage(\"60s\", concurrency=4, workload=workload(\"gsm8k\", path=\"test.jsonl\", osl=6)),\n    stage(\"3s\", concurrency=1),\n])\n",
+    )
+    .unwrap();
+    let stderr = data.path().join("stderr");
+    let mut child = crate::support::nyann_bench()
+        .arg("generate")
+        .arg("--config")
+        .arg(&scenario)
+        .arg("--output-dir")
+        .arg(data.path().join("out"))
+        .args(["--target", &sim.base_url(), "--metrics", "127.0.0.1:0"])
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    // The address, then the second stage's start.
+    let mut address = None;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+        address = address.or_else(|| {
+            let rest = text.split("client metrics: http://").nth(1)?;
+            Some(rest.split('/').next()?.to_string())
+        });
+        if address.is_some() && text.contains("stage #1 c=1: started") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let address = address.unwrap().parse().unwrap();
+    let text = crate::support::http_get(address, "/metrics").await;
+    let status = child.wait().await.unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&stderr).unwrap()
+    );
+    let records: Vec<Value> = std::fs::read_to_string(data.path().join("out/requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let scored = |value: Option<bool>| {
+        records
+            .iter()
+            .filter(|r| r["eval_correct"].as_bool().is_some())
+            .filter(|r| value.is_none_or(|v| r["eval_correct"] == v))
+            .count() as u64
+    };
+    let counter = |name: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+        line[name.len() + 1..].parse().unwrap()
+    };
+    assert!(scored(None) >= 50, "each question at least once");
+    assert_eq!(counter("nyann_eval_total"), scored(None), "{text}");
+    assert_eq!(counter("nyann_eval_correct"), scored(Some(true)), "{text}");
+    assert_eq!(
+        counter("nyann_eval_incorrect"),
+        scored(Some(false)),
+        "{text}"
+    );
+    assert!(
+        !text.contains("\nnyann_eval_accuracy "),
+        "the plain stage scores nothing: no accuracy\n{text}"
+    );
+}

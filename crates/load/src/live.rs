@@ -19,6 +19,9 @@ pub struct Live {
     pub cancelled: AtomicU64,
     pub rejected: AtomicU64,
     pub late: AtomicU64,
+    /// Eval replies scored since the start, and how many were right or
+    /// gave no answer.
+    pub eval: EvalCounters,
     /// Client-side latency histograms (Prometheus buckets) since the start.
     pub ttft: Buckets,
     pub itl: Buckets,
@@ -26,6 +29,26 @@ pub struct Live {
     /// The histograms cost a few atomic operations per chunk: only kept when served.
     histograms: AtomicBool,
     stage: Mutex<StageView>,
+}
+
+/// Eval replies scored: every one, the right ones, the unanswerable ones
+/// (wrong, with no answer found).
+#[derive(Debug, Default)]
+pub struct EvalCounters {
+    pub scored: AtomicU64,
+    pub correct: AtomicU64,
+    pub unanswerable: AtomicU64,
+}
+
+impl EvalCounters {
+    fn count(&self, record: &RequestRecord, correct: bool) {
+        self.scored.fetch_add(1, Ordering::Relaxed);
+        if correct {
+            self.correct.fetch_add(1, Ordering::Relaxed);
+        } else if record.eval_extracted.is_none() {
+            self.unanswerable.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A Prometheus-style cumulative histogram with fixed bounds and atomic counts.
@@ -100,6 +123,10 @@ struct StageView {
     started: Instant,
     ok_before: u64,
     failed_before: u64,
+    /// Eval replies of this stage's requests scored so far, and the right
+    /// ones (not those of the stage before, still finishing).
+    eval_scored: u64,
+    eval_correct: u64,
     /// TTFT of the current stage's successful requests, in microseconds.
     ttft: Option<Histogram<u64>>,
 }
@@ -119,6 +146,9 @@ pub struct LiveSnapshot {
     pub in_flight: u64,
     pub dropped: u64,
     pub ttft_p50_s: f64,
+    /// Eval replies scored in this stage, and how many were right.
+    pub stage_eval_scored: u64,
+    pub stage_eval_correct: u64,
 }
 
 impl Default for Live {
@@ -137,6 +167,7 @@ impl Live {
             cancelled: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             late: AtomicU64::new(0),
+            eval: EvalCounters::default(),
             ttft: Buckets::new(TTFT_BOUNDS),
             itl: Buckets::new(ITL_BOUNDS),
             e2e: Buckets::new(E2E_BOUNDS),
@@ -149,6 +180,8 @@ impl Live {
                 started: Instant::now(),
                 ok_before: 0,
                 failed_before: 0,
+                eval_scored: 0,
+                eval_correct: 0,
                 ttft: None,
             }),
         }
@@ -167,6 +200,8 @@ impl Live {
         v.started = Instant::now();
         v.ok_before = self.ok.load(Ordering::Relaxed);
         v.failed_before = self.failed.load(Ordering::Relaxed);
+        v.eval_scored = 0;
+        v.eval_correct = 0;
         v.ttft = Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
     }
 
@@ -174,6 +209,14 @@ impl Live {
         match record.status {
             Status::Ok => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
+                if let Some(correct) = record.eval_correct {
+                    self.eval.count(record, correct);
+                    let mut v = self.view();
+                    if v.index == Some(record.stage) {
+                        v.eval_scored += 1;
+                        v.eval_correct += u64::from(correct);
+                    }
+                }
                 if self.histograms.load(Ordering::Relaxed) {
                     if let Some(ttft) = record.ttft_s {
                         self.ttft.observe(ttft);
@@ -236,6 +279,8 @@ impl Live {
                 .filter(|h| !h.is_empty())
                 .map(|h| h.value_at_quantile(0.5) as f64 / 1e6)
                 .unwrap_or(0.0),
+            stage_eval_scored: v.eval_scored,
+            stage_eval_correct: v.eval_correct,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::live::{Buckets, Live};
+use crate::live::{Buckets, Live, LiveSnapshot};
 
 /// Serves `GET /metrics` on `addr` until the runtime ends; returns the bound address.
 pub async fn serve(addr: SocketAddr, live: Arc<Live>) -> std::io::Result<SocketAddr> {
@@ -78,6 +78,7 @@ pub fn render(live: &Live) -> String {
     );
     let _ = writeln!(out, "# TYPE nyann_requests_in_flight gauge");
     let _ = writeln!(out, "nyann_requests_in_flight {}", snap.in_flight);
+    eval(&mut out, live, &snap);
     let _ = writeln!(
         out,
         "# HELP nyann_stage_index Index of the current stage (-1 before the first)."
@@ -109,6 +110,45 @@ pub fn render(live: &Live) -> String {
     out
 }
 
+/// The eval counters under the Go tool's names (so its dashboards work),
+/// and the current stage's accuracy.
+fn eval(out: &mut String, live: &Live, snap: &LiveSnapshot) {
+    let scored = live.eval.scored.load(Ordering::Relaxed);
+    let correct = live.eval.correct.load(Ordering::Relaxed);
+    let unanswerable = live.eval.unanswerable.load(Ordering::Relaxed);
+    for (name, help, value) in [
+        ("nyann_eval_total", "Eval replies scored.", scored),
+        (
+            "nyann_eval_correct",
+            "Eval replies with the right answer.",
+            correct,
+        ),
+        (
+            "nyann_eval_incorrect",
+            "Eval replies with a wrong answer or none.",
+            scored - correct,
+        ),
+        (
+            "nyann_eval_unanswerable",
+            "Eval replies in which no answer was found (counted incorrect too).",
+            unanswerable,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP nyann_eval_accuracy Right answers among the current stage's scored eval replies (absent before one is scored)."
+    );
+    let _ = writeln!(out, "# TYPE nyann_eval_accuracy gauge");
+    if snap.stage_eval_scored > 0 {
+        let accuracy = snap.stage_eval_correct as f64 / snap.stage_eval_scored as f64;
+        let _ = writeln!(out, "nyann_eval_accuracy {accuracy}");
+    }
+}
+
 fn histogram(out: &mut String, name: &str, help: &str, buckets: &Buckets) {
     let (cumulative, sum, count) = buckets.snapshot();
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -124,6 +164,7 @@ fn histogram(out: &mut String, name: &str, help: &str, buckets: &Buckets) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::RequestRecord;
 
     #[tokio::test]
     async fn serves_counters_and_histograms() {
@@ -145,5 +186,51 @@ mod tests {
         assert!(text.contains("nyann_time_to_first_token_seconds_bucket{le=\"0.5\"} 2"));
         assert!(text.contains("nyann_time_to_first_token_seconds_count 2"));
         assert!(text.contains("nyann_stage_index -1"));
+        assert!(text.contains("nyann_eval_total 0\n"));
+        assert!(
+            !text.contains("nyann_eval_accuracy 0"),
+            "no stage scored yet"
+        );
+    }
+
+    #[test]
+    fn counts_scored_eval_replies_and_the_stages_accuracy() {
+        let live = Live::new();
+        let reply = |extracted: Option<&str>, correct: Option<bool>| {
+            let mut record = RequestRecord::sample(crate::record::Status::Ok);
+            record.stage = 1;
+            record.eval_extracted = extracted.map(str::to_string);
+            record.eval_correct = correct;
+            record
+        };
+        live.stage_started(0, "#0 c=4", 10.0, false);
+        live.finished(&reply(Some("4"), Some(true)));
+        live.stage_started(1, "#1 c=4", 10.0, false);
+        // Stage 0's last replies, still finishing, count in the totals
+        // but not in stage 1's accuracy.
+        let late = RequestRecord {
+            stage: 0,
+            ..reply(Some("5"), Some(false))
+        };
+        live.finished(&late);
+        for record in [
+            reply(Some("4"), Some(true)),
+            reply(Some("5"), Some(false)),
+            reply(None, Some(false)),
+            reply(Some("4"), Some(true)),
+            reply(None, None),
+        ] {
+            live.finished(&record);
+        }
+        let text = render(&live);
+        for line in [
+            "nyann_eval_total 6\n",
+            "nyann_eval_correct 3\n",
+            "nyann_eval_incorrect 3\n",
+            "nyann_eval_unanswerable 1\n",
+            "nyann_eval_accuracy 0.5\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 }

@@ -486,39 +486,15 @@ impl StageAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Phase;
 
     fn record(status: Status, ttft: f64, tokens: u64) -> RequestRecord {
         RequestRecord {
-            id: 0,
-            conversation: 0,
-            turn: 1,
-            stage: 0,
-            phase: Phase::Measured,
-            status,
-            scheduled_at: None,
-            sent_at: Some(0.0),
-            first_token_at: None,
-            end_at: None,
             ttft_s: Some(ttft),
             e2e_s: Some(ttft * 2.0),
             itl_s: vec![0.01, 0.02],
-            chunk_tokens: Vec::new(),
-            prompt_tokens: None,
-            cached_tokens: None,
             output_tokens: Some(tokens),
-            output_tokens_source: None,
-            prompt_chars: 0,
-            finish_reason: None,
-            response_id: None,
-            http_status: None,
-            error: None,
             client_lag_s: Some(0.002),
-            resent: false,
-            client_error: false,
-            eval_expected: None,
-            eval_extracted: None,
-            eval_correct: None,
+            ..RequestRecord::sample(status)
         }
     }
 
