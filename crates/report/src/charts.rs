@@ -3,7 +3,8 @@
 //! Two kinds of figure, both described as plain data by the page
 //! ([`crate::html`]) and drawn here:
 //! - [`LevelFigure`]: a quantity against the stage level (concurrency or
-//!   rate), one line per series, with marks for the congested stage,
+//!   rate), one line per series (with error bars when the quantity is an
+//!   estimate: an eval's accuracy), with marks for the congested stage,
 //!   skipped stages and stages whose server signal had no data;
 //! - [`TimelineFigure`]: a quantity over the run's time, with the stages
 //!   shaded behind it (the gaps between them are the checks, when the load
@@ -202,6 +203,15 @@ impl LevelAxis {
     }
 }
 
+/// An interval around a line's values (a 95% confidence interval), drawn
+/// as a vertical whisker with caps at each level: `(level, low, high)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorBars {
+    pub name: String,
+    pub color: RGBColor,
+    pub points: Vec<(f64, f64, f64)>,
+}
+
 /// A quantity against the stage level.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LevelFigure {
@@ -210,7 +220,12 @@ pub struct LevelFigure {
     pub y_label: String,
     pub unit: Unit,
     pub lines: Vec<Line>,
+    /// Drawn under the lines.
+    pub error_bars: Vec<ErrorBars>,
     pub marks: Vec<Mark>,
+    /// A fixed top for the y axis (an accuracy reads from 0 to 100%);
+    /// `None` scales the axis to the values.
+    pub y_max: Option<f64>,
 }
 
 /// What a shaded span of the timeline is.
@@ -269,6 +284,7 @@ fn line_style(color: RGBColor, dashed: bool) -> ShapeStyle {
 enum Glyph {
     Line(RGBColor, bool),
     Band(RGBColor),
+    ErrorBar(RGBColor),
     Mark(MarkKind),
     OffScale,
 }
@@ -291,6 +307,18 @@ fn draw_legend(
                 [(x, y - 4), (x + 16, y + 4)],
                 color.mix(0.35).filled(),
             )),
+            Glyph::ErrorBar(color) => {
+                let style = color.stroke_width(1);
+                for path in [
+                    vec![(x + 8, y - 6), (x + 8, y + 6)],
+                    vec![(x + 5, y - 6), (x + 11, y - 6)],
+                    vec![(x + 5, y + 6), (x + 11, y + 6)],
+                ] {
+                    root.draw(&PathElement::new(path, style))
+                        .map_err(plot_error)?;
+                }
+                Ok(())
+            }
             Glyph::OffScale => root.draw(&TriangleMarker::new((x + 8, y), 5, MUTED.filled())),
             Glyph::Mark(kind) => {
                 let (color, width) = mark_style(kind);
@@ -338,8 +366,8 @@ fn mark_style(kind: MarkKind) -> (RGBColor, u32) {
 
 /// Draws a level figure as an SVG document. Every value ends on the chart
 /// in bounded time: the axis is scaled to the measured values (and the
-/// thresholds near them), and what lies above it sits on the top edge,
-/// marked with its value.
+/// thresholds near them) unless the figure fixes its top, and what lies
+/// above it sits on the top edge, marked with its value.
 pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
     let axis = &figure.x;
     let at = |(x, y): (f64, f64)| Some((axis.position(x)?, y));
@@ -349,12 +377,17 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
         if dashed {
             values.collect()
         } else {
+            let bars = figure.error_bars.iter().flat_map(|b| &b.points);
             values
+                .chain(bars.map(|p| p.2))
                 .chain(figure.marks.iter().filter_map(|m| m.y))
                 .collect()
         }
     };
-    let y = y_range(&ys(false), &ys(true));
+    let y = match figure.y_max {
+        Some(top) if top.is_finite() && top > 0.0 => 0.0..top,
+        _ => y_range(&ys(false), &ys(true)),
+    };
     // A segmented range 0..n has n + 1 slots: one per level is 0..levels - 1.
     let last = i32::try_from(axis.levels.len().saturating_sub(1)).unwrap_or(i32::MAX);
 
@@ -384,6 +417,33 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
             .map_err(plot_error)?;
 
         let mut legend = Vec::new();
+        // Under the lines: a whisker from low to high (held within the
+        // axis), capped at both ends; named in the legend after the lines.
+        let mut bars_legend = Vec::new();
+        for bars in &figure.error_bars {
+            let mut drawn = false;
+            for &(x, low, high) in &bars.points {
+                if low.is_nan() || high.is_nan() {
+                    continue;
+                }
+                let (low, high) = (low.clamp(y.start, y.end), high.clamp(y.start, y.end));
+                let (Some(bottom), Some(top)) = (at((x, low)), at((x, high))) else {
+                    continue;
+                };
+                let style = bars.color.stroke_width(1);
+                let cap = |p| EmptyElement::at(p) + PathElement::new(vec![(-4, 0), (4, 0)], style);
+                chart
+                    .draw_series([PathElement::new(vec![bottom.clone(), top.clone()], style)])
+                    .map_err(plot_error)?;
+                chart
+                    .draw_series([cap(bottom), cap(top)])
+                    .map_err(plot_error)?;
+                drawn = true;
+            }
+            if drawn {
+                bars_legend.push((bars.name.clone(), Glyph::ErrorBar(bars.color)));
+            }
+        }
         // Points above the axis: where they sit on its edge, and their label.
         let mut off_scale = Vec::new();
         for line in &figure.lines {
@@ -413,6 +473,7 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
             .map_err(plot_error)?;
             legend.push((line.name.clone(), Glyph::Line(line.color, line.dashed)));
         }
+        legend.extend(bars_legend);
         if !off_scale.is_empty() {
             let font = (FONT, 10).into_font().color(&BLACK);
             for (position, value, name) in off_scale {
@@ -618,7 +679,9 @@ mod tests {
                 points,
                 dashed: false,
             }],
+            error_bars: Vec::new(),
             marks,
+            y_max: None,
         }
     }
 
@@ -775,5 +838,65 @@ mod tests {
         })
         .unwrap();
         assert!(!timeline.contains("NaN"));
+    }
+
+    /// An accuracy chart: its axis fixed from 0 to 100% (not scaled to
+    /// the values), each interval a whisker from its low to its high
+    /// (held within the axis), named in the legend.
+    #[test]
+    fn error_bars_span_their_interval_on_a_fixed_axis() {
+        let mut f = figure(vec![(4.0, 0.5), (8.0, 0.5), (16.0, 0.5)], vec![]);
+        f.unit = Unit::Percent;
+        f.y_max = Some(1.0);
+        let without = level_chart(&f).unwrap();
+        f.error_bars.push(ErrorBars {
+            name: "95% interval".into(),
+            color: RUN_SHADES[0][0],
+            points: vec![(4.0, 0.0, 1.0), (8.0, 0.25, 0.75), (16.0, -0.5, 1.5)],
+        });
+        let svg = level_chart(&f).unwrap();
+        assert!(svg.contains("95% interval"), "named in the legend");
+        assert!(!without.contains("95% interval"));
+        // The axis reads to 100% although no value is above 50%.
+        assert!(svg.contains(">\n100%\n<"), "{svg}");
+        // The run's polylines of a stroke width, as points in pixels.
+        let polylines = |width: &str| -> Vec<Vec<(i32, i32)>> {
+            let stroke = format!("stroke=\"#1F77B4\" stroke-width=\"{width}\"");
+            svg.split("<polyline")
+                .skip(1)
+                .filter_map(|p| p.split("/>").next())
+                .filter(|p| p.contains(&stroke))
+                .map(|p| {
+                    let points = p.split("points=\"").nth(1).unwrap().split('"').next();
+                    let pair = |xy: &str| {
+                        let (x, y) = xy.split_once(',').unwrap();
+                        (x.parse().unwrap(), y.parse().unwrap())
+                    };
+                    points.unwrap().split_whitespace().map(pair).collect()
+                })
+                .collect()
+        };
+        // The whiskers: thin vertical strokes left of the legend, as
+        // (x, bottom, top); the line is 2 pixels wide.
+        let legend_x = (SIZE.0 - LEGEND_WIDTH) as i32;
+        let whiskers: Vec<(i32, i32, i32)> = polylines("1")
+            .into_iter()
+            .filter_map(|p| match p[..] {
+                [(x0, y0), (x1, y1)] if x0 == x1 && x0 < legend_x => Some((x0, y0, y1)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(whiskers.len(), 3, "{whiskers:?}");
+        let span = |w: (i32, i32, i32)| w.1 - w.2;
+        let full = span(whiskers[0]);
+        assert!(full > 100, "0 to 100% spans the plot: {whiskers:?}");
+        // 25% to 75%: half the axis, centred on the line's 50%, at its x.
+        assert!((2 * span(whiskers[1]) - full).abs() <= 2, "{whiskers:?}");
+        let line = &polylines("2")[0];
+        let middle = (whiskers[1].1 + whiskers[1].2) / 2;
+        assert!((middle - line[1].1).abs() <= 1, "{whiskers:?} {line:?}");
+        assert_eq!(whiskers[1].0, line[1].0, "{whiskers:?} {line:?}");
+        // -50% to 150% is held within the axis.
+        assert_eq!(span(whiskers[2]), full, "{whiskers:?}");
     }
 }

@@ -1,15 +1,17 @@
-//! The figures against the stage level: throughput, client latencies, the
-//! server signals the policy judged (with the thresholds and the rules that
-//! fired), and the table comparing overlaid runs.
+//! The figures against the stage level: throughput, client latencies, eval
+//! accuracy, the server signals the policy judged (with the thresholds and
+//! the rules that fired), and the table comparing overlaid runs.
 
 use std::fmt::Write;
 
 use nyann_check::{CongestionRecord, StageResult};
 use nyann_load::StageStatus;
-use nyann_model::{ClientStats, RoleSignals, SeriesStatus, Value};
+use nyann_model::{ClientStats, EvalStats, RoleSignals, SeriesStatus, Step, Value};
 
 use super::esc;
-use crate::charts::{CONGESTED, LevelAxis, LevelFigure, Line, Mark, MarkKind, RUN_SHADES, Unit};
+use crate::charts::{
+    CONGESTED, ErrorBars, LevelAxis, LevelFigure, Line, Mark, MarkKind, RUN_SHADES, Unit,
+};
 use crate::saved::SavedRun;
 
 /// Concurrency or rate of a stage, whichever the axis plots.
@@ -59,8 +61,21 @@ fn stage_marks(
     by_rate: bool,
     value: impl Fn(&StageResult) -> Option<f64>,
 ) -> Vec<Mark> {
+    stage_marks_of(run, by_rate, value, |_| true)
+}
+
+/// [`stage_marks`] of the stages (by index) that `shown` keeps.
+fn stage_marks_of(
+    run: &SavedRun,
+    by_rate: bool,
+    value: impl Fn(&StageResult) -> Option<f64>,
+    shown: impl Fn(usize) -> bool,
+) -> Vec<Mark> {
     let mut marks = Vec::new();
-    for (stage, record) in run.result.stages.iter().zip(&run.records) {
+    for (index, (stage, record)) in run.result.stages.iter().zip(&run.records).enumerate() {
+        if !shown(index) {
+            continue;
+        }
         let Some(x) = stage_level(stage, by_rate) else {
             continue;
         };
@@ -119,7 +134,9 @@ pub(super) fn throughput(
         y_label: y_label.into(),
         unit: Unit::Count,
         lines: Vec::new(),
+        error_bars: Vec::new(),
         marks: Vec::new(),
+        y_max: None,
     };
     for (i, run) in runs.iter().enumerate() {
         figure.lines.push(Line {
@@ -170,7 +187,9 @@ pub(super) fn client_latency(
         y_label: "ms".into(),
         unit: Unit::Millis,
         lines: Vec::new(),
+        error_bars: Vec::new(),
         marks: Vec::new(),
+        y_max: None,
     };
     for (i, run) in runs.iter().enumerate() {
         let shades = RUN_SHADES[i % RUN_SHADES.len()];
@@ -191,6 +210,97 @@ pub(super) fn client_latency(
             .extend(stage_marks(run, *by_rate, |s| quantiles(s).map(|q| q[2])));
     }
     figure
+}
+
+/// A stage's eval figures, when it scored some answers.
+fn scored(client: &ClientStats) -> Option<EvalStats> {
+    client.eval.filter(|e| e.answered > 0)
+}
+
+/// Whether step `index` of `run` asked eval questions: it scored some
+/// answers; or (a stage that did not run, or got no reply) the scenario
+/// gave it an eval workload; or, without the scenario, its sweep's other
+/// stages scored some.
+fn asks_eval(run: &SavedRun, index: usize) -> bool {
+    let stages = &run.result.stages;
+    let has_scores = |s: &StageResult| s.client.as_ref().and_then(scored).is_some();
+    let Some(stage) = stages.get(index) else {
+        return false;
+    };
+    if has_scores(stage) {
+        return true;
+    }
+    if let Some(scenario) = &run.scenario {
+        return match scenario.steps.get(index) {
+            Some(Step::Stage(step)) => step
+                .workload
+                .as_ref()
+                .unwrap_or(&scenario.workload)
+                .kind
+                .is_eval(),
+            _ => false,
+        };
+    }
+    stage.sweep.is_some_and(|sweep| {
+        stages
+            .iter()
+            .any(|s| s.sweep == Some(sweep) && has_scores(s))
+    })
+}
+
+/// The share of eval answers right against the level: per run whose
+/// stages scored some, its accuracy per stage (the stages that scored none
+/// left out) with the 95% Wilson interval as error bars, on an axis from
+/// 0 to 100%, marked as the other level charts (congested, search and
+/// skipped eval stages); `None` when no run scored any answer (no empty
+/// chart).
+pub(super) fn accuracy(
+    runs: &[SavedRun],
+    (axis, by_rate): &(LevelAxis, bool),
+) -> Option<LevelFigure> {
+    let mut figure = LevelFigure {
+        title: "Eval accuracy".into(),
+        x: axis.clone(),
+        y_label: "answers right".into(),
+        unit: Unit::Percent,
+        lines: Vec::new(),
+        error_bars: Vec::new(),
+        marks: Vec::new(),
+        y_max: Some(1.0),
+    };
+    for (i, run) in runs.iter().enumerate() {
+        let evals: Vec<(f64, EvalStats)> = measured(run, *by_rate)
+            .into_iter()
+            .filter_map(|(_, x, c)| Some((x, scored(c)?)))
+            .collect();
+        if evals.is_empty() {
+            continue;
+        }
+        let color = RUN_SHADES[i % RUN_SHADES.len()][0];
+        figure.lines.push(Line {
+            name: series_name(runs, run, "accuracy"),
+            color,
+            points: evals.iter().map(|(x, e)| (*x, e.accuracy)).collect(),
+            dashed: false,
+        });
+        figure.error_bars.push(ErrorBars {
+            name: series_name(runs, run, "95% interval"),
+            color,
+            points: evals
+                .iter()
+                .map(|(x, e)| (*x, e.accuracy_low, e.accuracy_high))
+                .collect(),
+        });
+        let value = |s: &StageResult| Some(scored(s.client.as_ref()?)?.accuracy);
+        figure.marks.extend(
+            stage_marks_of(run, *by_rate, value, |index| asks_eval(run, index))
+                .into_iter()
+                // A congested stage that scored nothing has no accuracy:
+                // at the bottom its circle would read as 0%.
+                .filter(|m| m.y.is_some() || m.kind == MarkKind::Skipped),
+        );
+    }
+    (!figure.lines.is_empty()).then_some(figure)
 }
 
 /// A server signal the built-in policy judges, and the parameter that is
@@ -272,7 +382,9 @@ pub(super) fn server_signal(
         },
         unit: signal.unit,
         lines: Vec::new(),
+        error_bars: Vec::new(),
         marks: Vec::new(),
+        y_max: None,
     };
     for (i, run) in runs.iter().enumerate() {
         let shades = RUN_SHADES[i % RUN_SHADES.len()];

@@ -4,7 +4,8 @@
 //!
 //! What the page shows, top-down: per run a headline (outcome, stop reason,
 //! policy, knee, capacity, what the skipped stages saved); throughput and client
-//! latencies against the stage level; the server signals the policy judged,
+//! latencies against the stage level, and the eval accuracy when stages
+//! scored eval answers; the server signals the policy judged,
 //! with the thresholds; per run a timeline of the requests with the stages
 //! shaded; the errors by reason; the stage table; the scenario.
 
@@ -24,7 +25,8 @@ use crate::saved::SavedRun;
 use crate::table::outcome_line;
 use details::run_details;
 use levels::{
-    Latency, SIGNALS, Throughput, client_latency, comparison, level_axis, server_signal, throughput,
+    Latency, SIGNALS, Throughput, accuracy, client_latency, comparison, level_axis, server_signal,
+    throughput,
 };
 
 /// The page for `runs` (at least one).
@@ -66,6 +68,18 @@ pub fn page(runs: &[SavedRun]) -> Result<String, ReportError> {
         );
     }
     out.push_str("</div>\n");
+
+    // Only when some stage scored eval answers: an empty chart reads as a
+    // measurement of nothing.
+    if let Some(accuracy) = accuracy(runs, &axis) {
+        section(&mut out, "Eval accuracy against the stage level");
+        figure(&mut out, level_chart(&accuracy)?);
+        out.push_str(
+            "<p class=\"note\">Eval answers right, of those scored, per stage (stages that scored \
+             none left out); the whiskers are the 95% Wilson interval. The stage table gives the \
+             same figures.</p>\n</div>\n",
+        );
+    }
 
     if runs.iter().any(|r| r.records.iter().any(Option::is_some)) {
         section(&mut out, "Server signals the policy judged");

@@ -2,12 +2,12 @@
 
 use super::levels::*;
 use super::*;
-use crate::charts::MarkKind;
+use crate::charts::{LevelFigure, MarkKind, RUN_SHADES, Unit};
 use nyann_check::{CongestionRecord, StageResult};
 use nyann_check::{Judged, PolicyMode, PolicyRef, RunResult};
 use nyann_load::StageStatus;
 use nyann_load::{RunOutcome, StageDetail};
-use nyann_model::{ClientStats, RoleSignals, Value};
+use nyann_model::{ClientStats, EvalStats, RoleSignals, Value, WorkloadType};
 use nyann_model::{
     FiredRule, Mode, Param, Scenario, Stage, Step, StopCondition, Verdict, Workload,
 };
@@ -469,4 +469,173 @@ fn text_is_escaped() {
         esc("<a href=\"x\">&'"),
         "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
     );
+}
+
+/// A GSM8K sweep: its stages scored eval answers, and a capacity search
+/// added c=96 between 64 and 128 (after them in the stages).
+fn eval_sweep() -> SavedRun {
+    let mut run = sweep();
+    run.scenario.as_mut().unwrap().workload.kind = WorkloadType::Gsm8k;
+    let scores = [EvalStats::of(200, 180, 2), EvalStats::of(200, 150, 9)];
+    for (stage, eval) in run.result.stages.iter_mut().zip(scores) {
+        stage.client.as_mut().unwrap().eval = Some(eval);
+    }
+    let mut searched = judged(
+        stage(3, 96, StageStatus::Measured, 14.0),
+        false,
+        vec![role(1.0)],
+    );
+    searched.search = Some(nyann_load::SearchStage { refines: 1 });
+    searched.client.as_mut().unwrap().eval = Some(EvalStats::of(200, 170, 1));
+    run.records.push(CongestionRecord::of(&searched).cloned());
+    run.result.stages.push(searched);
+    run
+}
+
+fn marks_of(figure: &LevelFigure, kind: MarkKind) -> Vec<(f64, Option<f64>)> {
+    figure
+        .marks
+        .iter()
+        .filter(|m| m.kind == kind)
+        .map(|m| (m.x, m.y))
+        .collect()
+}
+
+/// No eval answer scored, no accuracy chart (an empty chart reads as a
+/// measurement of nothing); with several runs, only those that scored
+/// have a curve, in their own colour.
+#[test]
+fn accuracy_is_charted_only_for_runs_that_scored_eval_answers() {
+    let plain = sweep();
+    let axis = level_axis(std::slice::from_ref(&plain));
+    assert!(accuracy(std::slice::from_ref(&plain), &axis).is_none());
+    let html = page(std::slice::from_ref(&plain)).unwrap();
+    assert!(!html.contains("Eval accuracy"), "{html}");
+    // Eval figures of no answer scored are no data.
+    let mut unscored = sweep();
+    unscored.result.stages[0].client.as_mut().unwrap().eval = Some(EvalStats::of(0, 0, 0));
+    assert!(accuracy(std::slice::from_ref(&unscored), &axis).is_none());
+
+    let run = eval_sweep();
+    let html = page(std::slice::from_ref(&run)).unwrap();
+    assert!(
+        html.contains("<h2>Eval accuracy against the stage level</h2>"),
+        "{html}"
+    );
+    assert!(html.contains("95% interval"), "the whiskers' legend");
+    // The stage table shows the same figures.
+    assert!(html.contains("<th>accuracy</th>"), "{html}");
+    let c64 = EvalStats::of(200, 180, 2);
+    let cell = format!(
+        "<td class=\"num\">90.0% ({:.0}-{:.0})</td>",
+        100.0 * c64.accuracy_low,
+        100.0 * c64.accuracy_high
+    );
+    assert!(html.contains(&cell), "{cell} in {html}");
+
+    let mut scored = eval_sweep();
+    scored.label = "run-b".into();
+    let runs = [plain, scored];
+    let figure = accuracy(&runs, &level_axis(&runs)).unwrap();
+    let names: Vec<&str> = figure.lines.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["run-b: accuracy"]);
+    assert_eq!(figure.lines[0].color, RUN_SHADES[1][0], "run-b's colour");
+    assert_eq!(figure.error_bars.len(), 1);
+    assert!(page(&runs).unwrap().contains("run-b: 95% interval"));
+}
+
+/// The accuracy per stage runs by level (the search's c=96 between 64 and
+/// 128), on an axis from 0 to 100%, its whiskers the stages' Wilson
+/// intervals, the congested stage circled, the search's squared and the
+/// skipped one crossed, as on the other level charts.
+#[test]
+fn accuracy_runs_by_level_with_its_interval_and_marks() {
+    let run = eval_sweep();
+    let figure = accuracy(
+        std::slice::from_ref(&run),
+        &level_axis(std::slice::from_ref(&run)),
+    )
+    .unwrap();
+    assert_eq!((figure.unit, figure.y_max), (Unit::Percent, Some(1.0)));
+    assert_eq!(figure.lines.len(), 1);
+    assert_eq!(
+        figure.lines[0].points,
+        [(64.0, 0.9), (96.0, 0.85), (128.0, 0.75)]
+    );
+    let bars = &figure.error_bars[0].points;
+    for ((level, low, high), index) in bars.iter().zip([0, 3, 1]) {
+        let eval = run.result.stages[index].client.as_ref().unwrap().eval;
+        let eval = eval.unwrap();
+        assert_eq!(
+            (*level, *low, *high),
+            (
+                run.result.stages[index].concurrency.unwrap() as f64,
+                eval.accuracy_low,
+                eval.accuracy_high
+            )
+        );
+        assert!(*low < eval.accuracy && eval.accuracy < *high, "{eval:?}");
+    }
+    assert_eq!(
+        marks_of(&figure, MarkKind::Congested),
+        [(128.0, Some(0.75))]
+    );
+    assert_eq!(marks_of(&figure, MarkKind::Searched), [(96.0, Some(0.85))]);
+    assert_eq!(marks_of(&figure, MarkKind::Skipped), [(256.0, None)]);
+    let svg = crate::charts::level_chart(&figure).unwrap();
+    for text in [
+        "Eval accuracy",
+        "congested",
+        "capacity search stage",
+        "skipped (not run, no value)",
+        ">\n100%\n<",
+    ] {
+        assert!(svg.contains(text), "{text} missing");
+    }
+}
+
+/// In a run that asked eval questions at some stages only, the others
+/// have no point and no mark; a congested eval stage that scored nothing
+/// (every request failed) is not circled at 0%.
+#[test]
+fn stages_that_scored_no_eval_answer_are_left_out_of_the_accuracy_chart() {
+    let mut run = eval_sweep();
+    // c=64 sends the synthetic workload, the rest GSM8K.
+    run.result.stages[0].client.as_mut().unwrap().eval = None;
+    let scenario = run.scenario.as_mut().unwrap();
+    let Step::Stage(first) = &mut scenario.steps[0] else {
+        unreachable!()
+    };
+    first.workload = Some(Workload::default());
+    let axis = level_axis(std::slice::from_ref(&run));
+    let figure = accuracy(std::slice::from_ref(&run), &axis).unwrap();
+    let levels: Vec<f64> = figure.lines[0].points.iter().map(|p| p.0).collect();
+    assert_eq!(levels, [96.0, 128.0]);
+    let bars: Vec<f64> = figure.error_bars[0].points.iter().map(|p| p.0).collect();
+    assert_eq!(bars, [96.0, 128.0]);
+    assert!(
+        figure.marks.iter().all(|m| m.x != 64.0),
+        "{:?}",
+        figure.marks
+    );
+    assert_eq!(marks_of(&figure, MarkKind::Skipped), [(256.0, None)]);
+
+    // The scenario says the skipped c=256 was a synthetic stage: no cross.
+    let mut synthetic = run.scenario.clone().unwrap();
+    synthetic.workload.kind = WorkloadType::Synthetic;
+    let mut mixed = eval_sweep();
+    mixed.scenario = Some(synthetic.clone());
+    let figure = accuracy(std::slice::from_ref(&mixed), &axis).unwrap();
+    assert_eq!(marks_of(&figure, MarkKind::Skipped), []);
+    // Without a scenario, its sweep scored eval answers: crossed.
+    mixed.scenario = None;
+    let figure = accuracy(std::slice::from_ref(&mixed), &axis).unwrap();
+    assert_eq!(marks_of(&figure, MarkKind::Skipped), [(256.0, None)]);
+
+    // The congested c=128 scored nothing: no point, and no circle.
+    let mut failed = eval_sweep();
+    failed.result.stages[1].client.as_mut().unwrap().eval = None;
+    let figure = accuracy(std::slice::from_ref(&failed), &axis).unwrap();
+    assert_eq!(figure.lines[0].points, [(64.0, 0.9), (96.0, 0.85)]);
+    assert_eq!(marks_of(&figure, MarkKind::Congested), []);
 }
