@@ -202,3 +202,50 @@ async fn the_client_metrics_count_the_scored_replies() {
         "the plain stage scores nothing: no accuracy\n{text}"
     );
 }
+
+/// A server that answers worse under load: right 90% of the time, 10%
+/// once more than 4 requests are in flight. The example policy
+/// `accuracy-drop` (client figures only: no signal source) stops the GSM8K
+/// sweep 1, 2, 4, 16 at c=16, the first level that can be busy (how busy
+/// depends on the client's turnaround: most of its requests are), and
+/// says by how much the accuracy fell against c=1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_accuracy_drop_policy_stops_where_the_server_answers_worse() {
+    let data = tempfile::tempdir().unwrap();
+    let path = data.path().join("test.jsonl");
+    nyann_testkit::datasets::write_gsm8k(&path, 80);
+    let sim = nyann_sim::start(SimConfig {
+        seed: 7,
+        profile: nyann_sim::Profile::Fast,
+        eval_gsm8k: Some(path.clone()),
+        eval_accuracy: 0.9,
+        eval_busy_accuracy: Some(0.1),
+        eval_busy_above: 4,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let policy = crate::support::policy_wasm("accuracy-drop-policy");
+    let scenario = format!(
+        "questions = workload(\"gsm8k\", path={:?}, osl=6)\n\
+         scenario(stages = until_congested(\n    \
+         [stage(\"60s\", concurrency=c, workload=questions) for c in [1, 2, 4, 16, 32]],\n    \
+         max_drop=0.2,\n))\n",
+        path.display().to_string()
+    );
+    let args = ["--policy".to_string(), policy.display().to_string()];
+    let run = generate_at(&sim.base_url(), &scenario, &args).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(3), "{}", run.stderr());
+    let stages = run.stages();
+    for (index, stage) in stages.iter().enumerate().take(3) {
+        let eval = &stage["client"]["eval"];
+        assert_eq!(eval["answered"], 80, "stage {index}: {eval}");
+        assert!(eval["accuracy_high"].as_f64().unwrap() > 0.9, "{eval}");
+    }
+    let congestion = run.congestion(3);
+    assert_eq!(congestion["policy"]["name"], "accuracy-drop");
+    let reason = congestion["verdict"]["reasons"][0].as_str().unwrap();
+    assert!(reason.contains("points below #0 c=1's"), "{reason}");
+    assert_eq!(stages[4]["status"], "skipped");
+}

@@ -183,6 +183,7 @@ impl CongestionCheck {
             roles: signals.roles,
             client: done.client.clone(),
             signal_errors: signals.errors,
+            refines: done.refines.map(|i| u32::try_from(i).unwrap_or(u32::MAX)),
         };
         for error in &observation.signal_errors {
             tracing::warn!("stage {}: {error} (reads as 0)", done.label);

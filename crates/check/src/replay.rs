@@ -48,6 +48,14 @@ struct RecordedStage {
     detail: Option<RecordedDetail>,
     #[serde(default)]
     annotation: Option<Judged>,
+    /// A capacity-search stage: the sweep stage it refines.
+    #[serde(default)]
+    search: Option<RecordedSearch>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordedSearch {
+    refines: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -129,6 +137,7 @@ fn judged(stage: RecordedStage) -> Option<JudgedStage> {
             roles: record.roles,
             client,
             signal_errors: record.signal_errors,
+            refines: stage.search.map(|s| s.refines),
         },
         params: record.params,
         recorded,

@@ -146,6 +146,10 @@ pub struct StageObservation {
     pub client: ClientStats,
     /// Signal queries that failed (their signals read as zero: fail-open).
     pub signal_errors: Vec<String>,
+    /// A capacity-search stage: the index of the congested sweep stage it
+    /// refines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refines: Option<u32>,
 }
 
 /// A policy's answer for one stage.

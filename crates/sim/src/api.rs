@@ -78,25 +78,52 @@ pub(crate) struct App {
     pub log: RequestLog,
     /// Eval questions it answers (`--eval-gsm8k`, `--eval-gpqa`).
     pub eval: Option<Eval>,
+    /// Generation requests being answered now.
+    pub in_flight: Arc<AtomicU64>,
 }
 
 /// An eval dataset the simulator answers, right with probability `accuracy`.
 pub(crate) struct Eval {
     pub set: nyann_datasets::EvalSet,
     pub accuracy: f64,
+    /// `(n, accuracy)`: with more than `n` requests in flight, answers are
+    /// right with this accuracy instead.
+    pub busy: Option<(u64, f64)>,
+}
+
+/// Counts a request in flight while it lives.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    /// Counts one more; returns the guard and the count with it.
+    fn enter(counter: &Arc<AtomicU64>) -> (InFlight, u64) {
+        let now = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        (InFlight(counter.clone()), now)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl App {
     /// The first tokens of request `n`'s reply when its prompt asks one of
-    /// the eval questions: the answer, right or not by a seeded roll.
-    fn answer(&self, n: u64, prompt: &PromptContent) -> Vec<String> {
+    /// the eval questions: the answer, right or not by a seeded roll (with
+    /// the busy accuracy when `in_flight` requests are more than its limit).
+    fn answer(&self, n: u64, prompt: &PromptContent, in_flight: u64) -> Vec<String> {
         let (Some(eval), PromptContent::Text(text)) = (&self.eval, prompt) else {
             return Vec::new();
         };
         let Some(expected) = eval.set.expected_in(text) else {
             return Vec::new();
         };
-        let right = !self.faults.roll(n, 5, 1.0 - eval.accuracy);
+        let accuracy = match eval.busy {
+            Some((above, busy)) if in_flight > above => busy,
+            _ => eval.accuracy,
+        };
+        let right = !self.faults.roll(n, 5, 1.0 - accuracy);
         eval.set
             .reply(&expected, right)
             .split_whitespace()
@@ -489,6 +516,8 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
 struct RecordGuard {
     log: RequestLog,
     rec: RequestRecord,
+    /// The request counts as in flight until its response ends.
+    _in_flight: InFlight,
 }
 
 impl Drop for RecordGuard {
@@ -516,12 +545,14 @@ fn queue_error(e: QueueError) -> Response {
 
 async fn generate(app: Arc<App>, mut g: Gen) -> Response {
     let n = app.next.fetch_add(1, Ordering::Relaxed);
-    g.answer = app.answer(n, &g.prompt);
+    let (in_flight, busy) = InFlight::enter(&app.in_flight);
+    g.answer = app.answer(n, &g.prompt, busy);
     let id = match g.kind {
         Kind::Chat => format!("chatcmpl-{n}"),
         Kind::Completion => format!("cmpl-{n}"),
     };
     let mut guard = RecordGuard {
+        _in_flight: in_flight,
         log: app.log.clone(),
         rec: RequestRecord {
             id: id.clone(),

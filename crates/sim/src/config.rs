@@ -175,6 +175,17 @@ pub struct SimConfig {
     /// Probability (0..1) that an eval question is answered right (seeded
     /// per request: the same seed answers the same way).
     pub eval_accuracy: f64,
+
+    /// When set, the probability (0..1) that an eval question is answered
+    /// right by a busy server: one that had more than `eval_busy_above`
+    /// requests in flight when the question arrived (itself counted). A
+    /// server that answers worse under load, for demos and tests of
+    /// policies that stop on accuracy.
+    pub eval_busy_accuracy: Option<f64>,
+
+    /// Requests in flight above which the server is busy (see
+    /// `eval_busy_accuracy`).
+    pub eval_busy_above: u64,
 }
 
 impl Default for SimConfig {
@@ -219,6 +230,8 @@ impl Default for SimConfig {
             eval_gsm8k: None,
             eval_gpqa: None,
             eval_accuracy: 1.0,
+            eval_busy_accuracy: None,
+            eval_busy_above: 0,
         }
     }
 }
@@ -289,6 +302,10 @@ impl SimConfig {
             ("fault_stall_rate", self.fault_stall_rate),
             ("fault_reset_rate", self.fault_reset_rate),
             ("eval_accuracy", self.eval_accuracy),
+            (
+                "eval_busy_accuracy",
+                self.eval_busy_accuracy.unwrap_or_default(),
+            ),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(ConfigError::new(field, "between 0 and 1", v));

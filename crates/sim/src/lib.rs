@@ -326,7 +326,11 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
         eval: eval.map(|set| api::Eval {
             set,
             accuracy: args.eval_accuracy,
+            busy: args
+                .eval_busy_accuracy
+                .map(|accuracy| (args.eval_busy_above, accuracy)),
         }),
+        in_flight: Arc::new(AtomicU64::new(0)),
     });
     let mut servers = vec![serve(listener, api::router(app.clone()), &stop)];
     for (l, r) in extra {

@@ -1,7 +1,7 @@
 //! SDK for nyann-bench congestion policies.
 //!
 //! A policy is a WebAssembly component implementing the WIT contract
-//! `nyann:policy@0.3.0` (shipped with this crate in `wit/policy.wit`, and
+//! `nyann:policy@0.4.0` (shipped with this crate in `wit/policy.wit`, and
 //! printed by `nyann-bench policy wit`). This crate hides the wit-bindgen
 //! plumbing: implement [`Policy`] for a unit struct, call
 //! [`export_policy!`], and build with
@@ -40,11 +40,11 @@ extern crate self as nyann_policy;
 #[doc(hidden)]
 pub use wit_bindgen;
 
-/// The WIT contract this SDK implements (the repository's `wit/0.3`).
+/// The WIT contract this SDK implements (the repository's `wit/0.4`).
 pub const WIT: &str = include_str!("../wit/policy.wit");
 
 /// The interface version this SDK builds components for.
-pub const INTERFACE_VERSION: &str = "0.3.0";
+pub const INTERFACE_VERSION: &str = "0.4.0";
 
 #[doc(hidden)]
 pub mod __private {
@@ -93,8 +93,8 @@ pub mod __private {
 }
 
 pub use __private::bindings::nyann::policy::types::{
-    ClientStats, FiredRule, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals, StageObservation,
-    Sweep, Value, Verdict,
+    ClientStats, EvalCounts, FiredRule, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals,
+    StageObservation, Sweep, Value, Verdict,
 };
 
 /// A congestion policy. Implement it for a unit struct and export it with
@@ -116,7 +116,9 @@ pub trait Policy {
     }
 
     /// Judge a finished stage. `history` holds the earlier measured stages
-    /// of the same sweep, oldest first. An `Err` is reported as a policy
+    /// of the same sweep in the order they ran: a capacity-search stage
+    /// (`stage.refines`) comes after the whole sweep, so compare it with
+    /// [`StageObservation::below`], not with the last stage. An `Err` is reported as a policy
     /// error for the stage (by default the sweep continues).
     fn judge(
         params: &Params,
@@ -357,6 +359,7 @@ impl Default for ClientStats {
             dropped: 0,
             requests_rejected: 0,
             requests_late: 0,
+            eval: None,
         }
     }
 }
@@ -386,7 +389,58 @@ impl Default for StageObservation {
             roles: Vec::new(),
             client: ClientStats::default(),
             signal_errors: Vec::new(),
+            refines: None,
         }
+    }
+}
+
+impl StageObservation {
+    /// The stage's level: its concurrency, else its rate.
+    pub fn level(&self) -> Option<f64> {
+        self.concurrency.map(f64::from).or(self.rate)
+    }
+
+    /// The stages of `history` at a lower level than this one, in level
+    /// order: for a sweep stage, the sweep's stages before it; for a
+    /// capacity-search stage, the stages it lies above (the last one is
+    /// the nearest level below, whenever it ran).
+    pub fn below<'a>(&self, history: &'a [StageObservation]) -> Vec<&'a StageObservation> {
+        let Some(own) = self.level() else {
+            return history.iter().collect();
+        };
+        let mut below: Vec<&StageObservation> = history
+            .iter()
+            .filter(|s| s.level().is_some_and(|level| level < own))
+            .collect();
+        below.sort_by(|a, b| {
+            a.level()
+                .partial_cmp(&b.level())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        below
+    }
+}
+
+impl EvalCounts {
+    /// The share of right answers (`None` before any was scored).
+    pub fn accuracy(&self) -> Option<f64> {
+        (self.answered > 0).then(|| self.correct as f64 / self.answered as f64)
+    }
+
+    /// The accuracy's 95% Wilson score interval, `(low, high)`; `(0, 1)`
+    /// before any answer was scored. Unlike the normal approximation it
+    /// stays within [0, 1] and is honest at small counts.
+    pub fn interval95(&self) -> (f64, f64) {
+        if self.answered == 0 {
+            return (0.0, 1.0);
+        }
+        const Z: f64 = 1.959_963_984_540_054;
+        let n = self.answered as f64;
+        let p = self.correct as f64 / n;
+        let z2 = Z * Z;
+        let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+        let half = Z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
+        ((centre - half).max(0.0), (centre + half).min(1.0))
     }
 }
 
@@ -548,7 +602,44 @@ mod tests {
     #[test]
     fn shipped_wit_is_the_interface_version() {
         assert!(WIT.contains(&format!("package nyann:policy@{INTERFACE_VERSION};")));
-        assert!(env!("CARGO_PKG_VERSION").starts_with("0.3."));
+        // The crate's 0.x line is the interface's.
+        let line = INTERFACE_VERSION.trim_end_matches(".0");
+        assert!(env!("CARGO_PKG_VERSION").starts_with(&format!("{line}.")));
+    }
+
+    #[test]
+    fn eval_accuracy_and_its_wilson_interval() {
+        // 81 of 263 (Wilson 1927's worked figures, to 4 places): 0.2553..0.3662.
+        let eval = EvalCounts {
+            answered: 263,
+            correct: 81,
+            unanswerable: 0,
+        };
+        let (low, high) = eval.interval95();
+        assert!((low - 0.2553).abs() < 1e-4 && (high - 0.3662).abs() < 1e-4);
+        assert!((eval.accuracy().unwrap() - 81.0 / 263.0).abs() < 1e-12);
+        let none = EvalCounts {
+            answered: 0,
+            correct: 0,
+            unanswerable: 0,
+        };
+        assert_eq!((none.accuracy(), none.interval95()), (None, (0.0, 1.0)));
+    }
+
+    #[test]
+    fn below_is_the_lower_levels_in_level_order() {
+        let at = |concurrency| StageObservation {
+            concurrency: Some(concurrency),
+            ..StageObservation::default()
+        };
+        let history = [at(8), at(16), at(32), at(24)];
+        let levels: Vec<_> = at(20)
+            .below(&history)
+            .iter()
+            .map(|s| s.concurrency)
+            .collect();
+        assert_eq!(levels, [Some(8), Some(16)]);
+        assert_eq!(at(28).below(&history).len(), 3);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The interface versions this host supports, side by side: one bindgen
-//! module per version (`v0_1`, `v0_2`, `v0_3`), each adapting its own generated
+//! module per version (`v0_1` .. `v0_4`), each adapting its own generated
 //! types to the shared model (`nyann_model`), the way Zed keeps its
 //! `since_v*` extension interfaces. The model follows the newest version;
 //! an older component sees it through its own, smaller records.
@@ -116,9 +116,79 @@ macro_rules! version_glue {
     };
 }
 
+/// The `value` and `param-kind` conversions of the lines that have the
+/// `integer` kind (0.2 on), written once.
+macro_rules! integer_values {
+    () => {
+        impl From<&Value> for wit::Value {
+            fn from(v: &Value) -> Self {
+                match v {
+                    Value::Number(n) => wit::Value::Number(*n),
+                    Value::Integer(i) => wit::Value::Integer(*i),
+                    Value::Text(t) => wit::Value::Text(t.clone()),
+                    Value::Flag(b) => wit::Value::Flag(*b),
+                }
+            }
+        }
+
+        impl From<wit::Value> for Value {
+            fn from(v: wit::Value) -> Self {
+                match v {
+                    wit::Value::Number(n) => Value::Number(n),
+                    wit::Value::Integer(i) => Value::Integer(i),
+                    wit::Value::Text(t) => Value::Text(t),
+                    wit::Value::Flag(b) => Value::Flag(b),
+                }
+            }
+        }
+
+        impl From<wit::ParamKind> for ParamKind {
+            fn from(k: wit::ParamKind) -> Self {
+                match k {
+                    wit::ParamKind::Number => ParamKind::Number,
+                    wit::ParamKind::Integer => ParamKind::Integer,
+                    wit::ParamKind::Fraction => ParamKind::Fraction,
+                    wit::ParamKind::Duration => ParamKind::Duration,
+                    wit::ParamKind::Text => ParamKind::Text,
+                    wit::ParamKind::Flag => ParamKind::Flag,
+                }
+            }
+        }
+    };
+}
+
+/// What the lines that say which rules fired (0.3 on) share: `verdict`
+/// with its `fired` rules, and `policy-info.server-signals`.
+macro_rules! fired_rules {
+    () => {
+        fn server_signals(info: &wit::PolicyInfo) -> bool {
+            info.server_signals
+        }
+
+        impl From<wit::Verdict> for Verdict {
+            fn from(v: wit::Verdict) -> Self {
+                Verdict {
+                    congested: v.congested,
+                    reasons: v.reasons,
+                    fired: v
+                        .fired
+                        .into_iter()
+                        .map(|f| FiredRule {
+                            rule: f.rule,
+                            role: f.role,
+                            signals: f.signals,
+                        })
+                        .collect(),
+                }
+            }
+        }
+    };
+}
+
 mod v0_1;
 mod v0_2;
 mod v0_3;
+mod v0_4;
 
 use nyann_model::observation::{PolicyInfo, StageObservation, Verdict};
 use nyann_model::scenario::Param;
@@ -138,16 +208,23 @@ pub enum Interface {
     V0_1,
     /// `nyann:policy@0.2`: frozen; adapted to the model by the host.
     V0_2,
-    /// `nyann:policy@0.3`: the current line, which the SDK builds.
+    /// `nyann:policy@0.3`: frozen; adapted to the model by the host.
     V0_3,
+    /// `nyann:policy@0.4`: the current line, which the SDK builds.
+    V0_4,
 }
 
 impl Interface {
     /// Every supported line, oldest first.
-    pub const ALL: [Interface; 3] = [Interface::V0_1, Interface::V0_2, Interface::V0_3];
+    pub const ALL: [Interface; 4] = [
+        Interface::V0_1,
+        Interface::V0_2,
+        Interface::V0_3,
+        Interface::V0_4,
+    ];
 
     /// The line new policies are built against.
-    pub const NEWEST: Interface = Interface::V0_3;
+    pub const NEWEST: Interface = Interface::V0_4;
 
     /// `0.1`, `0.2`.
     pub fn line(self) -> &'static str {
@@ -155,6 +232,7 @@ impl Interface {
             Interface::V0_1 => "0.1",
             Interface::V0_2 => "0.2",
             Interface::V0_3 => "0.3",
+            Interface::V0_4 => "0.4",
         }
     }
 
@@ -164,6 +242,7 @@ impl Interface {
             Interface::V0_1 => include_str!("../../../../wit/0.1/policy.wit"),
             Interface::V0_2 => include_str!("../../../../wit/0.2/policy.wit"),
             Interface::V0_3 => include_str!("../../../../wit/0.3/policy.wit"),
+            Interface::V0_4 => include_str!("../../../../wit/0.4/policy.wit"),
         }
     }
 
@@ -188,7 +267,7 @@ impl std::fmt::Display for Interface {
     }
 }
 
-/// `nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x`.
+/// `nyann:policy@0.1.x, nyann:policy@0.2.x, ...`.
 pub fn supported_versions() -> String {
     Interface::ALL
         .iter()
@@ -201,7 +280,8 @@ pub fn supported_versions() -> String {
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     v0_1::add_to_linker(linker)?;
     v0_2::add_to_linker(linker)?;
-    v0_3::add_to_linker(linker)
+    v0_3::add_to_linker(linker)?;
+    v0_4::add_to_linker(linker)
 }
 
 /// A component ready to instantiate, typed by its interface line: the
@@ -211,6 +291,7 @@ pub(crate) enum Pre {
     V0_1(v0_1::CongestionPolicyPre<HostState>),
     V0_2(v0_2::CongestionPolicyPre<HostState>),
     V0_3(v0_3::CongestionPolicyPre<HostState>),
+    V0_4(v0_4::CongestionPolicyPre<HostState>),
 }
 
 impl Pre {
@@ -219,6 +300,7 @@ impl Pre {
             Interface::V0_1 => Pre::V0_1(v0_1::CongestionPolicyPre::new(pre)?),
             Interface::V0_2 => Pre::V0_2(v0_2::CongestionPolicyPre::new(pre)?),
             Interface::V0_3 => Pre::V0_3(v0_3::CongestionPolicyPre::new(pre)?),
+            Interface::V0_4 => Pre::V0_4(v0_4::CongestionPolicyPre::new(pre)?),
         })
     }
 
@@ -227,6 +309,7 @@ impl Pre {
             Pre::V0_1(_) => Interface::V0_1,
             Pre::V0_2(_) => Interface::V0_2,
             Pre::V0_3(_) => Interface::V0_3,
+            Pre::V0_4(_) => Interface::V0_4,
         }
     }
 
@@ -236,6 +319,7 @@ impl Pre {
             Pre::V0_1(pre) => v0_1::describe(pre, store),
             Pre::V0_2(pre) => v0_2::describe(pre, store),
             Pre::V0_3(pre) => v0_3::describe(pre, store),
+            Pre::V0_4(pre) => v0_4::describe(pre, store),
         }
     }
 
@@ -249,10 +333,13 @@ impl Pre {
             Pre::V0_1(pre) => v0_1::validate(pre, store, params),
             Pre::V0_2(pre) => v0_2::validate(pre, store, params),
             Pre::V0_3(pre) => v0_3::validate(pre, store, params),
+            Pre::V0_4(pre) => v0_4::validate(pre, store, params),
         }
     }
 
-    /// Instantiate in `store` and call `judge`.
+    /// Instantiate in `store` and call `judge`. A line before 0.4 does
+    /// not know capacity-search stages: it is shown one as a stage of the
+    /// sweep, after the stages of lower level ([`below`]).
     pub fn judge(
         &self,
         store: &mut Store<HostState>,
@@ -260,12 +347,42 @@ impl Pre {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> wasmtime::Result<Result<Verdict, String>> {
+        let below_it;
+        let history = if self.interface() < Interface::V0_4 && stage.refines.is_some() {
+            below_it = below(stage, history);
+            &below_it[..]
+        } else {
+            history
+        };
         match self {
             Pre::V0_1(pre) => v0_1::judge(pre, store, params, stage, history),
             Pre::V0_2(pre) => v0_2::judge(pre, store, params, stage, history),
             Pre::V0_3(pre) => v0_3::judge(pre, store, params, stage, history),
+            Pre::V0_4(pre) => v0_4::judge(pre, store, params, stage, history),
         }
     }
+}
+
+/// The stages of `history` at a lower level than `stage`, in level order
+/// (a stage's level: its concurrency, else its rate), as a sweep that had
+/// tried `stage`'s level in its place would have shown them: the stage
+/// before it is the nearest level below.
+fn below(stage: &StageObservation, history: &[StageObservation]) -> Vec<StageObservation> {
+    let level = |s: &StageObservation| s.concurrency.map(f64::from).or(s.rate);
+    let Some(own) = level(stage) else {
+        return history.to_vec();
+    };
+    let mut below: Vec<StageObservation> = history
+        .iter()
+        .filter(|s| level(s).is_some_and(|l| l < own))
+        .cloned()
+        .collect();
+    below.sort_by(|a, b| {
+        level(a)
+            .partial_cmp(&level(b))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    below
 }
 
 #[cfg(test)]
@@ -278,7 +395,8 @@ mod tests {
         assert_eq!(Interface::of_version("0.1.7"), Some(Interface::V0_1));
         assert_eq!(Interface::of_version("0.2.3"), Some(Interface::V0_2));
         assert_eq!(Interface::of_version("0.3.0"), Some(Interface::V0_3));
-        assert_eq!(Interface::of_version("0.4.0"), None);
+        assert_eq!(Interface::of_version("0.4.0"), Some(Interface::V0_4));
+        assert_eq!(Interface::of_version("0.5.0"), None);
         assert_eq!(Interface::of_version("1.0.0"), None);
         assert_eq!(Interface::of_version(""), None);
         assert_eq!(
@@ -287,8 +405,31 @@ mod tests {
         );
         assert_eq!(
             supported_versions(),
-            "nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x"
+            "nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x, nyann:policy@0.4.x"
         );
+    }
+
+    #[test]
+    fn an_older_line_sees_a_search_stage_after_the_levels_below_it() {
+        let stage = |index: u32, concurrency: u32, refines: Option<u32>| StageObservation {
+            index,
+            concurrency: Some(concurrency),
+            refines,
+            ..StageObservation::default()
+        };
+        // The sweep 8, 16, 32 (congested), then search stages 24 and 20.
+        let history = [
+            stage(0, 8, None),
+            stage(1, 16, None),
+            stage(2, 32, None),
+            stage(3, 24, Some(2)),
+        ];
+        let shown = below(&stage(4, 20, Some(2)), &history);
+        let levels: Vec<_> = shown.iter().map(|s| s.concurrency).collect();
+        assert_eq!(levels, [Some(8), Some(16)]);
+        let shown = below(&stage(4, 28, Some(2)), &history);
+        let levels: Vec<_> = shown.iter().map(|s| s.concurrency).collect();
+        assert_eq!(levels, [Some(8), Some(16), Some(24)]);
     }
 
     #[test]

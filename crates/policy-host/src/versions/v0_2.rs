@@ -18,40 +18,7 @@ wasmtime::component::bindgen!({
 
 version_glue!();
 
-impl From<&Value> for wit::Value {
-    fn from(v: &Value) -> Self {
-        match v {
-            Value::Number(n) => wit::Value::Number(*n),
-            Value::Integer(i) => wit::Value::Integer(*i),
-            Value::Text(t) => wit::Value::Text(t.clone()),
-            Value::Flag(b) => wit::Value::Flag(*b),
-        }
-    }
-}
-
-impl From<wit::Value> for Value {
-    fn from(v: wit::Value) -> Self {
-        match v {
-            wit::Value::Number(n) => Value::Number(n),
-            wit::Value::Integer(i) => Value::Integer(i),
-            wit::Value::Text(t) => Value::Text(t),
-            wit::Value::Flag(b) => Value::Flag(b),
-        }
-    }
-}
-
-impl From<wit::ParamKind> for ParamKind {
-    fn from(k: wit::ParamKind) -> Self {
-        match k {
-            wit::ParamKind::Number => ParamKind::Number,
-            wit::ParamKind::Integer => ParamKind::Integer,
-            wit::ParamKind::Fraction => ParamKind::Fraction,
-            wit::ParamKind::Duration => ParamKind::Duration,
-            wit::ParamKind::Text => ParamKind::Text,
-            wit::ParamKind::Flag => ParamKind::Flag,
-        }
-    }
-}
+integer_values!();
 
 impl From<&ClientStats> for wit::ClientStats {
     fn from(c: &ClientStats) -> Self {

@@ -1,5 +1,6 @@
-//! `nyann:policy@0.3`: the current line. Its records match the model field
-//! for field.
+//! `nyann:policy@0.3`: frozen (`wit/0.3`). The host adapts the model to
+//! it: the eval counts and a search stage's `refines`, added in 0.4, are
+//! left out (a search stage is shown after the stages of lower level).
 
 use nyann_model::observation::{
     ClientStats, FiredRule, ParamKind, PolicyInfo, RoleSignals, StageObservation, Verdict,
@@ -17,40 +18,7 @@ wasmtime::component::bindgen!({
 
 version_glue!();
 
-impl From<&Value> for wit::Value {
-    fn from(v: &Value) -> Self {
-        match v {
-            Value::Number(n) => wit::Value::Number(*n),
-            Value::Integer(i) => wit::Value::Integer(*i),
-            Value::Text(t) => wit::Value::Text(t.clone()),
-            Value::Flag(b) => wit::Value::Flag(*b),
-        }
-    }
-}
-
-impl From<wit::Value> for Value {
-    fn from(v: wit::Value) -> Self {
-        match v {
-            wit::Value::Number(n) => Value::Number(n),
-            wit::Value::Integer(i) => Value::Integer(i),
-            wit::Value::Text(t) => Value::Text(t),
-            wit::Value::Flag(b) => Value::Flag(b),
-        }
-    }
-}
-
-impl From<wit::ParamKind> for ParamKind {
-    fn from(k: wit::ParamKind) -> Self {
-        match k {
-            wit::ParamKind::Number => ParamKind::Number,
-            wit::ParamKind::Integer => ParamKind::Integer,
-            wit::ParamKind::Fraction => ParamKind::Fraction,
-            wit::ParamKind::Duration => ParamKind::Duration,
-            wit::ParamKind::Text => ParamKind::Text,
-            wit::ParamKind::Flag => ParamKind::Flag,
-        }
-    }
-}
+integer_values!();
 
 impl From<&ClientStats> for wit::ClientStats {
     fn from(c: &ClientStats) -> Self {
@@ -92,24 +60,4 @@ impl From<&StageObservation> for wit::StageObservation {
     }
 }
 
-fn server_signals(info: &wit::PolicyInfo) -> bool {
-    info.server_signals
-}
-
-impl From<wit::Verdict> for Verdict {
-    fn from(v: wit::Verdict) -> Self {
-        Verdict {
-            congested: v.congested,
-            reasons: v.reasons,
-            fired: v
-                .fired
-                .into_iter()
-                .map(|f| FiredRule {
-                    rule: f.rule,
-                    role: f.role,
-                    signals: f.signals,
-                })
-                .collect(),
-        }
-    }
-}
+fired_rules!();

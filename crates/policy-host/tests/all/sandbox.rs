@@ -430,8 +430,8 @@ fn versions_this_host_cannot_run_are_named() {
         err,
         "cannot load policy rc.wasm: is built for nyann:policy@0.2.1-rc.1, a pre-release of the \
          interface; this host runs the released nyann:policy@0.1.x, nyann:policy@0.2.x, \
-         nyann:policy@0.3.x (rebuild the policy against a released WIT, e.g. the one \
-         `nyann-bench policy wit` prints)"
+         nyann:policy@0.3.x, nyann:policy@0.4.x (rebuild the policy against a released WIT, e.g. \
+         the one `nyann-bench policy wit` prints)"
     );
     let newer_wit = Interface::V0_2
         .wit()
@@ -824,7 +824,7 @@ async fn disallowed_import_is_refused_at_load() {
 
 #[tokio::test]
 async fn other_interface_versions_are_refused_naming_the_supported_ones() {
-    for version in ["0.4.0", "1.0.0"] {
+    for version in ["0.5.0", "1.0.0"] {
         let err = load_err(&wat_component(
             None,
             &format!("nyann:policy/policy@{version}"),
@@ -833,8 +833,8 @@ async fn other_interface_versions_are_refused_naming_the_supported_ones() {
             err,
             format!(
                 "cannot load policy test.wasm: is built for nyann:policy@{version}; this host supports \
-                 nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x (a newer nyann-bench is \
-                 needed, or rebuild the policy against the WIT printed by `nyann-bench policy wit`)"
+                 nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x, nyann:policy@0.4.x (a \
+                 newer nyann-bench is needed, or rebuild the policy against the WIT printed by `nyann-bench policy wit`)"
             )
         );
     }

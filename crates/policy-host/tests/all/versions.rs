@@ -1,7 +1,7 @@
 //! Interface versions side by side: a component built against the frozen
-//! 0.1 WIT (with wit-bindgen, no SDK), the built-in as it was built for 0.2
-//! (a committed fixture) and 0.3 components load and run on the same host;
-//! the host adapts what the older lines lack.
+//! 0.1 WIT (with wit-bindgen, no SDK), the built-in as it was built for
+//! 0.1, 0.2 and 0.3 (committed fixtures) and 0.4 components load and run on
+//! the same host; the host adapts what the older lines lack.
 
 use std::time::Duration;
 
@@ -61,6 +61,48 @@ async fn a_0_1_component_loads_and_runs_unchanged() {
     );
 }
 
+/// A line before 0.4 does not know capacity-search stages: it is shown a
+/// search stage as one more stage of the sweep, after the stages of lower
+/// level only (a 0.1 policy that counts its `history` says 2, not 4).
+#[tokio::test]
+async fn an_older_line_sees_a_search_stage_after_the_levels_below_it() {
+    let legacy = common::guest("legacy-v01-policy");
+    let params = legacy
+        .check_params(&stop(&[("max_failed", Value::Number(5.0))]))
+        .unwrap();
+    let at = |index: u32, concurrency: u32, refines: Option<u32>| StageObservation {
+        concurrency: Some(concurrency),
+        refines,
+        ..stage(index, 0)
+    };
+    // The sweep 8, 16, 32 (congested), then the search stage 24.
+    let history = [
+        at(0, 8, None),
+        at(1, 16, None),
+        at(2, 32, None),
+        at(3, 24, Some(2)),
+    ];
+    let searched = StageObservation {
+        client: stage(4, 12).client,
+        ..at(4, 20, Some(2))
+    };
+    let verdict = legacy.judge(&params, &searched, &history).await.unwrap();
+    assert_eq!(
+        verdict.reasons,
+        ["stage 4 \"#4 c=8\" ok 100 failed 12 history 2"]
+    );
+    // A sweep stage sees its whole history, as before.
+    let swept = StageObservation {
+        refines: None,
+        ..searched
+    };
+    let verdict = legacy.judge(&params, &swept, &history).await.unwrap();
+    assert_eq!(
+        verdict.reasons,
+        ["stage 4 \"#4 c=8\" ok 100 failed 12 history 4"]
+    );
+}
+
 #[tokio::test]
 async fn the_sandbox_applies_to_0_1_components_too() {
     let legacy = common::guest("legacy-v01-policy");
@@ -78,7 +120,7 @@ async fn the_sandbox_applies_to_0_1_components_too() {
 /// line, kept so that each adapter always runs a real component of its line
 /// as that line's SDK and toolchain built it: `tests/fixtures/builtin-0.1.wasm`
 /// (`policies/builtin/builtin.wasm` as committed at 20efdab) and
-/// `builtin-0.2.wasm` (at 5624f13).
+/// `builtin-0.2.wasm` (at 5624f13) and `builtin-0.3.wasm` (at 76e0ba0).
 fn old_builtin(line: &str) -> nyann_policy_host::Policy {
     let file = format!("builtin-{line}.wasm");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -89,25 +131,32 @@ fn old_builtin(line: &str) -> nyann_policy_host::Policy {
 }
 
 #[tokio::test]
-async fn the_0_1_built_in_judges_as_the_0_3_one_without_naming_rules() {
+async fn the_0_1_built_in_judges_as_the_newest_one_without_naming_rules() {
     let old = old_builtin("0.1");
     assert_eq!(old.interface(), Interface::V0_1);
-    judges_as_the_newest(&old).await;
+    judges_as_the_newest(&old, false).await;
 }
 
 #[tokio::test]
-async fn the_0_2_built_in_judges_as_the_0_3_one_without_naming_rules() {
+async fn the_0_2_built_in_judges_as_the_newest_one_without_naming_rules() {
     let old = old_builtin("0.2");
     assert_eq!(old.interface(), Interface::V0_2);
-    judges_as_the_newest(&old).await;
+    judges_as_the_newest(&old, false).await;
+}
+
+#[tokio::test]
+async fn the_0_3_built_in_judges_as_the_newest_one() {
+    let old = old_builtin("0.3");
+    assert_eq!(old.interface(), Interface::V0_3);
+    judges_as_the_newest(&old, true).await;
 }
 
 /// `old` (an older line's built-in) gives the newest built-in's verdict and
-/// reasons on a congested stage, without the rules that fired (its line
-/// cannot say them).
-async fn judges_as_the_newest(old: &nyann_policy_host::Policy) {
+/// reasons on a congested stage, and the rules that fired if its line can
+/// say them (0.3 on).
+async fn judges_as_the_newest(old: &nyann_policy_host::Policy, names_rules: bool) {
     let new = common::builtin();
-    assert_eq!(new.interface(), Interface::V0_3);
+    assert_eq!(new.interface(), Interface::NEWEST);
     assert!(old.info().server_signals && new.info().server_signals);
     let stop = stop(&[
         ("waiting_requests_p50", Value::Number(8.0)),
@@ -134,7 +183,11 @@ async fn judges_as_the_newest(old: &nyann_policy_host::Policy) {
         .unwrap();
     assert!(old_verdict.congested && new_verdict.congested);
     assert_eq!(old_verdict.reasons, new_verdict.reasons);
-    assert!(old_verdict.fired.is_empty(), "lines before 0.3 do not say");
+    if names_rules {
+        assert_eq!(old_verdict.fired, new_verdict.fired);
+    } else {
+        assert!(old_verdict.fired.is_empty(), "lines before 0.3 do not say");
+    }
     let fired: Vec<_> = new_verdict
         .fired
         .iter()

@@ -2,8 +2,8 @@
 //!
 //! A stage violates the SLO when the client's TTFT p99 exceeds `ttft_p99` or
 //! its error rate exceeds `max_error_rate`. The sweep stops when the last
-//! `consecutive` measured stages (this one and earlier ones from `history`)
-//! all violate it, so one noisy stage need not end a sweep. Uses client
+//! `consecutive` measured stages (this one and those of the levels just
+//! below it, from `history`) all violate it, so one noisy stage need not end a sweep. Uses client
 //! statistics and history, which the built-in does not.
 
 use nyann_policy::{Params, Policy, PolicyInfo, StageObservation, Verdict, spec};
@@ -61,7 +61,10 @@ impl Slo {
         let Some(now) = self.violation(stage) else {
             return Verdict::ok();
         };
-        let earlier = history.iter().rev().take(self.consecutive - 1);
+        // The stages of the levels below, nearest first (for a
+        // capacity-search stage too, which runs after the whole sweep).
+        let below = stage.below(history);
+        let earlier = below.into_iter().rev().take(self.consecutive - 1);
         let streak = 1 + earlier.take_while(|s| self.violation(s).is_some()).count();
         Verdict::when(streak >= self.consecutive, || {
             if self.consecutive == 1 {

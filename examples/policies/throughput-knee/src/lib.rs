@@ -1,6 +1,8 @@
 //! Example policy: stop at the throughput knee.
 //!
-//! A stage is congested when, compared with the previous measured stage,
+//! A stage is congested when, compared with the measured stage of the
+//! nearest lower level (the previous one in a sweep; for a capacity-search
+//! stage, the nearest level below it, whenever that ran),
 //! the client's output tokens/s grew by less than `min_throughput_gain_pct`
 //! percent while the client's TTFT p99 grew by more than
 //! `max_ttft_growth_pct` percent: more load no longer buys throughput, only
@@ -50,7 +52,7 @@ pub fn knee(
     stage: &StageObservation,
     history: &[StageObservation],
 ) -> Verdict {
-    let Some(prev) = history.last() else {
+    let Some(prev) = stage.below(history).last().copied() else {
         return Verdict::ok();
     };
     let (prev_tps, tps) = (
@@ -82,8 +84,10 @@ mod tests {
     use nyann_policy::ClientStats;
 
     fn stage(name: &str, tps: f64, ttft: f64) -> StageObservation {
+        let concurrency = name.trim_start_matches("c=").parse().ok();
         StageObservation {
             name: name.into(),
+            concurrency,
             client: ClientStats {
                 output_tokens_per_second: tps,
                 ttft_p99_seconds: ttft,
@@ -112,6 +116,24 @@ mod tests {
             "{:?}",
             v.reasons
         );
+    }
+
+    /// A search stage at c=12, run after the sweep 8, 16 (the knee):
+    /// compared with c=8, the level below it, not with c=16, which ran last.
+    #[test]
+    fn a_search_stage_is_compared_with_the_level_below_it() {
+        let history = [stage("c=8", 100.0, 1.0), stage("c=16", 102.0, 3.0)];
+        let searched = StageObservation {
+            refines: Some(1),
+            ..stage("c=12", 150.0, 1.2)
+        };
+        assert!(!knee(5.0, 50.0, &searched, &history).congested);
+        let flat = StageObservation {
+            refines: Some(1),
+            ..stage("c=12", 101.0, 2.0)
+        };
+        let v = knee(5.0, 50.0, &flat, &history);
+        assert!(v.congested && v.reasons[0].contains("over c=8"), "{v:?}");
     }
 
     #[test]

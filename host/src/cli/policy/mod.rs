@@ -299,6 +299,7 @@ fn canned_stages() -> [StageObservation; 2] {
             ],
             client: client(4000.0, 0.4, 600, 0),
             signal_errors: vec![],
+            refines: None,
         },
         StageObservation {
             index: 1,
@@ -314,6 +315,7 @@ fn canned_stages() -> [StageObservation; 2] {
             ],
             client: client(4100.0, 3.1, 640, 12),
             signal_errors: vec![],
+            refines: None,
         },
     ]
 }

@@ -184,6 +184,16 @@ pub struct SimArgs {
     #[arg(long, value_name = "P", default_value_t = 1.0)]
     pub eval_accuracy: f64,
 
+    /// Probability (0..1) that an eval question is answered right when
+    /// more than --eval-busy-above requests are in flight at its arrival
+    /// (itself counted): a server that answers worse under load.
+    #[arg(long, value_name = "P", requires = "eval_busy_above")]
+    pub eval_busy_accuracy: Option<f64>,
+
+    /// Requests in flight above which --eval-busy-accuracy applies.
+    #[arg(long, value_name = "N", requires = "eval_busy_accuracy")]
+    pub eval_busy_above: Option<u64>,
+
     /// Requests kept in the per-request timing record (GET /sim/requests).
     #[arg(long, default_value_t = 200_000)]
     pub record_capacity: usize,
@@ -230,6 +240,8 @@ impl SimArgs {
             eval_gsm8k: self.eval_gsm8k.clone(),
             eval_gpqa: self.eval_gpqa.clone(),
             eval_accuracy: self.eval_accuracy,
+            eval_busy_accuracy: self.eval_busy_accuracy,
+            eval_busy_above: self.eval_busy_above.unwrap_or_default(),
             record_capacity: self.record_capacity,
         }
     }
