@@ -187,6 +187,11 @@ impl ShareGpt {
         Ok(set)
     }
 
+    /// The file, as it was named.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// Conversations with at least one exchange.
     pub fn len(&self) -> usize {
         self.chats.len()
