@@ -56,11 +56,10 @@ pub struct Scored {
 /// Why a dataset cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// (The OS error is part of the message, not a `source`: a printed
+    /// error chain says it once.)
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     /// One record (a line of JSONL, a row of CSV) is not what the format
     /// needs.
     #[error("{path}: record {record}: {why}")]
@@ -241,9 +240,9 @@ fn jsonl(
 }
 
 fn read(path: &Path) -> Result<String, DatasetError> {
-    std::fs::read_to_string(path).map_err(|source| DatasetError::Read {
+    std::fs::read_to_string(path).map_err(|error| DatasetError::Read {
         path: path.display().to_string(),
-        source,
+        error,
     })
 }
 

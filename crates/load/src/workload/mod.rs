@@ -34,8 +34,9 @@ pub enum WorkloadError {
     NoCorpusPath,
     #[error("a dataset workload (`gsm8k`, `gpqa`, `sharegpt`) needs `path` (the dataset file)")]
     NoDatasetPath,
+    /// (Not a `source`: a printed error chain says it once.)
     #[error("dataset {0}")]
-    Dataset(#[from] DatasetError),
+    Dataset(DatasetError),
     #[error(
         "ShareGPT {path}: {conversations} conversations for {workers} workers leave worker {worker} none: use fewer workers or a larger file"
     )]
@@ -56,6 +57,12 @@ pub enum WorkloadError {
     Empty(PathBuf),
     #[error("corpus {path} is larger than {max} bytes: point corpus_path at a smaller file")]
     TooLarge { path: PathBuf, max: u64 },
+}
+
+impl From<DatasetError> for WorkloadError {
+    fn from(error: DatasetError) -> Self {
+        WorkloadError::Dataset(error)
+    }
 }
 
 /// Which part of an eval dataset this process asks. A fleet shuffles the
@@ -524,6 +531,35 @@ mod tests {
         sorted.sort_by_key(|n| n.parse::<u32>().unwrap());
         assert_eq!(sorted, (0..25).map(|i| i.to_string()).collect::<Vec<_>>());
         assert_ne!(whole, sorted[..].to_vec(), "shuffled");
+    }
+
+    /// The message of a dataset error is said once by a printed chain
+    /// (`error: A: B`, as the binary prints them).
+    #[test]
+    fn a_dataset_error_is_said_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "[{\"conversations\": [{\"from\": \"gpt\"}]}]").unwrap();
+        for (kind, path) in [
+            (WorkloadType::ShareGpt, bad.clone()),
+            (WorkloadType::Gsm8k, dir.path().join("missing.jsonl")),
+        ] {
+            let workload = Workload {
+                kind,
+                path: Some(path.display().to_string()),
+                ..Workload::default()
+            };
+            let err = PromptGen::new(&workload, 1, DatasetShare::whole(1)).unwrap_err();
+            let mut chain = err.to_string();
+            let mut source = std::error::Error::source(&err);
+            while let Some(s) = source {
+                chain.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            let file = path.display().to_string();
+            assert_eq!(chain.matches(&file).count(), 1, "{chain}");
+            assert!(chain.starts_with("dataset "), "{chain}");
+        }
     }
 
     #[test]
