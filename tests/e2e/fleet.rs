@@ -1340,3 +1340,48 @@ async fn a_fleet_asks_each_eval_question_once_and_merges_the_accuracy() {
     );
     assert!(low < 0.6 && 0.6 < high, "{eval}");
 }
+
+/// A ShareGPT file of 21 conversations replayed by 2 workers, one stream
+/// each, 21 requests in all (11 + 10): the file is shuffled once with the
+/// leader's seed and each worker replays a contiguous chunk of it, so each
+/// conversation is sent once, by one worker, with its recorded lengths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_replays_each_sharegpt_conversation_once() {
+    use nyann_testkit::datasets::{Spelling, sharegpt_chats, write_sharegpt_jsonl};
+    let _serial = serial().await;
+    let data = tempfile::tempdir().unwrap();
+    let path = data.path().join("sharegpt.jsonl");
+    let chats = sharegpt_chats(21, 1);
+    write_sharegpt_jsonl(&path, &chats, Spelling::ShareGpt);
+    let sim = nyann_sim::start(SimConfig::fast()).await.unwrap();
+    let scenario = format!(
+        "scenario(stages = [stage(\"60s\", concurrency=2, max_requests=21, workload=workload(\"sharegpt\", path={:?}))])\n",
+        path.display().to_string()
+    );
+    let mut fleet = Fleet::start(&sim.base_url(), &scenario, 2, &[], &[]).await;
+    let codes = fleet.wait(Duration::from_secs(120)).await;
+    assert_eq!(codes, [Some(0); 2], "{}", fleet.all_stderr());
+    validate_against_schema(&fleet.path("w0"));
+
+    let records = fleet.records("w0/requests.jsonl");
+    let mut sent_by: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r["phase"] == "measured") {
+        let chars = r["prompt_chars"].as_u64().unwrap() as usize;
+        let chat = chats
+            .iter()
+            .position(|c| c.turns[0].prompt.len() == chars)
+            .unwrap_or_else(|| panic!("not a prompt of the file: {r}"));
+        assert_eq!(r["output_tokens"], chats[chat].turns[0].reply_tokens, "{r}");
+        sent_by
+            .entry(chat)
+            .or_default()
+            .push(r["worker"].as_u64().unwrap());
+    }
+    assert_eq!(sent_by.len(), 21, "every conversation sent: {sent_by:?}");
+    assert!(
+        sent_by.values().all(|workers| workers.len() == 1),
+        "each once: {sent_by:?}"
+    );
+    let per_worker = |w: u64| sent_by.values().filter(|ws| ws[0] == w).count();
+    assert_eq!((per_worker(0), per_worker(1)), (11, 10));
+}

@@ -13,6 +13,7 @@ mod evals;
 mod fleet;
 mod policy;
 mod report;
+mod sharegpt;
 mod signals;
 mod support;
 mod sweep;

@@ -1,7 +1,10 @@
-//! Eval datasets asked as load: GSM8K and GPQA in the files users download,
-//! each question as the prompt a request sends, and the answer extracted
-//! from a reply and scored. The load generator asks them; the simulator
-//! finds the question a prompt asks ([`EvalSet::find`]) to answer it.
+//! Datasets in the files users download. Eval datasets asked as load:
+//! GSM8K and GPQA, each question as the prompt a request sends, and the
+//! answer extracted from a reply and scored. The load generator asks them;
+//! the simulator finds the question a prompt asks ([`EvalSet::find`]) to
+//! answer it. And ShareGPT's real conversations, replayed as load
+//! ([`ShareGpt`]: the human turns as prompts, the recorded replies'
+//! lengths as each request's `max_tokens`).
 //!
 //! Every prompt ends with its question as a block that starts with
 //! `Question: `: few-shot examples (GSM8K) come before it, the choices
@@ -13,9 +16,13 @@ use std::path::Path;
 mod gpqa;
 mod gsm8k;
 mod numbers;
+mod sharegpt;
 
 pub use gpqa::extract_letter;
 pub use gsm8k::extract_number;
+pub use sharegpt::{
+    Chat, Exchange, Limits, MIN_REPLY_TOKENS, Selected, Selection, ShareGpt, tokens,
+};
 
 /// Which dataset, and so how a reply is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,11 +56,10 @@ pub struct Scored {
 /// Why a dataset cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// (The OS error is part of the message, not a `source`: a printed
+    /// error chain says it once.)
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     /// One record (a line of JSONL, a row of CSV) is not what the format
     /// needs.
     #[error("{path}: record {record}: {why}")]
@@ -67,6 +73,9 @@ pub enum DatasetError {
         path: String,
         expected: &'static str,
     },
+    /// A replay dataset with nothing left to send, and why.
+    #[error("{path}: no conversation to replay: {why}")]
+    NoneLeft { path: String, why: String },
 }
 
 /// The questions of a dataset, in the file's order.
@@ -231,9 +240,9 @@ fn jsonl(
 }
 
 fn read(path: &Path) -> Result<String, DatasetError> {
-    std::fs::read_to_string(path).map_err(|source| DatasetError::Read {
+    std::fs::read_to_string(path).map_err(|error| DatasetError::Read {
         path: path.display().to_string(),
-        source,
+        error,
     })
 }
 

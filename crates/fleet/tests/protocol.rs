@@ -120,6 +120,7 @@ async fn a_silent_leader_is_lost_within_the_heartbeat_timeout() {
             scenario: Box::new(scenario(1)),
             seed: 1,
             first_id: 0,
+            dataset_share: nyann_load::DatasetShare::whole(1),
             run: "r".into(),
         };
         send(&mut stream, &welcome).await.unwrap();
@@ -198,6 +199,7 @@ async fn a_failed_upload_is_tried_again_on_the_link_then_on_a_new_connection() {
             scenario: Box::new(scenario(1)),
             seed: 1,
             first_id: 0,
+            dataset_share: nyann_load::DatasetShare::whole(1),
             run: "r".into(),
         };
         send(&mut write, &welcome).await.unwrap();

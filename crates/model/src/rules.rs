@@ -59,9 +59,21 @@ pub fn workload_problems(w: &Workload) -> Vec<String> {
                 "type \"{kind}\" asks one question per request: turns must be 1"
             ));
         }
+    } else if w.kind == WorkloadType::ShareGpt {
+        if w.path.as_deref().is_none_or(str::is_empty) {
+            out.push(
+                "type \"sharegpt\" needs path: the ShareGPT file (a JSON array of conversations, or JSONL)"
+                    .into(),
+            );
+        }
     } else if w.path.is_some() {
         out.push(format!(
-            "path is only used by the eval types \"gsm8k\" and \"gpqa\" (type \"{kind}\" reads corpus_path)"
+            "path is only used by the dataset types \"gsm8k\", \"gpqa\" and \"sharegpt\" (type \"{kind}\" reads corpus_path)"
+        ));
+    }
+    if w.kind != WorkloadType::ShareGpt && (w.max_isl > 0 || w.max_osl > 0) {
+        out.push(format!(
+            "max_isl and max_osl are only used by type \"sharegpt\" (type \"{kind}\" sets lengths with isl and osl)"
         ));
     }
     if w.kind != WorkloadType::Gsm8k && (w.train_path.is_some() || w.fewshot > 0) {

@@ -261,8 +261,8 @@ pub struct Workload {
     pub cache_salt: Option<CacheSalt>,
     #[serde(default)]
     pub name: Option<String>,
-    /// An eval dataset's file (`gsm8k`, `gpqa`); a relative path is taken
-    /// from the scenario file's folder when the scenario is loaded.
+    /// A dataset's file (`gsm8k`, `gpqa`, `sharegpt`); a relative path is
+    /// taken from the scenario file's folder when the scenario is loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// GSM8K's train file, where few-shot examples come from.
@@ -271,6 +271,14 @@ pub struct Workload {
     /// GSM8K: worked examples (from `train_path`) before each question.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub fewshot: u32,
+    /// ShareGPT: most input tokens of a turn (its prompt, after the
+    /// conversation so far); longer ones are left out. 0: no limit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_isl: u32,
+    /// ShareGPT: most tokens of a recorded reply; longer ones are left
+    /// out. 0: no limit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_osl: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -283,6 +291,10 @@ pub enum WorkloadType {
     Gsm8k,
     /// GPQA's four-choice questions, each answered and scored.
     Gpqa,
+    /// ShareGPT's recorded conversations replayed: the human turns as
+    /// prompts, each asking for a reply as long as the recorded one.
+    #[serde(rename = "sharegpt")]
+    ShareGpt,
 }
 
 impl WorkloadType {
@@ -294,12 +306,18 @@ impl WorkloadType {
             WorkloadType::Corpus => "corpus",
             WorkloadType::Gsm8k => "gsm8k",
             WorkloadType::Gpqa => "gpqa",
+            WorkloadType::ShareGpt => "sharegpt",
         }
     }
 
     /// An eval dataset: its requests are scored.
     pub fn is_eval(self) -> bool {
         matches!(self, WorkloadType::Gsm8k | WorkloadType::Gpqa)
+    }
+
+    /// Its prompts come from a dataset file (`path`).
+    pub fn reads_dataset(self) -> bool {
+        self.is_eval() || self == WorkloadType::ShareGpt
     }
 }
 
@@ -327,6 +345,8 @@ impl Default for Workload {
             path: None,
             train_path: None,
             fewshot: 0,
+            max_isl: 0,
+            max_osl: 0,
         }
     }
 }

@@ -393,8 +393,9 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
 fn workload_builtins(builder: &mut GlobalsBuilder) {
     /// `workload(type, isl=128, osl=256, turns=1, subsequent_isl=None,
     /// corpus_path=None, chars_per_token=0.0, cache_salt=None, name=None,
-    /// path=None, train_path=None, fewshot=0)`: what the prompts look like
-    /// (`gsm8k` and `gpqa`: an eval dataset's questions, scored).
+    /// path=None, train_path=None, fewshot=0, max_isl=0, max_osl=0)`: what
+    /// the prompts look like (`gsm8k` and `gpqa`: an eval dataset's
+    /// questions, scored; `sharegpt`: recorded conversations replayed).
     fn workload<'v>(
         r#type: Value<'v>,
         isl: Option<Value<'v>>,
@@ -408,11 +409,13 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
         path: Option<Value<'v>>,
         train_path: Option<Value<'v>>,
         fewshot: Option<Value<'v>>,
+        max_isl: Option<Value<'v>>,
+        max_osl: Option<Value<'v>>,
         eval: &mut Evaluator<'v, '_, '_>,
     ) -> starlark::Result<Value<'v>> {
         let location = call_location(eval);
         let mut a = Args::new("workload");
-        let types = "\"synthetic\", \"faker\", \"corpus\", \"gsm8k\" or \"gpqa\"";
+        let types = "\"synthetic\", \"faker\", \"corpus\", \"gsm8k\", \"gpqa\" or \"sharegpt\"";
         let kind = match a.string("type", r#type, types) {
             Some(t) => match t.as_str() {
                 "synthetic" => Some(WorkloadType::Synthetic),
@@ -420,6 +423,7 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
                 "corpus" => Some(WorkloadType::Corpus),
                 "gsm8k" => Some(WorkloadType::Gsm8k),
                 "gpqa" => Some(WorkloadType::Gpqa),
+                "sharegpt" => Some(WorkloadType::ShareGpt),
                 other => {
                     a.problem(format!("type must be {types}, got {other:?}"));
                     None
@@ -463,6 +467,14 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
             None => 0,
             Some(v) => a.u32("fewshot", v, "an int >= 0").unwrap_or(0),
         };
+        let mut limit = |name: &str, v: Option<Value>| match v {
+            None => 0,
+            Some(v) => a
+                .u32(name, v, "an int >= 0 (tokens; 0 = no limit)")
+                .unwrap_or(0),
+        };
+        let max_isl = limit("max_isl", max_isl);
+        let max_osl = limit("max_osl", max_osl);
         let workload = Workload {
             kind: kind.unwrap_or(WorkloadType::Faker),
             isl,
@@ -476,6 +488,8 @@ fn workload_builtins(builder: &mut GlobalsBuilder) {
             path,
             train_path,
             fewshot,
+            max_isl,
+            max_osl,
         };
         if a.problems.is_empty() {
             for p in workload_problems(&workload) {

@@ -376,7 +376,7 @@ fn diagnostic_of(file: &str, e: &starlark::Error) -> Diagnostic {
 const SIGNATURES: &[(&str, &str)] = &[
     (
         "workload",
-        "workload(type, isl=128, osl=256, turns=1, subsequent_isl=None, corpus_path=None, chars_per_token=0.0, cache_salt=None, name=None, path=None, train_path=None, fewshot=0)",
+        "workload(type, isl=128, osl=256, turns=1, subsequent_isl=None, corpus_path=None, chars_per_token=0.0, cache_salt=None, name=None, path=None, train_path=None, fewshot=0, max_isl=0, max_osl=0)",
     ),
     (
         "stage",

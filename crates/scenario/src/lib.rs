@@ -47,7 +47,7 @@ pub fn load_file_with_source(path: &Path) -> Result<(Scenario, String), Scenario
     Ok((scenario, source))
 }
 
-/// Eval datasets' relative paths are the scenario file's neighbours: made
+/// Datasets' relative paths (`path`, `train_path`) are the scenario file's neighbours: made
 /// absolute from `dir`, so that the run finds them from any directory.
 fn datasets_from(scenario: &mut Scenario, dir: &Path) {
     let stages = scenario.steps.iter_mut().filter_map(|step| match step {

@@ -76,7 +76,7 @@ fn wrong_types_are_errors_not_zero() {
         &on_line_3("workload(\"random\")"),
         3,
         &[
-            "type must be \"synthetic\", \"faker\", \"corpus\", \"gsm8k\" or \"gpqa\", got \"random\"",
+            "type must be \"synthetic\", \"faker\", \"corpus\", \"gsm8k\", \"gpqa\" or \"sharegpt\", got \"random\"",
         ],
     );
     assert_error(
@@ -225,12 +225,41 @@ fn eval_workloads_need_their_dataset_and_ask_one_question_per_request() {
     assert_error(
         &on_line_3("workload(\"faker\", path = \"t.jsonl\")"),
         3,
-        &["path is only used by the eval types"],
+        &["path is only used by the dataset types \"gsm8k\", \"gpqa\" and \"sharegpt\""],
     );
     assert_error(
         &on_line_3("workload(\"mmlu\")"),
         3,
-        &["type must be \"synthetic\", \"faker\", \"corpus\", \"gsm8k\" or \"gpqa\""],
+        &["type must be \"synthetic\", \"faker\", \"corpus\", \"gsm8k\", \"gpqa\" or \"sharegpt\""],
+    );
+}
+
+#[test]
+fn sharegpt_needs_its_file_and_alone_takes_length_limits() {
+    assert_error(
+        &on_line_3("workload(\"sharegpt\", turns = 3)"),
+        3,
+        &["type \"sharegpt\" needs path: the ShareGPT file"],
+    );
+    assert_error(
+        &on_line_3("workload(\"faker\", max_isl = 1024)"),
+        3,
+        &["max_isl and max_osl are only used by type \"sharegpt\""],
+    );
+    assert_error(
+        &on_line_3("workload(\"sharegpt\", path = \"s.json\", max_osl = -1)"),
+        3,
+        &["max_osl must be an int >= 0 (tokens; 0 = no limit), got"],
+    );
+    assert_error(
+        &on_line_3("workload(\"sharegpt\", path = \"s.json\", fewshot = 2)"),
+        3,
+        &["train_path and fewshot are only used by type \"gsm8k\""],
+    );
+    assert_error(
+        &on_line_3("workload(\"sharegpt\", path = \"s.json\", max_tokens = 9)"),
+        3,
+        &["max_tokens", "max_isl=0, max_osl=0)"],
     );
 }
 

@@ -136,3 +136,32 @@ fn eval_dataset_paths_are_taken_from_the_scenario_files_folder() {
     assert_eq!(workload.train_path.as_deref(), Some("/abs/train.jsonl"));
     assert_eq!(workload.fewshot, 2);
 }
+
+/// A ShareGPT file's relative path too; its turns and length limits are kept.
+#[test]
+fn a_sharegpt_path_is_taken_from_the_scenario_files_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("replay.star");
+    std::fs::write(
+        &path,
+        "scenario(workload = workload(\"sharegpt\", path = \"ShareGPT_V3.json\", turns = 3, max_isl = 1024, max_osl = 512), stages = [stage(\"1s\")])\n",
+    )
+    .unwrap();
+    let scenario = load_file(&path).unwrap();
+    let workload = &scenario.workload;
+    assert_eq!(workload.kind, nyann_model::WorkloadType::ShareGpt);
+    assert_eq!(
+        workload.path.as_deref(),
+        Some(dir.path().join("ShareGPT_V3.json").to_str().unwrap())
+    );
+    assert_eq!(
+        (workload.turns, workload.max_isl, workload.max_osl),
+        (3, 1024, 512)
+    );
+    // The IR spells the type as the scenario does, and reads back.
+    let json = serde_json::to_string(&scenario).unwrap();
+    assert!(json.contains("\"type\":\"sharegpt\""), "{json}");
+    assert!(json.contains("\"max_isl\":1024"), "{json}");
+    let back: nyann_model::Scenario = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, scenario);
+}

@@ -66,9 +66,10 @@ pub enum SimError {
     InvalidProfile(String),
     #[error(transparent)]
     Profile(#[from] ProfileError),
-    /// An eval dataset to answer from (`eval_gsm8k`, `eval_gpqa`).
+    /// An eval dataset to answer from (`eval_gsm8k`, `eval_gpqa`). (Not a
+    /// `source`: a printed error chain says it once.)
     #[error("eval dataset {0}")]
-    Dataset(#[from] nyann_datasets::DatasetError),
+    Dataset(nyann_datasets::DatasetError),
     // The OS error is the source (printed once, after the hint).
     #[error("cannot listen on {addr} (is the port in use? use port 0 for an ephemeral one)")]
     Bind {
@@ -76,6 +77,12 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<nyann_datasets::DatasetError> for SimError {
+    fn from(error: nyann_datasets::DatasetError) -> Self {
+        SimError::Dataset(error)
+    }
 }
 
 /// A simulator serving in the background of the current tokio runtime.

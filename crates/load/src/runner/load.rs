@@ -245,7 +245,6 @@ async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>) {
             streams.leave();
             return;
         };
-        let turns = claim.settings.turns;
         let turn = match claim.pool.clone() {
             Some(pool) => {
                 // A pool stage: the stream's own conversation (from an
@@ -254,14 +253,14 @@ async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>) {
                 let settings = claim.settings.clone();
                 let mut c = pool.take(fresh(&shared, &settings));
                 let turn = run_turn(&shared, claim, &mut c).await;
-                let over = c.is_over(&turn, turns);
+                let over = c.is_over(&turn);
                 pool.put_back(c, over, fresh(&shared, &settings));
                 turn
             }
             None => {
                 let c = conv.get_or_insert_with(|| Conversation::new(&shared, &claim.settings));
                 let turn = run_turn(&shared, claim, c).await;
-                if c.is_over(&turn, turns) {
+                if c.is_over(&turn) {
                     conv = None;
                 }
                 turn
@@ -322,9 +321,8 @@ async fn conversation_task(shared: Arc<Shared>, first: Claim) {
     let mut conv = Conversation::new(&shared, &first.settings);
     let mut claim = first;
     loop {
-        let turns = claim.settings.turns;
         let turn = run_turn(&shared, claim, &mut conv).await;
-        if conv.is_over(&turn, turns) {
+        if conv.is_over(&turn) {
             break;
         }
         claim = match shared.claim(None) {

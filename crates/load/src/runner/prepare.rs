@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
-use nyann_model::{CacheSalt, Scenario, Step, Workload};
+use nyann_model::{CacheSalt, Scenario, Step, Workload, WorkloadType};
 
 use crate::client::{Client, ClientError};
 use crate::http::{RequestTemplate, Target};
@@ -28,6 +28,24 @@ pub(super) struct StageSettings {
     pub(super) cache_salt: Option<CacheSalt>,
 }
 
+impl StageSettings {
+    /// How many turns `conversation` has: the workload's `turns`, or
+    /// fewer for a ShareGPT conversation with fewer exchanges.
+    pub(super) fn turns_of(&self, conversation: u64) -> u32 {
+        self.prompts
+            .turns(conversation)
+            .map_or(self.turns, |turns| turns.clamp(1, self.turns))
+    }
+
+    /// `max_tokens` of this conversation's turn: the workload's `osl`, or
+    /// a ShareGPT conversation's recorded reply length.
+    pub(super) fn max_tokens(&self, conversation: u64, turn: u32) -> u32 {
+        self.prompts
+            .max_tokens(conversation, turn)
+            .unwrap_or(self.osl)
+    }
+}
+
 pub(super) struct Prepared {
     pub(super) per_step: Vec<Option<Arc<StageSettings>>>,
     pub(super) models: Vec<String>,
@@ -45,6 +63,8 @@ pub(super) async fn prepare(
     let mut ready: HashMap<String, (Arc<Target>, Vec<String>)> = HashMap::new();
     let mut generators: Vec<(Workload, Arc<PromptGen>)> = Vec::new();
     let mut cpt: HashMap<(String, String, String), f64> = HashMap::new();
+    // ShareGPT replays once tokens are counted (by the same key).
+    let mut calibrated: HashMap<(String, String, String), Arc<PromptGen>> = HashMap::new();
     let mut per_step = Vec::with_capacity(scenario.steps.len());
     let mut models = Vec::new();
     let mut targets = Vec::new();
@@ -138,9 +158,19 @@ pub(super) async fn prepare(
                     &stage.label(index),
                 )
                 .await;
-                cpt.insert(key, v);
+                cpt.insert(key.clone(), v);
                 v
             }
+        };
+        let prompts = if prompts.needs_calibration() {
+            match calibrated.entry(key) {
+                Entry::Occupied(known) => known.get().clone(),
+                Entry::Vacant(new) => new
+                    .insert(Arc::new(prompts.calibrated(chars_per_token)?))
+                    .clone(),
+            }
+        } else {
+            prompts
         };
         let chars = |tokens: u32| (tokens as f64 * chars_per_token).round() as usize;
         per_step.push(Some(Arc::new(StageSettings {
@@ -162,16 +192,34 @@ pub(super) async fn prepare(
     })
 }
 
-/// Workloads that produce the same text share a generator and a calibration.
+/// Workloads that produce the same text share a generator and a
+/// calibration: the same type, reading the same files the same way (a
+/// ShareGPT replay keeps as many turns of each conversation as it sends).
 fn same_text(a: &Workload, b: &Workload) -> bool {
-    a.kind == b.kind && a.corpus_path == b.corpus_path
+    a.kind == b.kind
+        && a.corpus_path == b.corpus_path
+        && a.path == b.path
+        && a.train_path == b.train_path
+        && a.fewshot == b.fewshot
+        && (a.kind != WorkloadType::ShareGpt || a.turns == b.turns)
 }
 
+/// What a calibration (and a ShareGPT replay's selection) depends on.
 fn text_key(w: &Workload) -> String {
     format!(
-        "{:?}:{}:{}",
+        "{:?}:{}:{}:{}:{}:{}:{}:{}:{}",
         w.kind,
         w.corpus_path.as_deref().unwrap_or(""),
+        w.path.as_deref().unwrap_or(""),
+        w.train_path.as_deref().unwrap_or(""),
+        w.fewshot,
+        if w.kind == WorkloadType::ShareGpt {
+            w.turns
+        } else {
+            0
+        },
+        w.max_isl,
+        w.max_osl,
         w.chars_per_token
     )
 }
@@ -186,7 +234,7 @@ async fn calibrate(
     workload: &Workload,
     label: &str,
 ) -> f64 {
-    let sample = prompts.text(u64::MAX, 1, 8000);
+    let sample = prompts.calibration_text();
     if let Some(count) = client.count_tokens(target, model, &sample).await
         && count > 0
     {

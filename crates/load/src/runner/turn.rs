@@ -30,6 +30,8 @@ pub(super) struct Conversation {
     pub(super) id: u64,
     /// Turns sent so far.
     pub(super) turn: u32,
+    /// Turns it has, as the settings of its last turn said.
+    turns: u32,
     messages: Vec<Message>,
     salt: Option<String>,
 }
@@ -49,6 +51,7 @@ impl Conversation {
         Conversation {
             id,
             turn: 0,
+            turns: settings.turns_of(id),
             messages: Vec::new(),
             salt,
         }
@@ -60,6 +63,7 @@ impl Conversation {
         Conversation {
             id,
             turn: 0,
+            turns: 1,
             messages: Vec::new(),
             salt: None,
         }
@@ -67,8 +71,8 @@ impl Conversation {
 
     /// Whether the conversation is over after its last turn ended `how`
     /// (a failed or abandoned turn ends it: its history lacks a reply).
-    pub(super) fn is_over(&self, how: &Turn, turns: u32) -> bool {
-        !matches!(how, Turn::Ok) || self.turn >= turns
+    pub(super) fn is_over(&self, how: &Turn) -> bool {
+        !matches!(how, Turn::Ok) || self.turn >= self.turns
     }
 }
 
@@ -87,7 +91,9 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         role: "user",
         content: text,
     });
-    let next_turn = conv.turn < s.turns;
+    // A ShareGPT conversation may have fewer turns than the workload's.
+    conv.turns = s.turns_of(conv.id);
+    let next_turn = conv.turn < conv.turns;
     // An eval question's reply is read for its answer.
     let question = s.prompts.question(conv.id);
     let keep_reply = next_turn || question.is_some();
@@ -96,7 +102,7 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         endpoint: &s.endpoint,
         model: &s.model,
         messages: &conv.messages,
-        max_tokens: s.osl,
+        max_tokens: s.max_tokens(conv.id, conv.turn),
         cache_salt: conv.salt.as_deref(),
         keep_reply,
     };
@@ -257,9 +263,11 @@ mod tests {
     fn a_conversation_ends_after_its_last_turn_or_a_failed_one() {
         let mut conv = Conversation::bare(0);
         conv.turn = 2;
-        assert!(!conv.is_over(&Turn::Ok, 3));
-        assert!(conv.is_over(&Turn::Ok, 2));
-        assert!(conv.is_over(&Turn::Abandoned, 3));
-        assert!(conv.is_over(&Turn::Failed { retry_after: None }, 3));
+        conv.turns = 3;
+        assert!(!conv.is_over(&Turn::Ok));
+        assert!(conv.is_over(&Turn::Abandoned));
+        assert!(conv.is_over(&Turn::Failed { retry_after: None }));
+        conv.turns = 2;
+        assert!(conv.is_over(&Turn::Ok));
     }
 }

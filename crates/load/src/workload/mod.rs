@@ -1,6 +1,8 @@
 //! Prompt text generators: `synthetic` (random words), `faker` (varied
-//! prose), `corpus` (sliding windows over real text), and the eval
-//! datasets' questions (`gsm8k`, `gpqa`: see `nyann_datasets`).
+//! prose), `corpus` (sliding windows over real text), the eval datasets'
+//! questions (`gsm8k`, `gpqa`: see `nyann_datasets`), and ShareGPT's
+//! recorded conversations replayed (`sharegpt`: the human turns as they
+//! are, each request's `max_tokens` the recorded reply's length).
 //!
 //! Every prompt is a pure function of (seed, conversation, turn, length), so a
 //! run with `--seed` sends the same prompts again, and different
@@ -18,7 +20,7 @@ mod words;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nyann_datasets::{DatasetError, EvalSet, Question};
+use nyann_datasets::{DatasetError, EvalSet, Exchange, Limits, Question, Selected, ShareGpt};
 use nyann_model::{Workload, WorkloadType};
 use rand::{SeedableRng, rngs::SmallRng, seq::IndexedRandom, seq::SliceRandom};
 
@@ -30,10 +32,20 @@ use self::words::WORDS;
 pub enum WorkloadError {
     #[error("workload `corpus` needs `corpus_path` (a text file or a directory of text files)")]
     NoCorpusPath,
-    #[error("an eval workload (`gsm8k`, `gpqa`) needs `path` (the dataset file)")]
+    #[error("a dataset workload (`gsm8k`, `gpqa`, `sharegpt`) needs `path` (the dataset file)")]
     NoDatasetPath,
-    #[error("eval dataset {0}")]
-    Dataset(#[from] DatasetError),
+    /// (Not a `source`: a printed error chain says it once.)
+    #[error("dataset {0}")]
+    Dataset(DatasetError),
+    #[error(
+        "ShareGPT {path}: {conversations} conversations for {workers} workers leave worker {worker} none: use fewer workers or a larger file"
+    )]
+    NoShare {
+        path: String,
+        conversations: usize,
+        workers: usize,
+        worker: usize,
+    },
     #[error("cannot read corpus {path}: {error}")]
     Read {
         path: PathBuf,
@@ -45,6 +57,12 @@ pub enum WorkloadError {
     Empty(PathBuf),
     #[error("corpus {path} is larger than {max} bytes: point corpus_path at a smaller file")]
     TooLarge { path: PathBuf, max: u64 },
+}
+
+impl From<DatasetError> for WorkloadError {
+    fn from(error: DatasetError) -> Self {
+        WorkloadError::Dataset(error)
+    }
 }
 
 /// Which part of an eval dataset this process asks. A fleet shuffles the
@@ -100,6 +118,36 @@ enum Kind {
         set: Arc<EvalSet>,
         order: Vec<usize>,
     },
+    /// ShareGPT's conversations replayed.
+    Replay(Replay),
+}
+
+/// A ShareGPT file replayed: its conversations that fit the length limits
+/// once tokens are counted ([`PromptGen::calibrated`]), in an order
+/// shuffled with the share's seed, this process's chunk of them.
+#[derive(Debug, Clone)]
+struct Replay {
+    set: Arc<ShareGpt>,
+    share: DatasetShare,
+    max_isl: u32,
+    max_osl: u32,
+    /// Bytes per token; 0 until calibrated.
+    chars_per_token: f64,
+    /// This process's conversations, in the order they are sent (empty
+    /// until calibrated).
+    order: Vec<Selected>,
+}
+
+impl Replay {
+    /// Conversation `conversation`'s pick, and its exchange of `turn`
+    /// (from 1; a turn beyond the conversation's repeats its last ones).
+    fn exchange(&self, conversation: u64, turn: u32) -> Option<(&Selected, &Exchange)> {
+        let local = (conversation & ((1 << 40) - 1)) as usize;
+        let picked = self.order.get(local.checked_rem(self.order.len())?)?;
+        let chat = self.set.chat(picked.index)?;
+        let index = (turn.saturating_sub(1) % picked.turns.max(1)) as usize;
+        Some((picked, chat.exchanges.get(index)?))
+    }
 }
 
 impl PromptGen {
@@ -139,8 +187,124 @@ impl PromptGen {
                     order,
                 }
             }
+            WorkloadType::ShareGpt => {
+                let path = workload
+                    .path
+                    .as_deref()
+                    .ok_or(WorkloadError::NoDatasetPath)?;
+                let set = ShareGpt::load(Path::new(path), workload.turns.max(1) as usize)?;
+                Kind::Replay(Replay {
+                    set: Arc::new(set),
+                    share,
+                    max_isl: workload.max_isl,
+                    max_osl: workload.max_osl,
+                    chars_per_token: 0.0,
+                    order: Vec::new(),
+                })
+            }
         };
         Ok(PromptGen { kind, seed })
+    }
+
+    /// Whether lengths in tokens decide what this workload sends (a
+    /// ShareGPT replay: [`PromptGen::calibrated`] must be called).
+    pub fn needs_calibration(&self) -> bool {
+        matches!(self.kind, Kind::Replay(_))
+    }
+
+    /// This generator once tokens count `chars_per_token` bytes: a ShareGPT
+    /// replay keeps the conversations that fit its length limits, shuffles
+    /// them with its share's seed and keeps its share's chunk (nothing
+    /// left is an error that says why); any other workload is as it was.
+    pub fn calibrated(&self, chars_per_token: f64) -> Result<PromptGen, WorkloadError> {
+        let Kind::Replay(replay) = &self.kind else {
+            return Ok(self.clone());
+        };
+        let limits = Limits {
+            chars_per_token,
+            max_isl: replay.max_isl,
+            max_osl: replay.max_osl,
+        };
+        let selection = replay.set.select(&limits)?;
+        let mut order = selection.kept.clone();
+        order.shuffle(&mut SmallRng::seed_from_u64(replay.share.seed));
+        let order = order[replay.share.chunk(order.len())].to_vec();
+        if order.is_empty() {
+            return Err(WorkloadError::NoShare {
+                path: replay.set.path().to_string(),
+                conversations: selection.kept.len(),
+                workers: replay.share.workers,
+                worker: replay.share.worker,
+            });
+        }
+        let dropped = selection.dropped.values().sum::<usize>();
+        tracing::info!(
+            "ShareGPT {}: {} records, {} conversations replayed{}{}, max_tokens at {chars_per_token:.3} characters per token",
+            replay.set.path(),
+            replay.set.records(),
+            selection.kept.len(),
+            if dropped > 0 {
+                format!(" ({dropped} left out: {})", selection.dropped_text())
+            } else {
+                String::new()
+            },
+            if replay.share.workers > 1 {
+                format!(", {} of them by this worker", order.len())
+            } else {
+                String::new()
+            },
+        );
+        Ok(PromptGen {
+            kind: Kind::Replay(Replay {
+                chars_per_token,
+                order,
+                ..replay.clone()
+            }),
+            seed: self.seed,
+        })
+    }
+
+    /// The text characters per token are measured on: the dataset's own
+    /// for a ShareGPT replay, else a prompt of 8000 characters.
+    pub fn calibration_text(&self) -> String {
+        match &self.kind {
+            Kind::Replay(replay) => replay.set.calibration_text(8000),
+            _ => self.text(u64::MAX, 1, 8000),
+        }
+    }
+
+    /// A ShareGPT replay's `max_tokens` for this conversation and turn:
+    /// the recorded reply's length in tokens (`None`: not a replay).
+    pub fn max_tokens(&self, conversation: u64, turn: u32) -> Option<u32> {
+        let Kind::Replay(replay) = &self.kind else {
+            return None;
+        };
+        let (_, exchange) = replay.exchange(conversation, turn)?;
+        Some(nyann_datasets::tokens(
+            exchange.reply_bytes,
+            replay.chars_per_token,
+        ))
+    }
+
+    /// How many turns this conversation has in a ShareGPT replay (its
+    /// exchanges that fit, up to the workload's `turns`; `None`: not a
+    /// replay).
+    pub fn turns(&self, conversation: u64) -> Option<u32> {
+        let Kind::Replay(replay) = &self.kind else {
+            return None;
+        };
+        replay
+            .exchange(conversation, 1)
+            .map(|(picked, _)| picked.turns)
+    }
+
+    /// How many conversations this process replays per pass (`None`: not
+    /// a ShareGPT replay).
+    pub fn conversations(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Replay(replay) => Some(replay.order.len()),
+            _ => None,
+        }
     }
 
     /// The eval dataset this workload asks, if it is one.
@@ -174,16 +338,24 @@ impl PromptGen {
     }
 
     /// Exactly `chars` characters of prompt text for this conversation and
-    /// turn; an eval workload's question as it is, whatever its length.
+    /// turn; an eval workload's question, a ShareGPT conversation's human
+    /// turn, as it is, whatever its length.
     pub fn text(&self, conversation: u64, turn: u32, chars: usize) -> String {
         if let Some(question) = self.question(conversation) {
             return question.prompt.clone();
+        }
+        if let Kind::Replay(replay) = &self.kind {
+            // Only an uncalibrated replay has no conversation.
+            return replay
+                .exchange(conversation, turn)
+                .map(|(_, exchange)| exchange.prompt.clone())
+                .unwrap_or_default();
         }
         let mut rng = SmallRng::seed_from_u64(mix(self.seed, conversation, turn));
         let mut out = String::with_capacity(chars + 64);
         match &self.kind {
             // Only an empty dataset has no question (a loaded one never is).
-            Kind::Eval { .. } => {}
+            Kind::Eval { .. } | Kind::Replay(_) => {}
             Kind::Synthetic => {
                 while out.len() < chars {
                     push_word(&mut out, WORDS.choose(&mut rng).copied().unwrap_or("token"));
@@ -359,5 +531,103 @@ mod tests {
         sorted.sort_by_key(|n| n.parse::<u32>().unwrap());
         assert_eq!(sorted, (0..25).map(|i| i.to_string()).collect::<Vec<_>>());
         assert_ne!(whole, sorted[..].to_vec(), "shuffled");
+    }
+
+    /// The message of a dataset error is said once by a printed chain
+    /// (`error: A: B`, as the binary prints them).
+    #[test]
+    fn a_dataset_error_is_said_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "[{\"conversations\": [{\"from\": \"gpt\"}]}]").unwrap();
+        for (kind, path) in [
+            (WorkloadType::ShareGpt, bad.clone()),
+            (WorkloadType::Gsm8k, dir.path().join("missing.jsonl")),
+        ] {
+            let workload = Workload {
+                kind,
+                path: Some(path.display().to_string()),
+                ..Workload::default()
+            };
+            let err = PromptGen::new(&workload, 1, DatasetShare::whole(1)).unwrap_err();
+            let mut chain = err.to_string();
+            let mut source = std::error::Error::source(&err);
+            while let Some(s) = source {
+                chain.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            let file = path.display().to_string();
+            assert_eq!(chain.matches(&file).count(), 1, "{chain}");
+            assert!(chain.starts_with("dataset "), "{chain}");
+        }
+    }
+
+    #[test]
+    fn fleet_workers_replay_disjoint_chunks_of_one_shuffle() {
+        use nyann_testkit::datasets::{Spelling, sharegpt_chats, write_sharegpt_json};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sharegpt.json");
+        let chats = sharegpt_chats(25, 2);
+        write_sharegpt_json(&path, &chats, Spelling::ShareGpt);
+        let replay = Workload {
+            kind: WorkloadType::ShareGpt,
+            path: Some(path.display().to_string()),
+            turns: 2,
+            ..Workload::default()
+        };
+        let loaded = PromptGen::new(&replay, 5, DatasetShare::whole(5)).unwrap();
+        assert!(loaded.needs_calibration());
+        assert_eq!(loaded.text(0, 1, 10), "", "nothing before calibration");
+        let replayed = |share: DatasetShare, seed: u64| {
+            let g = PromptGen::new(&replay, seed, share)
+                .unwrap()
+                .calibrated(4.0)
+                .unwrap();
+            let n = g.conversations().unwrap() as u64;
+            (0..n)
+                .map(|c| {
+                    let first = g.text(c, 1, 0);
+                    let chat = chats
+                        .iter()
+                        .find(|chat| chat.turns[0].prompt == first)
+                        .unwrap();
+                    // The same conversation's second turn, and the lengths.
+                    assert_eq!(g.text(c, 2, 0), chat.turns[1].prompt);
+                    assert_eq!(g.turns(c), Some(2));
+                    assert_eq!(g.max_tokens(c, 1), Some(chat.turns[0].reply_tokens));
+                    assert_eq!(g.max_tokens(c, 2), Some(chat.turns[1].reply_tokens));
+                    chat.id.clone()
+                })
+                .collect::<Vec<_>>()
+        };
+        let whole = replayed(DatasetShare::whole(5), 5);
+        let parts: Vec<Vec<String>> = (0..3)
+            .map(|worker| {
+                let share = DatasetShare {
+                    seed: 5,
+                    worker,
+                    workers: 3,
+                };
+                replayed(share, 100 + worker as u64)
+            })
+            .collect();
+        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), [9, 8, 8]);
+        assert_eq!(parts.concat(), whole, "the chunks of the one shuffle");
+        let in_file: Vec<String> = chats.iter().map(|c| c.id.clone()).collect();
+        let mut sorted = whole.clone();
+        sorted.sort_by_key(|id| in_file.iter().position(|f| f == id));
+        assert_eq!(sorted, in_file, "each conversation once");
+        assert_ne!(whole, in_file, "shuffled");
+        let other_seed = replayed(DatasetShare::whole(6), 6);
+        assert_ne!(whole, other_seed, "the seed orders the replay");
+        // Other workloads are as they were.
+        let faker =
+            PromptGen::new(&workload(WorkloadType::Faker), 1, DatasetShare::whole(1)).unwrap();
+        assert!(!faker.needs_calibration());
+        assert_eq!(faker.max_tokens(0, 1), None);
+        assert_eq!(
+            faker.calibrated(3.0).unwrap().text(2, 1, 50),
+            faker.text(2, 1, 50)
+        );
     }
 }
