@@ -113,8 +113,11 @@ pub fn render(live: &Live) -> String {
 /// The eval counters under the Go tool's names (so its dashboards work),
 /// and the current stage's accuracy.
 fn eval(out: &mut String, live: &Live, snap: &LiveSnapshot) {
-    let scored = live.eval.scored.load(Ordering::Relaxed);
+    // `correct` first: a reply is counted in `scored` before `correct`, so
+    // a reply finishing between the two reads cannot make `correct` exceed
+    // `scored` (the saturating difference guards the weak ordering).
     let correct = live.eval.correct.load(Ordering::Relaxed);
+    let scored = live.eval.scored.load(Ordering::Relaxed);
     let unanswerable = live.eval.unanswerable.load(Ordering::Relaxed);
     for (name, help, value) in [
         ("nyann_eval_total", "Eval replies scored.", scored),
@@ -126,7 +129,7 @@ fn eval(out: &mut String, live: &Live, snap: &LiveSnapshot) {
         (
             "nyann_eval_incorrect",
             "Eval replies with a wrong answer or none.",
-            scored - correct,
+            scored.saturating_sub(correct),
         ),
         (
             "nyann_eval_unanswerable",

@@ -98,6 +98,24 @@ impl DatasetShare {
         let end = start + size + usize::from(self.worker < extra);
         start.min(len)..end.min(len)
     }
+
+    /// This worker's part of `items`: its chunk of them shuffled with the
+    /// share's seed.
+    fn pick<T>(&self, mut items: Vec<T>) -> Vec<T> {
+        items.shuffle(&mut SmallRng::seed_from_u64(self.seed));
+        let chunk = self.chunk(items.len());
+        items.truncate(chunk.end);
+        items.drain(..chunk.start);
+        items
+    }
+}
+
+/// What conversation `conversation` takes of this process's `order`:
+/// consecutive ids (counted from the worker's first, the low 40 bits) go
+/// through it, starting over after its last.
+fn nth<T>(order: &[T], conversation: u64) -> Option<&T> {
+    let local = (conversation & ((1 << 40) - 1)) as usize;
+    order.get(local.checked_rem(order.len())?)
 }
 
 /// Generates prompt text for one workload.
@@ -142,8 +160,7 @@ impl Replay {
     /// Conversation `conversation`'s pick, and its exchange of `turn`
     /// (from 1; a turn beyond the conversation's repeats its last ones).
     fn exchange(&self, conversation: u64, turn: u32) -> Option<(&Selected, &Exchange)> {
-        let local = (conversation & ((1 << 40) - 1)) as usize;
-        let picked = self.order.get(local.checked_rem(self.order.len())?)?;
+        let picked = nth(&self.order, conversation)?;
         let chat = self.set.chat(picked.index)?;
         let index = (turn.saturating_sub(1) % picked.turns.max(1)) as usize;
         Some((picked, chat.exchanges.get(index)?))
@@ -179,9 +196,7 @@ impl PromptGen {
                 } else {
                     EvalSet::gpqa(Path::new(path), share.seed)
                 }?;
-                let mut order: Vec<usize> = (0..set.len()).collect();
-                order.shuffle(&mut SmallRng::seed_from_u64(share.seed));
-                let order = order[share.chunk(order.len())].to_vec();
+                let order = share.pick((0..set.len()).collect());
                 Kind::Eval {
                     set: Arc::new(set),
                     order,
@@ -226,9 +241,7 @@ impl PromptGen {
             max_osl: replay.max_osl,
         };
         let selection = replay.set.select(&limits)?;
-        let mut order = selection.kept.clone();
-        order.shuffle(&mut SmallRng::seed_from_u64(replay.share.seed));
-        let order = order[replay.share.chunk(order.len())].to_vec();
+        let order = replay.share.pick(selection.kept.clone());
         if order.is_empty() {
             return Err(WorkloadError::NoShare {
                 path: replay.set.path().to_string(),
@@ -326,15 +339,12 @@ impl PromptGen {
 
     /// The question conversation `conversation` asks (an eval workload's):
     /// consecutive conversations go through this process's share of the
-    /// shuffled dataset, each question once per pass. Ids count from the worker's first id
-    /// (the low 40 bits).
+    /// shuffled dataset, each question once per pass.
     pub fn question(&self, conversation: u64) -> Option<&Question> {
         let Kind::Eval { set, order } = &self.kind else {
             return None;
         };
-        let local = (conversation & ((1 << 40) - 1)) as usize;
-        let index = *order.get(local.checked_rem(order.len())?)?;
-        set.question(index)
+        set.question(*nth(order, conversation)?)
     }
 
     /// Exactly `chars` characters of prompt text for this conversation and
