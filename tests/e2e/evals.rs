@@ -162,8 +162,17 @@ async fn the_client_metrics_count_the_scored_replies() {
         assert!(std::time::Instant::now() < deadline, "{text}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // The eval stage's replies sent beyond its max_requests may still be
+    // in flight: read once only the plain stage's one stream is.
     let address = address.unwrap().parse().unwrap();
-    let text = crate::support::http_get(address, "/metrics").await;
+    let text = loop {
+        let text = crate::support::http_get(address, "/metrics").await;
+        if text.lines().any(|l| l == "nyann_requests_in_flight 1") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     let status = child.wait().await.unwrap();
     assert!(
         status.success(),
@@ -248,4 +257,78 @@ async fn the_accuracy_drop_policy_stops_where_the_server_answers_worse() {
     let reason = congestion["verdict"]["reasons"][0].as_str().unwrap();
     assert!(reason.contains("points below #0 c=1's"), "{reason}");
     assert_eq!(stages[4]["status"], "skipped");
+}
+
+/// The Go tool's shortcuts: `eval gsm8k` (few-shot from a train file) and
+/// `eval gpqa` each run one stage that asks every question once at
+/// `--concurrency`, with `--max-tokens` as each reply's limit; the
+/// simulator answers every question right, so every reply scores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_eval_commands_ask_each_question_once() {
+    let data = tempfile::tempdir().unwrap();
+    let (test, train, gpqa) = (
+        data.path().join("test.jsonl"),
+        data.path().join("train.jsonl"),
+        data.path().join("gpqa.csv"),
+    );
+    nyann_testkit::datasets::write_gsm8k(&test, 40);
+    nyann_testkit::datasets::write_gsm8k(&train, 10);
+    nyann_testkit::datasets::write_gpqa_csv(&gpqa, 30);
+    for (dataset, flags, questions) in [
+        (
+            "gsm8k",
+            vec![
+                "--gsm8k-path",
+                path(&test),
+                "--gsm8k-train-path",
+                path(&train),
+            ],
+            40,
+        ),
+        ("gpqa", vec!["--gpqa-path", path(&gpqa)], 30),
+    ] {
+        let sim = nyann_sim::start(SimConfig {
+            seed: 3,
+            profile: nyann_sim::Profile::Fast,
+            eval_gsm8k: (dataset == "gsm8k").then(|| test.clone()),
+            eval_gpqa: (dataset == "gpqa").then(|| gpqa.clone()),
+            eval_accuracy: 1.0,
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let output = crate::support::nyann_bench()
+            .args(["eval", dataset])
+            .args(&flags)
+            .args(["--concurrency", "4", "--max-tokens", "6", "--seed", "2"])
+            .args(["--target", &sim.base_url(), "--output-dir"])
+            .arg(out.path())
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        let summary: Value = serde_json::from_str(
+            &std::fs::read_to_string(out.path().join("summary.json")).unwrap(),
+        )
+        .unwrap();
+        let stages = summary["stages"].as_array().unwrap();
+        assert_eq!(stages.len(), 1, "one stage");
+        assert_eq!(stages[0]["concurrency"], 4);
+        let eval = &stages[0]["client"]["eval"];
+        assert_eq!(eval["answered"], questions, "{dataset}: {eval}");
+        assert_eq!(eval["correct"], questions, "{dataset}: {eval}");
+        let requests = std::fs::read_to_string(out.path().join("requests.jsonl")).unwrap();
+        let measured = requests
+            .lines()
+            .filter(|l| l.contains("\"phase\":\"measured\""))
+            .count();
+        assert_eq!(measured, questions, "{dataset}: each question once");
+        assert!(stderr.contains("accuracy"), "{stderr}");
+    }
+
+    fn path(p: &std::path::Path) -> &str {
+        p.to_str().unwrap()
+    }
 }

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
 use nyann_sim::SimConfig;
 
 use super::Ui;
@@ -35,13 +34,6 @@ pub struct Args {
     pub overwrite: bool,
 }
 
-/// `generate`'s flags, for their defaults.
-#[derive(Debug, Parser)]
-struct GenerateCommand {
-    #[command(flatten)]
-    args: generate::Args,
-}
-
 pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     let scenario = nyann_scenario::compile_str(SCENARIO_PATH, SCENARIO)
         .context("the embedded demo scenario does not compile")?;
@@ -65,9 +57,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     }
 
     // generate's flags at their defaults, then the demo's values.
-    let mut run = GenerateCommand::try_parse_from(["generate"])
-        .context("generate's default flags")?
-        .args;
+    let mut run = generate::Args::defaults()?;
     run.client.target = Some(sim.base_url());
     run.client.seed = Some(args.seed);
     run.signals.scrape = vec![format!("aggregate=http://{metrics}/metrics")];

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use nyann_fleet::protocol::{build_id, scenario_digest};
 use nyann_fleet::share::{dataset_share, first_id, scenario_share, worker_seed};
 use nyann_fleet::{Coordinator, Leader, LeaderConfig, OnWorkerLoss, WorkerConfig, worker_dir};
-use nyann_model::parse_duration;
+use nyann_model::{Scenario, Step, parse_duration};
 
 use super::Ui;
 use super::generate::{Args, load_scenario};
@@ -150,6 +150,7 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         check.start();
     }
     let seed = options.seed;
+    refuse_small_eval_sets(&scenario, seed, fleet.workers)?;
     tracing::info!(
         "seed {seed}; waiting for {} worker(s) to join",
         fleet.workers - 1
@@ -237,6 +238,24 @@ fn merged_reason<A>(summary: &nyann_load::RunResult<A>, worker: usize) -> String
     }
 }
 
+/// Refuses, before a worker joins, an eval dataset with fewer questions
+/// than the fleet has workers: the last worker (whose chunk is the
+/// smallest) would have none to ask. (A ShareGPT file's share is known
+/// only once tokens are counted: its worker says so.)
+fn refuse_small_eval_sets(scenario: &Scenario, seed: u64, workers: usize) -> anyhow::Result<()> {
+    let stages = scenario.steps.iter().filter_map(|step| match step {
+        Step::Stage(stage) => stage.workload.as_ref(),
+        Step::Barrier { .. } => None,
+    });
+    let last = dataset_share(seed, workers - 1, workers);
+    for workload in std::iter::once(&scenario.workload).chain(stages) {
+        if workload.kind.is_eval() {
+            nyann_load::workload::PromptGen::new(workload, seed, last)?;
+        }
+    }
+    Ok(())
+}
+
 async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     let fleet = &args.fleet;
     let Some(coordinator) = fleet.coordinator.clone() else {
@@ -246,9 +265,10 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         );
     };
     // A worker needs no scenario; given one, it must be the leader's.
-    let digest = match &args.config {
-        Some(_) => Some(scenario_digest(&load_scenario(args)?.0)),
-        None => None,
+    let digest = if args.config.is_some() || args.scenario.is_some() {
+        Some(scenario_digest(&load_scenario(args)?.0))
+    } else {
+        None
     };
     refuse_a_previous_run(&worker_dir(dir, index), args.overwrite)?;
     let mut options = args.client.to_options()?;
@@ -327,5 +347,44 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         // Its records are not in the leader's results: the run is degraded.
         0 if uploaded.is_err() => Ok(ExitCode::from(nyann_load::EXIT_DEGRADED)),
         code => Ok(ExitCode::from(code)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nyann_model::{Mode, Stage, Workload, WorkloadType};
+
+    use super::*;
+
+    #[test]
+    fn a_leader_refuses_an_eval_set_smaller_than_the_fleet() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        nyann_testkit::datasets::write_gsm8k(&path, 2);
+        let questions = Workload {
+            kind: WorkloadType::Gsm8k,
+            path: Some(path.display().to_string()),
+            ..Workload::default()
+        };
+        // The eval workload is a stage's own, after a plain one.
+        let scenario = Scenario {
+            target: None,
+            model: None,
+            workload: Workload::default(),
+            steps: vec![
+                Step::Stage(Stage::new(1.0, Mode::Concurrent)),
+                Step::Stage(Stage {
+                    workload: Some(questions),
+                    ..Stage::new(1.0, Mode::Concurrent)
+                }),
+            ],
+        };
+        assert!(refuse_small_eval_sets(&scenario, 1, 2).is_ok());
+        let err = refuse_small_eval_sets(&scenario, 1, 3).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("t.jsonl: 2 questions for 3 workers leave worker 2 none: use fewer workers or a larger file"),
+            "{err}"
+        );
     }
 }

@@ -55,6 +55,28 @@ pub struct Args {
 
     #[command(flatten)]
     pub fleet: Box<super::fleet::FleetArgs>,
+
+    /// A scenario another command built (`eval`), run in place of
+    /// --config and the single-stage flags.
+    #[arg(skip)]
+    pub scenario: Option<Scenario>,
+}
+
+/// `generate`'s flags alone, for their defaults.
+#[derive(Debug, clap::Parser)]
+struct GenerateCommand {
+    #[command(flatten)]
+    args: Args,
+}
+
+impl Args {
+    /// Every flag at its default (as `generate` with no flag has them).
+    pub fn defaults() -> anyhow::Result<Args> {
+        use clap::Parser;
+        Ok(GenerateCommand::try_parse_from(["generate"])
+            .context("generate's default flags")?
+            .args)
+    }
 }
 
 /// A one-stage scenario from flags (only without --config).
@@ -188,6 +210,9 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 /// The scenario of `--config`, or of the single-stage flags; with the
 /// Starlark source when it was compiled from one.
 pub(super) fn load_scenario(args: &Args) -> anyhow::Result<(Scenario, Option<String>)> {
+    if let Some(scenario) = &args.scenario {
+        return Ok((scenario.clone(), None));
+    }
     Ok(match &args.config {
         Some(path) => {
             if args.single.any() {

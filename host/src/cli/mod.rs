@@ -4,6 +4,7 @@
 mod check;
 mod client;
 mod demo;
+mod eval;
 mod fleet;
 mod generate;
 mod interrupt;
@@ -129,6 +130,10 @@ pub enum Command {
     Generate(generate::Args),
     /// Run a short congestion-stopped sweep against the built-in simulator.
     Demo(demo::Args),
+    /// Ask an eval dataset's questions as load, each once, and score the
+    /// replies (one stage; a sweep with evals is a --config scenario).
+    #[command(subcommand)]
+    Eval(eval::Command),
     /// Serve a simulated vLLM engine (OpenAI API and /metrics).
     Sim(Box<sim::Args>),
     /// Compile a scenario file and print its IR as JSON.
@@ -154,6 +159,7 @@ impl Command {
         match self {
             Command::Generate(args) => generate::run(args, ui).await,
             Command::Demo(args) => demo::run(args, ui).await,
+            Command::Eval(command) => eval::run(command, ui).await,
             Command::Sim(args) => sim::run(*args).await,
             Command::Scenario(args) => scenario::run(args).await,
             Command::Report(args) => report::run(args, ui).await,

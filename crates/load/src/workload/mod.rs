@@ -37,12 +37,15 @@ pub enum WorkloadError {
     /// (Not a `source`: a printed error chain says it once.)
     #[error("dataset {0}")]
     Dataset(DatasetError),
+    /// A fleet's worker whose chunk of a dataset is empty.
     #[error(
-        "ShareGPT {path}: {conversations} conversations for {workers} workers leave worker {worker} none: use fewer workers or a larger file"
+        "dataset {path}: {items} {what} for {workers} workers leave worker {worker} none: use fewer workers or a larger file"
     )]
     NoShare {
         path: String,
-        conversations: usize,
+        items: usize,
+        /// What the dataset's items are: "questions", "conversations".
+        what: &'static str,
         workers: usize,
         worker: usize,
     },
@@ -107,6 +110,17 @@ impl DatasetShare {
         items.truncate(chunk.end);
         items.drain(..chunk.start);
         items
+    }
+
+    /// The error of a worker whose chunk of `items` `what` is empty.
+    fn left_none(&self, path: &str, items: usize, what: &'static str) -> WorkloadError {
+        WorkloadError::NoShare {
+            path: path.to_string(),
+            items,
+            what,
+            workers: self.workers,
+            worker: self.worker,
+        }
     }
 }
 
@@ -197,6 +211,9 @@ impl PromptGen {
                     EvalSet::gpqa(Path::new(path), share.seed)
                 }?;
                 let order = share.pick((0..set.len()).collect());
+                if order.is_empty() {
+                    return Err(share.left_none(path, set.len(), "questions"));
+                }
                 Kind::Eval {
                     set: Arc::new(set),
                     order,
@@ -243,12 +260,11 @@ impl PromptGen {
         let selection = replay.set.select(&limits)?;
         let order = replay.share.pick(selection.kept.clone());
         if order.is_empty() {
-            return Err(WorkloadError::NoShare {
-                path: replay.set.path().to_string(),
-                conversations: selection.kept.len(),
-                workers: replay.share.workers,
-                worker: replay.share.worker,
-            });
+            return Err(replay.share.left_none(
+                replay.set.path(),
+                selection.kept.len(),
+                "conversations",
+            ));
         }
         let dropped = selection.dropped.values().sum::<usize>();
         tracing::info!(
@@ -541,6 +557,20 @@ mod tests {
         sorted.sort_by_key(|n| n.parse::<u32>().unwrap());
         assert_eq!(sorted, (0..25).map(|i| i.to_string()).collect::<Vec<_>>());
         assert_ne!(whole, sorted[..].to_vec(), "shuffled");
+        // More workers than questions: one is left none, and says so
+        // rather than sending prompts with no question in them.
+        let share = DatasetShare {
+            seed: 5,
+            worker: 29,
+            workers: 30,
+        };
+        let err = PromptGen::new(&workload, 1, share).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "test.jsonl: 25 questions for 30 workers leave worker 29 none: use fewer workers or a larger file"
+            ),
+            "{err}"
+        );
     }
 
     /// The message of a dataset error is said once by a printed chain
