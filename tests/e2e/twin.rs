@@ -11,7 +11,7 @@ use nyann_sim::engine::TimeModel;
 use nyann_sim::profile::{EngineSpec, Limits};
 use nyann_sim::{Profile, RunningSim, ServerProfile, SimConfig};
 
-use crate::support::{generate, http_get, nyann_bench, scrape_flags, serial, starlark_list};
+use crate::support::{generate, nyann_bench, scrape_flags, serial, starlark_list};
 
 /// The profile the round trip runs and fits back.
 fn known_profile() -> ServerProfile {
@@ -82,10 +82,14 @@ fn path(p: &Path) -> &str {
 const LIVE_LATENCY_ROOM: f64 = 0.008;
 
 /// Record two sweeps (short and long prompts) of a simulator running a known
-/// profile, save its /metrics and /v1/models as a user would with curl, fit,
-/// and compare the written profile with the known one: limits and chat
-/// template exactly; the step costs within 50%, the context cost only as
-/// fitted (not held at 0). A live simulator keeps its time model only as
+/// profile with `--scrape` and without `--stream-usage`, as a user records
+/// a real server, fit with no flag, and compare the written profile with
+/// the known one: limits and chat template exactly (the KV cache from the
+/// saved `/metrics`, `max_model_len` from `/v1/models`, the template's
+/// tokens and the characters per token from `/tokenize`, all in the run
+/// directories; `max_num_seqs` the highest level, which no stage queued
+/// beyond); the step costs within 50%, the context cost only as fitted
+/// (not held at 0). A live simulator keeps its time model only as
 /// well as the machine lets it: on a quiet machine the costs came back
 /// within 3% (13% for the weakly shown context cost), during the whole
 /// suite on 2 shared cores `decode_per_seq` came back 36% high and the
@@ -108,16 +112,19 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
         ..SimConfig::default()
     })
     .await;
-    let usage = ["--stream-usage".to_string()];
-    let short = generate(&sim, &levels(64, 128, &[1, 4, 16, 32]), &usage).await;
-    let long = generate(&sim, &levels(512, 64, &[1, 4, 16]), &usage).await;
+    let scrape = scrape_flags(&sim);
+    let short = generate(&sim, &levels(64, 128, &[1, 4, 16, 32]), &scrape).await;
+    let long = generate(&sim, &levels(512, 64, &[1, 4, 16]), &scrape).await;
     for run in [&short, &long] {
         assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        for saved in [
+            "server.json",
+            "metrics/aggregate-0-start.txt",
+            "metrics/aggregate-0-end.txt",
+        ] {
+            assert!(run.dir().join(saved).is_file(), "{saved}: {}", run.stderr());
+        }
     }
-    let metrics = work.path().join("metrics.txt");
-    std::fs::write(&metrics, http_get(sim.endpoint(), "/metrics").await).unwrap();
-    let models = work.path().join("models.json");
-    std::fs::write(&models, http_get(sim.endpoint(), "/v1/models").await).unwrap();
     sim.shutdown().await;
 
     let fitted = work.path().join("fitted.toml");
@@ -126,12 +133,6 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
         "fit",
         path(short.dir()),
         path(long.dir()),
-        "--metrics-file",
-        path(&metrics),
-        "--models-file",
-        path(&models),
-        "--max-num-seqs",
-        "32",
         "--max-evaluations",
         "300",
         "-o",
@@ -148,9 +149,10 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
         profile.engine.limits, known.engine.limits,
         "KV from /metrics, max_model_len from /v1/models"
     );
-    assert_eq!(
-        profile.chat_template_tokens, 8,
-        "estimated from two prompt lengths"
+    assert_eq!(profile.chat_template_tokens, 8, "measured with /tokenize");
+    assert!(
+        stdout.contains("max_num_seqs 32 (the highest level recorded"),
+        "{stdout}"
     );
     let (got, want) = (profile.engine.time, known.engine.time);
     for (name, got, want) in [
@@ -311,12 +313,29 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
         "holds no stages.json or summary.json: give the directory a run wrote with",
     )
     .await;
+    // A run recorded before runs saved what the server said: every input
+    // it lacks is named at once, with how to get it.
     recording(&run_dir, true);
     refused(
         fit(&[]),
-        "the fit needs the server's KV cache: give --metrics-file FILE",
+        "the fit needs what the run(s) did not record (a run recorded by this version with \
+         --scrape saves it):\n  - the tokens the chat template adds: give \
+         --chat-template-tokens N",
     )
     .await;
+    refused(
+        fit(&[]),
+        "\n  - the server's KV cache: give --metrics-file FILE",
+    )
+    .await;
+    recording(&run_dir, false);
+    refused(
+        fit(&["--chat-template-tokens", "0"]),
+        "the fit needs what the run(s) did not record (a run recorded by this version with \
+         --scrape saves it):\n  - the prompts' tokens",
+    )
+    .await;
+    recording(&run_dir, true);
     let not_metrics = work.path().join("not-metrics.txt");
     std::fs::write(&not_metrics, "hello 1\n").unwrap();
     refused(
@@ -325,14 +344,28 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
     )
     .await;
     refused(
-        fit(&["--kv-blocks", "2", "--block-size", "16"]),
+        fit(&[
+            "--kv-blocks",
+            "2",
+            "--block-size",
+            "16",
+            "--chat-template-tokens",
+            "0",
+        ]),
         "do not fit the KV cache (32 tokens)",
     )
     .await;
     recording(&run_dir, false);
     refused(
-        fit(&["--kv-blocks", "64", "--block-size", "32"]),
-        "record with --stream-usage, or give --chars-per-token",
+        fit(&[
+            "--kv-blocks",
+            "64",
+            "--block-size",
+            "32",
+            "--chat-template-tokens",
+            "0",
+        ]),
+        "record with --stream-usage, or give --chars-per-token K",
     )
     .await;
     std::fs::write(&out, "keep me").unwrap();
@@ -351,6 +384,8 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
         "32",
         "--chars-per-token",
         "4",
+        "--chat-template-tokens",
+        "0",
         "--max-evaluations",
         "30",
         "--force",

@@ -192,6 +192,15 @@ impl Outcome {
     }
 }
 
+/// What a server's `GET /v1/models` answered.
+#[derive(Debug, Clone)]
+pub struct ServedModels {
+    /// The model ids it lists.
+    pub ids: Vec<String>,
+    /// The whole answer, as it gave it (vLLM's has each model's `max_model_len`).
+    pub answer: serde_json::Value,
+}
+
 /// The shared client. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -294,7 +303,7 @@ impl Client {
         &self,
         target: &Target,
         timeout: Duration,
-    ) -> Result<Vec<String>, ClientError> {
+    ) -> Result<ServedModels, ClientError> {
         let url = target.url("models");
         let deadline = Instant::now() + timeout;
         let mut last;
@@ -345,13 +354,13 @@ impl Client {
             .map(|_| suggested)
     }
 
-    /// The model ids `GET base/models` lists; the error carries the HTTP
-    /// status when the server answered.
+    /// What `GET base/models` answers; the error carries the HTTP status
+    /// when the server answered.
     async fn models(
         &self,
         target: &Target,
         timeout: Duration,
-    ) -> Result<Vec<String>, (Option<u16>, String)> {
+    ) -> Result<ServedModels, (Option<u16>, String)> {
         #[derive(Deserialize)]
         struct Models {
             data: Vec<ModelEntry>,
@@ -370,14 +379,37 @@ impl Client {
                 format!("{}: {}", status_line(status), sse::excerpt(&body, 200)),
             ));
         }
-        let models: Models = serde_json::from_slice(&body)
-            .map_err(|e| (Some(status), format!("unreadable model list: {e}")))?;
-        Ok(models.data.into_iter().map(|m| m.id).collect())
+        let unreadable =
+            |e: serde_json::Error| (Some(status), format!("unreadable model list: {e}"));
+        let answer: serde_json::Value = serde_json::from_slice(&body).map_err(unreadable)?;
+        let models = Models::deserialize(&answer).map_err(unreadable)?;
+        Ok(ServedModels {
+            ids: models.data.into_iter().map(|m| m.id).collect(),
+            answer,
+        })
     }
 
     /// Asks the server's `/tokenize` (vLLM: at the root, beside `/v1`) how many
     /// tokens `text` is; `None` when the server has no such endpoint.
     pub async fn count_tokens(&self, target: &Target, model: &str, text: &str) -> Option<u64> {
+        let body =
+            serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
+        self.tokenize(target, &body).await
+    }
+
+    /// Asks `/tokenize` how many tokens `text` is as the one user message of
+    /// a chat request, the chat template applied (with the generation
+    /// prompt, as `/chat/completions` applies it).
+    pub async fn count_chat_tokens(&self, target: &Target, model: &str, text: &str) -> Option<u64> {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "add_generation_prompt": true,
+        });
+        self.tokenize(target, &body).await
+    }
+
+    async fn tokenize(&self, target: &Target, body: &serde_json::Value) -> Option<u64> {
         #[derive(Deserialize)]
         struct Tokenized {
             #[serde(default)]
@@ -385,8 +417,6 @@ impl Client {
             #[serde(default)]
             tokens: Option<Vec<serde_json::Value>>,
         }
-        let body =
-            serde_json::json!({ "model": model, "prompt": text, "add_special_tokens": false });
         let body = body.to_string();
         for path in ["/tokenize", "tokenize"] {
             let Ok((status, bytes)) = self

@@ -9,6 +9,8 @@
 //! | `summary.json` | the run: outcome, totals, stages, conclusion | at the end |
 //! | `scenario.json`, `scenario.star` | the compiled scenario and its source | at the end |
 //! | `report.html` | the report | at the end |
+//! | `server.json` | what the servers said about themselves: `/v1/models`, `/tokenize` | before the load |
+//! | `metrics/ROLE-I-{start,end}.txt` | each `--scrape` URL's `/metrics` text | at the start and the end |
 //!
 //! `stages.json` and `summary.json` carry a `schema_version`
 //! ([`SCHEMA_VERSION`]); users' pipelines read these files, so their shape
@@ -43,6 +45,11 @@ pub const SCENARIO: &str = "scenario.json";
 pub const SCENARIO_SOURCE: &str = "scenario.star";
 /// The HTML report.
 pub const REPORT: &str = "report.html";
+/// What the servers said about themselves before the load (their models,
+/// their tokenizer): what `sim fit` needs besides the records.
+pub const SERVER: &str = "server.json";
+/// The folder of the scraped servers' `/metrics` texts.
+pub const METRICS: &str = "metrics";
 
 /// Files whose presence means a directory holds a run's results.
 const RESULT_FILES: [&str; 3] = [SUMMARY, STAGES, REQUESTS];
@@ -214,6 +221,56 @@ impl RunDir {
             Some(source) => std::fs::write(self.file(SCENARIO_SOURCE), source),
             None => Ok(()),
         }
+    }
+
+    /// Writes `server.json`.
+    pub fn write_server<T: Serialize>(&self, facts: &T) -> std::io::Result<()> {
+        let json = serde_json::to_vec_pretty(facts).map_err(std::io::Error::other)?;
+        std::fs::write(self.file(SERVER), json)
+    }
+
+    /// `server.json`, if the run wrote it (runs before it existed did not).
+    pub fn server<T: DeserializeOwned>(&self) -> Result<Option<T>, ReadError> {
+        match self.read_text(SERVER) {
+            Ok((path, text)) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(malformed(&path, "a server.json")),
+            Err(ReadError::Missing { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Writes the `/metrics` text of `role`'s `index`th URL at `moment`
+    /// (`start`, `end`) into `metrics/`.
+    pub fn write_metrics(
+        &self,
+        role: &str,
+        index: usize,
+        moment: &str,
+        text: &str,
+    ) -> std::io::Result<()> {
+        let dir = self.file(METRICS);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(format!("{role}-{index}-{moment}.txt")), text)
+    }
+
+    /// The saved `/metrics` texts taken at `moment`, as (role, path), in
+    /// role and URL order.
+    pub fn metrics_texts(&self, moment: &str) -> Vec<(String, PathBuf)> {
+        let suffix = format!("-{moment}.txt");
+        let Ok(entries) = std::fs::read_dir(self.file(METRICS)) else {
+            return Vec::new();
+        };
+        let mut found: Vec<(String, PathBuf)> = entries
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                let name = path.file_name()?.to_str()?;
+                let (role, _index) = name.strip_suffix(&suffix)?.rsplit_once('-')?;
+                Some((role.to_string(), path))
+            })
+            .collect();
+        found.sort();
+        found
     }
 
     fn read_text(&self, name: &str) -> Result<(PathBuf, String), ReadError> {

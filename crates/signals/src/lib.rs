@@ -127,6 +127,56 @@ pub enum SignalError {
     NothingFound(NothingFound),
 }
 
+/// One `/metrics` text of a `--scrape` URL: what the server said of its
+/// configuration (vLLM's `vllm:cache_config_info`) at a moment of the run.
+#[derive(Debug, Clone)]
+pub struct MetricsText {
+    pub role: String,
+    /// The URL's place among its role's URLs (from 0).
+    pub index: usize,
+    pub url: String,
+    /// The text, or why it could not be fetched.
+    pub text: Result<String, String>,
+}
+
+/// Fetches each `--scrape` URL of `args` once (nothing without `--scrape`),
+/// with the same TLS and timeout as the sampler.
+pub async fn metrics_texts(args: &SignalOptions) -> Result<Vec<MetricsText>, SignalError> {
+    let targets = args
+        .scrape
+        .iter()
+        .map(|s| config::parse_scrape(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let http = Tls::from_options(args)?
+        .builder()
+        .connect_timeout(args.scrape_timeout)
+        .build()
+        .map_err(|e| SignalError::HttpClient(e.to_string()))?;
+    let texts = futures_util::future::join_all(
+        targets
+            .iter()
+            .map(|t| scrape::fetch(&http, &t.url, args.scrape_timeout)),
+    )
+    .await;
+    let mut out = Vec::with_capacity(targets.len());
+    for (target, text) in targets.into_iter().zip(texts) {
+        let index = out
+            .iter()
+            .filter(|m: &&MetricsText| m.role == target.role)
+            .count();
+        out.push(MetricsText {
+            role: target.role,
+            index,
+            url: target.url,
+            text,
+        });
+    }
+    Ok(out)
+}
+
 enum Inner {
     Prometheus(PrometheusSource),
     Scrape(ScrapeSource),

@@ -425,7 +425,11 @@ async fn scrape_once(
     }
 }
 
-async fn fetch(http: &reqwest::Client, url: &str, timeout: Duration) -> Result<String, String> {
+pub(crate) async fn fetch(
+    http: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<String, String> {
     let fut = async {
         let mut resp = http
             .get(url)

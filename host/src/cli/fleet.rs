@@ -125,7 +125,12 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
     for i in 0..fleet.workers {
         scenario_share(&scenario, fleet.workers, i)?;
     }
-    let Prepared { mut options, check } = run::prepare(args, &scenario, Some(dir)).await?;
+    let Prepared {
+        mut options,
+        check,
+        signals: signal_options,
+    } = run::prepare(args, &scenario, Some(dir)).await?;
+    run::save_metrics_texts(&signal_options, Some(dir), "start").await;
     let leader = Leader::bind(
         fleet.coordinator_listen,
         LeaderConfig {
@@ -191,8 +196,20 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
             grace + Duration::from_secs(60),
         )
         .await;
+    run::save_metrics_texts(&signal_options, Some(dir), "end").await;
     let merged = nyann_fleet::merge::write(&waited, dir)
         .with_context(|| format!("writing the fleet's results to {}", dir.display()))?;
+    // What the servers said of themselves, as the leader asked them.
+    let facts = own_dir.join(nyann_results::SERVER);
+    if facts.exists()
+        && let Err(err) = std::fs::copy(&facts, dir.join(nyann_results::SERVER))
+    {
+        tracing::warn!(
+            "{} was not copied into {}: {err}",
+            facts.display(),
+            dir.display()
+        );
+    }
     for gone in &waited.departed {
         eprintln!(
             "worker {} {} in step {}: {}",

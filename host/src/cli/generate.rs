@@ -243,7 +243,12 @@ pub async fn run_scenario(
     ui: Ui,
 ) -> anyhow::Result<ExitCode> {
     let dir = args.output_dir.as_deref();
-    let Prepared { mut options, check } = run::prepare(args, scenario, dir).await?;
+    let Prepared {
+        mut options,
+        check,
+        signals: signal_options,
+    } = run::prepare(args, scenario, dir).await?;
+    run::save_metrics_texts(&signal_options, dir, "start").await;
     options.output_dir = args.output_dir.clone();
     let live = Arc::new(Live::new());
     options.live = Some(live.clone());
@@ -269,6 +274,7 @@ pub async fn run_scenario(
         Err(nyann_load::RunError::Interrupted) => return Ok(run::interrupted_before_load()),
         Err(err) => return Err(super::client::explain(err)),
     };
+    run::save_metrics_texts(&signal_options, dir, "end").await;
     let ending = Ending {
         scenario,
         source,

@@ -24,6 +24,8 @@ pub struct Prepared {
     pub options: RunOptions,
     /// The congestion check (`None` when no stage has a stop condition).
     pub check: Option<CongestionCheck>,
+    /// Where the server signals come from (for [`save_metrics_texts`]).
+    pub signals: SignalOptions,
 }
 
 /// Checks everything that can fail before load is sent: that `dir` (if
@@ -43,7 +45,38 @@ pub async fn prepare(
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
     }
-    Ok(Prepared { options, check })
+    Ok(Prepared {
+        options,
+        check,
+        signals,
+    })
+}
+
+/// Saves each `--scrape` URL's `/metrics` text in the run directory
+/// (`metrics/ROLE-I-MOMENT.txt`): the server's configuration (vLLM's
+/// `vllm:cache_config_info`) as `sim fit` reads it, at the start and the
+/// end of the run. The results do not depend on it: a failure is a warning.
+pub async fn save_metrics_texts(signals: &SignalOptions, dir: Option<&Path>, moment: &str) {
+    let Some(dir) = dir else { return };
+    let texts = match nyann_signals::metrics_texts(signals).await {
+        Ok(texts) => texts,
+        Err(err) => return tracing::warn!("the servers' /metrics texts were not saved: {err}"),
+    };
+    let run_dir = nyann_results::RunDir::at(dir);
+    for saved in texts {
+        let written = match &saved.text {
+            Ok(text) => run_dir
+                .write_metrics(&saved.role, saved.index, moment, text)
+                .map_err(|e| e.to_string()),
+            Err(why) => Err(why.clone()),
+        };
+        if let Err(why) = written {
+            tracing::warn!(
+                "the /metrics text of {} ({moment}) was not saved: {why}",
+                saved.url
+            );
+        }
+    }
 }
 
 /// The exit code of a run interrupted before it sent anything, said once.

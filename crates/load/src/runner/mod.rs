@@ -173,6 +173,14 @@ pub async fn run<H: StageHook>(
         prepared = prepare::prepare(scenario, &options, &client) => prepared?,
         _ = options.interrupt.cancelled() => return Err(RunError::Interrupted),
     };
+    if let Some(dir) = &options.output_dir {
+        nyann_results::RunDir::at(dir)
+            .write_server(&prepared.facts)
+            .map_err(|error| RunError::Output {
+                path: dir.join(nyann_results::SERVER),
+                error,
+            })?;
+    }
     let shared = Arc::new(Shared::new(
         scenario,
         SharedParts {

@@ -1,14 +1,16 @@
 //! Before any load: wait for each target, resolve the model of each stage,
 //! build the prompt generators and calibrate characters per token (once per
-//! workload, target and model).
+//! workload, target and model), and keep what the servers said about
+//! themselves ([`ServerFacts`], the run directory's `server.json`).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use nyann_model::{CacheSalt, Scenario, Step, Workload, WorkloadType};
+use serde::Serialize;
 
-use crate::client::{Client, ClientError};
+use crate::client::{Api, Client, ClientError};
 use crate::http::{RequestTemplate, Target};
 use crate::runner::{DEFAULT_TARGET, RunError, RunOptions};
 use crate::workload::{DatasetShare, PromptGen};
@@ -50,6 +52,44 @@ pub(super) struct Prepared {
     pub(super) per_step: Vec<Option<Arc<StageSettings>>>,
     pub(super) models: Vec<String>,
     pub(super) targets: Vec<String>,
+    pub(super) facts: ServerFacts,
+}
+
+/// What the servers said about themselves before the run, saved as the
+/// run directory's `server.json`: what `sim fit` needs besides the
+/// records, asked while the server is at hand.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerFacts {
+    pub schema_version: u32,
+    /// Each target's `GET /v1/models` answer (vLLM's gives `max_model_len`).
+    pub targets: Vec<TargetFacts>,
+    /// What each server's `/tokenize` measured, per model and workload
+    /// (none when it has no `/tokenize`).
+    pub tokenizer: Vec<TokenizerFacts>,
+}
+
+/// The version of `server.json` this build writes.
+pub const SERVER_FACTS_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetFacts {
+    /// The base URL, up to `/v1`.
+    pub url: String,
+    pub models: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenizerFacts {
+    pub target: String,
+    pub model: String,
+    /// The workload's type (`synthetic`, `sharegpt`...).
+    pub workload: String,
+    /// Characters per token of the workload's own text.
+    pub chars_per_token: f64,
+    /// Tokens the server adds to a prompt sent as one chat message (its
+    /// chat template and generation prompt); 0 with `--api completions`,
+    /// which sends the text as it is.
+    pub chat_template_tokens: Option<u64>,
 }
 
 /// Waits for each target, resolves models, builds generators and calibrates
@@ -68,6 +108,11 @@ pub(super) async fn prepare(
     let mut per_step = Vec::with_capacity(scenario.steps.len());
     let mut models = Vec::new();
     let mut targets = Vec::new();
+    let mut facts = ServerFacts {
+        schema_version: SERVER_FACTS_VERSION,
+        targets: Vec::new(),
+        tokenizer: Vec::new(),
+    };
     for (index, step) in scenario.steps.iter().enumerate() {
         let Step::Stage(stage) = step else {
             per_step.push(None);
@@ -89,9 +134,13 @@ pub(super) async fn prepare(
                     target.url("models"),
                     options.ready_timeout
                 );
-                let listed = client.wait_ready(&target, options.ready_timeout).await?;
+                let served = client.wait_ready(&target, options.ready_timeout).await?;
                 targets.push(base.clone());
-                new.insert((target, listed))
+                facts.targets.push(TargetFacts {
+                    url: base.clone(),
+                    models: served.answer,
+                });
+                new.insert((target, served.ids))
             }
         };
         let model = match stage
@@ -149,7 +198,7 @@ pub(super) async fn prepare(
         let chars_per_token = match cpt.get(&key) {
             Some(v) => *v,
             None => {
-                let v = calibrate(
+                let (v, measured) = calibrate(
                     client,
                     target,
                     &model,
@@ -158,6 +207,16 @@ pub(super) async fn prepare(
                     &stage.label(index),
                 )
                 .await;
+                if measured {
+                    facts.tokenizer.push(TokenizerFacts {
+                        target: base.clone(),
+                        model: model.clone(),
+                        workload: workload.kind.name().to_string(),
+                        chars_per_token: v,
+                        chat_template_tokens: template_tokens(client, target, &model, &prompts)
+                            .await,
+                    });
+                }
                 cpt.insert(key.clone(), v);
                 v
             }
@@ -189,6 +248,7 @@ pub(super) async fn prepare(
         per_step,
         models,
         targets,
+        facts,
     })
 }
 
@@ -224,8 +284,28 @@ fn text_key(w: &Workload) -> String {
     )
 }
 
-/// Characters per token: measured with the server's `/tokenize` when it has
-/// one, else the workload's `chars_per_token`, else 4.0.
+/// Tokens the chat template adds to the workload's text sent as one
+/// message: `/tokenize` of the message less that of the bare text.
+async fn template_tokens(
+    client: &Client,
+    target: &Target,
+    model: &str,
+    prompts: &PromptGen,
+) -> Option<u64> {
+    if client.config().api == Api::Completions {
+        return Some(0);
+    }
+    let sample = prompts.calibration_text();
+    let chat = client.count_chat_tokens(target, model, &sample).await?;
+    let bare = client.count_tokens(target, model, &sample).await?;
+    let added = chat.saturating_sub(bare);
+    tracing::debug!("the chat template adds {added} tokens (/tokenize)");
+    Some(added)
+}
+
+/// Characters per token, and whether it was measured: with the server's
+/// `/tokenize` when it has one, else the workload's `chars_per_token`,
+/// else 4.0.
 async fn calibrate(
     client: &Client,
     target: &Target,
@@ -233,7 +313,7 @@ async fn calibrate(
     prompts: &PromptGen,
     workload: &Workload,
     label: &str,
-) -> f64 {
+) -> (f64, bool) {
     let sample = prompts.calibration_text();
     if let Some(count) = client.count_tokens(target, model, &sample).await
         && count > 0
@@ -244,7 +324,7 @@ async fn calibrate(
                 "ISL calibration ({label}, {:?}): {v:.3} characters per token, measured with /tokenize",
                 workload.kind
             );
-            return v;
+            return (v, true);
         }
     }
     if workload.chars_per_token > 0.0 {
@@ -252,12 +332,12 @@ async fn calibrate(
             "ISL calibration ({label}): the server has no /tokenize; using the workload's chars_per_token = {}",
             workload.chars_per_token
         );
-        workload.chars_per_token
+        (workload.chars_per_token, false)
     } else {
         tracing::info!(
             "ISL calibration ({label}): the server has no /tokenize and the workload sets no chars_per_token; \
              assuming 4.0 characters per token (prompt lengths are approximate)"
         );
-        4.0
+        (4.0, false)
     }
 }

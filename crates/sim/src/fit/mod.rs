@@ -22,7 +22,39 @@ use crate::engine::TimeModel;
 use crate::profile::{EngineSpec, Limits};
 use crate::sweep::{self, StageFigures, SweepStage};
 
-pub use recorded::{PromptCount, Recording, RecordingError, chat_template_tokens, read_recording};
+pub use recorded::{
+    PromptCount, RecordedServer, Recording, RecordingError, chat_template_tokens, read_recording,
+    read_server,
+};
+
+/// The server's `max_num_seqs` as the recordings show it, and how it was
+/// read: the most requests running (p50) in a stage whose requests queued
+/// (waiting p50 above 0) with KV cache to spare (usage under 90%), where
+/// only that limit holds requests back; else the highest recorded level,
+/// since the server never had more requests at once and a higher limit
+/// replays the same.
+pub fn max_num_seqs(runs: &[RecordedRun]) -> (u32, String) {
+    let stages = runs.iter().flat_map(|r| &r.stages);
+    let held_back = stages
+        .clone()
+        .filter_map(|s| s.server.as_ref())
+        .filter(|s| s.waiting_requests_p50 > 0.0 && s.kv_cache_usage_max < 0.9)
+        .filter_map(|s| s.extra("running_requests_p50"))
+        .fold(None, |most: Option<f64>, running| {
+            Some(most.map_or(running, |m| m.max(running)))
+        });
+    if let Some(running) = held_back.filter(|r| *r >= 1.0) {
+        return (
+            running.round() as u32,
+            "the running requests of a stage that queued with KV cache to spare".to_string(),
+        );
+    }
+    let highest = stages.map(|s| s.concurrency).max().unwrap_or(1);
+    (
+        highest,
+        "the highest level recorded: no stage queued with KV cache to spare".to_string(),
+    )
+}
 
 /// A recorded stage, as the fit needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -611,6 +643,39 @@ mod tests {
         let x = least_squares(&rows).unwrap();
         assert!((x[0] - 2.0).abs() < 1e-9 && (x[1] - 0.5).abs() < 1e-9 && x[2] == 0.0);
         assert_eq!(least_squares(&rows[..1]), None);
+    }
+
+    #[test]
+    fn max_num_seqs_is_where_requests_queued_with_kv_to_spare() {
+        let stage = |concurrency: u32, server: Option<(f64, f64, f64)>| RecordedStage {
+            label: format!("c={concurrency}"),
+            concurrency,
+            duration_s: 10.0,
+            prompt_tokens: 100.0,
+            output_tokens: 100.0,
+            client: ClientStats::default(),
+            server: server.map(|(waiting, kv, running)| RoleSignals {
+                role: "aggregate".into(),
+                waiting_requests_p50: waiting,
+                kv_cache_usage_max: kv,
+                extra: vec![("running_requests_p50".into(), running)],
+                ..RoleSignals::default()
+            }),
+        };
+        let run = |stages| RecordedRun {
+            name: "r".into(),
+            stages,
+        };
+        // Not judged, or never queued: the highest level.
+        let calm = run(vec![stage(4, None), stage(32, Some((0.0, 0.5, 32.0)))]);
+        assert_eq!(max_num_seqs(std::slice::from_ref(&calm)).0, 32);
+        // Queued with the KV cache full: the cache held them back, not the limit.
+        let kv_bound = run(vec![stage(64, Some((20.0, 1.0, 40.0)))]);
+        assert_eq!(max_num_seqs(&[calm.clone(), kv_bound]).0, 64);
+        // Queued with cache to spare: the limit is what ran.
+        let limited = run(vec![stage(24, Some((8.0, 0.6, 16.0)))]);
+        let (n, why) = max_num_seqs(&[calm, limited]);
+        assert_eq!(n, 16, "{why}");
     }
 
     #[test]

@@ -256,6 +256,77 @@ fn server_signals(annotation: Option<&Annotation>) -> Option<RoleSignals> {
     }
 }
 
+/// What a run saved about its server besides the records (`server.json`
+/// and `metrics/`, written by runs since they existed): the inputs of a fit
+/// that are not fitted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordedServer {
+    /// `max_model_len` of the first model of the first target's `/v1/models`.
+    pub max_model_len: Option<u32>,
+    /// Characters per token `/tokenize` measured on the first workload.
+    pub chars_per_token: Option<f64>,
+    /// Tokens the chat template added to a message (`/tokenize`).
+    pub chat_template_tokens: Option<u32>,
+    /// A saved `/metrics` text (at the end of the run, else its start; the
+    /// `aggregate` role's, else the first).
+    pub metrics_text: Option<PathBuf>,
+}
+
+/// `server.json`, as far as the fit is concerned.
+#[derive(Deserialize)]
+struct ServerFile {
+    #[serde(default)]
+    targets: Vec<TargetFile>,
+    #[serde(default)]
+    tokenizer: Vec<TokenizerFile>,
+}
+
+#[derive(Deserialize)]
+struct TargetFile {
+    models: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct TokenizerFile {
+    chars_per_token: f64,
+    #[serde(default)]
+    chat_template_tokens: Option<u32>,
+}
+
+/// Reads what `dir` saved about its server (nothing for older runs).
+pub fn read_server(dir: &Path) -> Result<RecordedServer, RecordingError> {
+    let run_dir = RunDir::open(dir)?;
+    let file: Option<ServerFile> = run_dir.server()?;
+    let metrics_text = ["end", "start"].iter().find_map(|moment| {
+        let texts = run_dir.metrics_texts(moment);
+        let aggregate = texts.iter().position(|(role, _)| role == "aggregate");
+        texts
+            .into_iter()
+            .nth(aggregate.unwrap_or(0))
+            .map(|(_, path)| path)
+    });
+    let Some(file) = file else {
+        return Ok(RecordedServer {
+            metrics_text,
+            ..RecordedServer::default()
+        });
+    };
+    let max_model_len = file
+        .targets
+        .first()
+        .and_then(|t| t.models["data"][0]["max_model_len"].as_u64())
+        .and_then(|v| u32::try_from(v).ok());
+    let tokenizer = file.tokenizer.first();
+    Ok(RecordedServer {
+        max_model_len,
+        chars_per_token: tokenizer
+            .map(|t| t.chars_per_token)
+            .filter(|k| k.is_finite() && *k > 0.0),
+        chat_template_tokens: tokenizer.and_then(|t| t.chat_template_tokens),
+        metrics_text,
+    })
+}
+
 /// Tokens the chat template adds, from how the server's prompt token count
 /// grows with the prompt's characters (`tokens = template + chars / k`):
 /// `None` unless the prompts had at least two lengths far enough apart.

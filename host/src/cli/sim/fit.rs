@@ -61,9 +61,11 @@ pub struct Args {
     #[arg(long, help_heading = "The server")]
     pub block_size: Option<u32>,
 
-    /// The server's --max-num-seqs.
-    #[arg(long, default_value_t = 256, help_heading = "The server")]
-    pub max_num_seqs: u32,
+    /// The server's --max-num-seqs [default: inferred from the runs: the
+    /// running requests of a stage that queued with KV cache to spare, else
+    /// the highest level (a limit above it changes nothing in the replay)].
+    #[arg(long, help_heading = "The server")]
+    pub max_num_seqs: Option<u32>,
 
     /// The server's --max-num-batched-tokens.
     #[arg(long, default_value_t = 2048, help_heading = "The server")]
@@ -131,38 +133,68 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         bail!("--chars-per-token must be a positive number");
     }
-    let limits = server_limits(&args).await?;
+    // What the runs saved about their server (runs recorded by this
+    // version save all a fit needs besides the flags' defaults).
+    let mut recorded = Vec::new();
+    for dir in &args.runs {
+        let dir = dir.clone();
+        recorded.push(tokio::task::spawn_blocking(move || fit::read_server(&dir)).await??);
+    }
+    let known_template = args
+        .chat_template_tokens
+        .or_else(|| recorded.iter().find_map(|r| r.chat_template_tokens));
     let count = fit::PromptCount {
-        chars_per_token: args.chars_per_token,
-        chat_template_tokens: args.chat_template_tokens.unwrap_or(0),
+        chars_per_token: args
+            .chars_per_token
+            .or_else(|| recorded.iter().find_map(|r| r.chars_per_token)),
+        chat_template_tokens: known_template.unwrap_or(0),
     };
+    let mut missing = Vec::new();
     let mut runs = Vec::new();
     let mut sizes = Vec::new();
     for dir in &args.runs {
         let dir = dir.clone();
-        let recording = tokio::task::spawn_blocking(move || fit::read_recording(&dir, count))
-            .await?
-            .map_err(with_flags)?;
+        let recording =
+            match tokio::task::spawn_blocking(move || fit::read_recording(&dir, count)).await? {
+                Err(fit::RecordingError::NoPromptTokens { file, .. }) => {
+                    missing.push(format!(
+                        "the prompts' tokens ({} has no `usage`, and the run saved no \
+                         /tokenize measure): record with --stream-usage, or give \
+                         --chars-per-token K (the `ISL calibration` line of the run's log)",
+                        file.display()
+                    ));
+                    continue;
+                }
+                other => other.map_err(with_flags)?,
+            };
         for skipped in &recording.skipped {
             tracing::warn!("left out: {skipped}");
         }
         sizes.extend(recording.prompt_sizes);
         runs.push(recording.run);
     }
-    let (template, template_note) = match args.chat_template_tokens {
-        Some(t) => (t, None),
-        None => match fit::chat_template_tokens(&sizes) {
-            Some(t) => (t.round() as u32, None),
-            None => (
-                0,
-                Some(
-                    "chat_template_tokens set to 0: every prompt had the same length, so the \
-                     template's tokens cannot be told from the prompt's; give \
-                     --chat-template-tokens (the server's prompt tokens minus the scenario's isl)"
-                        .to_string(),
-                ),
-            ),
-        },
+    let template = match known_template {
+        Some(t) => Some(t),
+        None => fit::chat_template_tokens(&sizes).map(|t| t.round() as u32),
+    };
+    if template.is_none() {
+        missing.push(
+            "the tokens the chat template adds: give --chat-template-tokens N (the server's \
+             /tokenize of a one-message chat less that of its text), or record two prompt \
+             lengths with --stream-usage"
+                .to_string(),
+        );
+    }
+    let (limits, limits_note) = server_limits(&args, &recorded, &runs, &mut missing).await?;
+    if !missing.is_empty() {
+        bail!(
+            "the fit needs what the run(s) did not record (a run recorded by this version \
+             with --scrape saves it):\n  - {}",
+            missing.join("\n  - ")
+        );
+    }
+    let (Some(limits), Some(template)) = (limits, template) else {
+        bail!("the fit's inputs are incomplete");
     };
     let settings = FitSettings {
         limits,
@@ -207,7 +239,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         decode: None,
     };
     let mut notes = fitted.notes.clone();
-    notes.extend(template_note);
+    notes.extend(limits_note);
     print!("{}", report(&fitted, &profile, &notes));
     let comment = format!(
         "nyann-bench simulator profile (sim --profile-file FILE)\nrms log-ratio of the fit: {:.3}\n{}",
@@ -224,9 +256,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The limits: flags first, then the saved server answers.
-async fn server_limits(args: &Args) -> anyhow::Result<Limits> {
-    let cache = match &args.metrics_file {
+/// The limits: flags first, then the saved server answers, then what the
+/// run directories recorded; with a note when `max_num_seqs` was inferred.
+/// `None` (and `missing` told why) when the KV cache is not known.
+async fn server_limits(
+    args: &Args,
+    recorded: &[fit::RecordedServer],
+    runs: &[fit::RecordedRun],
+    missing: &mut Vec<String>,
+) -> anyhow::Result<(Option<Limits>, Option<String>)> {
+    let metrics_file = args
+        .metrics_file
+        .clone()
+        .or_else(|| recorded.iter().find_map(|r| r.metrics_text.clone()));
+    let cache = match &metrics_file {
         Some(path) => Some(cache_config(path).await?),
         None => None,
     };
@@ -235,10 +278,14 @@ async fn server_limits(args: &Args) -> anyhow::Result<Limits> {
     let (kv_blocks, block_size) = match (args.kv_blocks, args.block_size, cache) {
         (Some(k), Some(b), _) => (k, b),
         (k, b, Some(c)) => (k.unwrap_or(c.kv_blocks), b.unwrap_or(c.block_size)),
-        _ => bail!(
-            "the fit needs the server's KV cache: give --metrics-file FILE (a saved \
-             `curl http://HOST:8000/metrics`), or --kv-blocks N and --block-size N"
-        ),
+        _ => {
+            missing.push(
+                "the server's KV cache: give --metrics-file FILE (a saved `curl \
+                 http://HOST:8000/metrics`), or --kv-blocks N and --block-size N"
+                    .to_string(),
+            );
+            return Ok((None, None));
+        }
     };
     if kv_blocks == 0 || block_size == 0 {
         bail!("--kv-blocks and --block-size must be at least 1");
@@ -246,16 +293,27 @@ async fn server_limits(args: &Args) -> anyhow::Result<Limits> {
     let max_model_len = match (args.max_model_len, &args.models_file) {
         (Some(len), _) => Some(len),
         (None, Some(path)) => Some(model_len(path).await?),
-        (None, None) => None,
+        (None, None) => recorded.iter().find_map(|r| r.max_model_len),
     };
-    Ok(Limits {
-        max_num_seqs: args.max_num_seqs.max(1),
+    let (max_num_seqs, note) = match args.max_num_seqs {
+        Some(n) => (n, None),
+        None => {
+            let (n, why) = fit::max_num_seqs(runs);
+            (
+                n,
+                Some(format!("max_num_seqs {n} ({why}; --max-num-seqs sets it)")),
+            )
+        }
+    };
+    let limits = Limits {
+        max_num_seqs: max_num_seqs.max(1),
         max_num_batched_tokens: args.max_num_batched_tokens.max(1),
         kv_blocks,
         block_size,
         max_model_len,
         enable_prefix_caching,
-    })
+    };
+    Ok((Some(limits), note))
 }
 
 /// What a saved `/metrics` text says about the server's KV cache.
@@ -364,11 +422,6 @@ fn report(fitted: &Fit, profile: &ServerProfile, notes: &[String]) -> String {
 /// A recording the fit cannot read, with the flags that get past it.
 fn with_flags(err: fit::RecordingError) -> anyhow::Error {
     let hint = match &err {
-        fit::RecordingError::NoPromptTokens { .. } => {
-            "the server reports them when the sweep runs with --stream-usage: record with \
-             --stream-usage, or give --chars-per-token (the `ISL calibration` line of the \
-             sweep's log) and --chat-template-tokens"
-        }
         fit::RecordingError::NoRecords { .. } => "a sweep run with --output-dir writes it",
         _ => return err.into(),
     };
