@@ -59,7 +59,7 @@ use crate::metrics::{EngineMetrics, FinishedReason};
 use crate::prefix::{BlockPool, PrefixKey};
 
 mod time;
-pub use time::{StepWork, TimeModel};
+pub use time::{DEFAULT_KV_TRANSFER, DEFAULT_KV_TRANSFER_PER_TOKEN, StepWork, TimeModel};
 
 /// The shortest step: time always moves on, whatever the time model (a
 /// model whose costs are all 0 would otherwise produce tokens forever

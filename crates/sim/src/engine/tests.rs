@@ -21,6 +21,8 @@ fn cfg(max_num_seqs: usize, kv_blocks: u32) -> EngineConfig {
             request_overhead: 0.0,
             drift: 0.0,
             drift_time: 0.0,
+            kv_transfer: 0.0,
+            kv_transfer_per_token: 0.0,
         },
         seed: 7,
     }
@@ -238,6 +240,8 @@ const NO_COST: TimeModel = TimeModel {
     request_overhead: 0.0,
     drift: 0.0,
     drift_time: 0.0,
+    kv_transfer: 0.0,
+    kv_transfer_per_token: 0.0,
 };
 
 #[test]
