@@ -38,6 +38,8 @@ fn known_profile() -> ServerProfile {
                 jitter: 0.1,
                 drift: 0.0,
                 drift_time: 0.0,
+                kv_transfer: 0.0,
+                kv_transfer_per_token: 0.0,
             },
         },
         prefill: None,

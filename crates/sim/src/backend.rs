@@ -3,7 +3,8 @@
 //! into response chunks.
 //!
 //! Three backends: one engine (aggregate), a prefill engine then a decode
-//! engine (disaggregated), or no engine at all (the fast profile: fixed TTFT
+//! engine (disaggregated: the client's first token is the decode engine's,
+//! as in llm-d's and vLLM's P/D serving), or no engine at all (the fast profile: fixed TTFT
 //! and per-token time per request, no shared state on the token path, so
 //! thousands of concurrent streams cost only their timers).
 //!
@@ -121,10 +122,7 @@ impl EngineHandle {
                 }
             }
             st.engine.submit_with_prefix(new, prefix, now)?;
-            let (tx, rx) = watch::channel(Progress {
-                generated: new.pre_generated,
-                ..Progress::default()
-            });
+            let (tx, rx) = watch::channel(Progress::default());
             st.subs.insert(new.id, tx);
             rx
         };
@@ -303,7 +301,8 @@ pub struct TokenSource {
 enum Source {
     Engine {
         stream: SeqStream,
-        /// Disaggregated: the decode engine and the sequence to hand it once prefill produced the first token.
+        /// Disaggregated: the decode engine and the sequence to hand it once
+        /// the prefill engine is done (its one token is not the client's).
         then: Option<(EngineHandle, NewSeq)>,
         /// Prompt tokens the engine that computed the prompt found cached
         /// (disaggregated: the prefill engine; the decode engine looks nothing up).
@@ -368,9 +367,12 @@ impl TokenSource {
         })
     }
 
-    /// Disaggregated mode: the prefill engine produces the first token (its
-    /// prefix cache skips what it holds of `prefix`), the decode engine (KV
-    /// transferred) the rest.
+    /// Disaggregated mode, as llm-d's routing sidecar drives vLLM's P/D:
+    /// the prefill engine computes the prompt (its prefix cache skips what it
+    /// holds of `prefix`) for a request of one token, which the client never
+    /// sees; then the decode engine, once the prompt's KV is transferred and
+    /// the sequence admitted, produces every output token, the first one
+    /// included.
     pub fn disaggregated(
         prefill: &EngineHandle,
         decode: &EngineHandle,
@@ -381,20 +383,14 @@ impl TokenSource {
             max_tokens: 1,
             ..new
         };
-        let then = (new.max_tokens > 1).then(|| {
-            (
-                decode.clone(),
-                NewSeq {
-                    pre_generated: 1,
-                    kv_transferred: true,
-                    ..new
-                },
-            )
-        });
+        let then = NewSeq {
+            kv_transferred: true,
+            ..new
+        };
         Ok(TokenSource {
             inner: Source::Engine {
                 stream: prefill.submit(first, prefix)?,
-                then,
+                then: Some((decode.clone(), then)),
                 cached_tokens: 0,
             },
         })
@@ -430,24 +426,23 @@ impl TokenSource {
                 stream,
                 then,
                 cached_tokens,
-            } => {
+            } => loop {
                 let Some(mut p) = stream.next().await else {
                     return Err(QueueError::ShuttingDown);
                 };
                 // Set once, at the prompt's first admission; the decode engine reports 0.
                 *cached_tokens = p.cached_tokens.max(*cached_tokens);
                 p.cached_tokens = *cached_tokens;
-                if p.finished
-                    && let Some((decode, new)) = then.take()
-                {
-                    *stream = decode.submit(new, PrefixKey::none())?;
-                    return Ok(Progress {
-                        finished: false,
-                        ..p
-                    });
+                match then.take() {
+                    // The prefill is done: the client waits on for the decode engine.
+                    Some((decode, new)) if p.finished => {
+                        *stream = decode.submit(new, PrefixKey::none())?;
+                    }
+                    // Prefill progress is no output of the client's.
+                    Some(pending) => *then = Some(pending),
+                    None => return Ok(p),
                 }
-                Ok(p)
-            }
+            },
             Source::Fast(f) => {
                 let now = Instant::now();
                 let due_at = |i: u32| f.start + f.backend.ttft + f.backend.per_token * i;

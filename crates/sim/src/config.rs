@@ -112,6 +112,15 @@ pub struct SimConfig {
     /// How long the drift takes to change, in milliseconds.
     pub drift_time_ms: Option<f64>,
 
+    /// Disaggregated mode: fixed latency of a prompt's KV transfer from
+    /// the prefill engine to the decode engine, in microseconds; counts in
+    /// TTFT [default: 1000].
+    pub kv_transfer_us: Option<f64>,
+
+    /// Disaggregated mode: KV transfer time per prompt token, in
+    /// microseconds [default: 2].
+    pub kv_transfer_per_token_us: Option<f64>,
+
     /// Tokens the chat template adds to every chat prompt (counted in usage
     /// and in the KV cache) [default profile: 0; vllm-cpu-ref: 16].
     pub chat_template_tokens: Option<u32>,
@@ -211,6 +220,8 @@ impl Default for SimConfig {
             jitter: None,
             drift: None,
             drift_time_ms: None,
+            kv_transfer_us: None,
+            kv_transfer_per_token_us: None,
             chat_template_tokens: None,
             max_waiting: None,
             enable_prompt_tokens_details: false,
@@ -339,6 +350,8 @@ impl SimConfig {
                 self.decode_per_context_token_us,
             ),
             ("request_overhead_us", self.request_overhead_us),
+            ("kv_transfer_us", self.kv_transfer_us),
+            ("kv_transfer_per_token_us", self.kv_transfer_per_token_us),
         ] {
             if let Some(v) = v
                 && !(v.is_finite() && v >= 0.0)
@@ -402,6 +415,11 @@ impl SimConfig {
             set(&mut t.jitter, self.jitter);
             set(&mut t.drift, self.drift);
             set(&mut t.drift_time, self.drift_time_ms.map(|ms| ms / 1e3));
+            set(&mut t.kv_transfer, micros(self.kv_transfer_us));
+            set(
+                &mut t.kv_transfer_per_token,
+                micros(self.kv_transfer_per_token_us),
+            );
             spec.time = spec.time.scaled(self.time_scale);
         };
         apply(&mut profile.engine);
@@ -442,6 +460,7 @@ mod tests {
         let config = SimConfig {
             kv_blocks: Some(64),
             decode_per_seq_us: Some(300.0),
+            kv_transfer_us: Some(500.0),
             drift: Some(0.2),
             time_scale: 2.0,
             ..SimConfig::default()
@@ -453,6 +472,7 @@ mod tests {
             assert!((e.time.decode_per_seq - 600e-6).abs() < 1e-12, "{role:?}");
             assert!((e.time.step_overhead - 2400e-6).abs() < 1e-12, "{role:?}");
             assert_eq!(e.time.drift, 0.2);
+            assert!((e.time.kv_transfer - 1000e-6).abs() < 1e-12, "{role:?}");
         }
         let fast = SimConfig::fast().server_profile().await.unwrap();
         assert_eq!(fast, None, "the fast profile has no engine");
@@ -476,6 +496,13 @@ mod tests {
                     ..base()
                 },
                 "jitter",
+            ),
+            (
+                SimConfig {
+                    kv_transfer_per_token_us: Some(f64::NAN),
+                    ..base()
+                },
+                "kv_transfer_per_token_us",
             ),
             (
                 SimConfig {

@@ -46,9 +46,15 @@
 //!
 //! A request's output is exactly `max_tokens` tokens. Roles: `Aggregate`
 //! does everything; `Prefill` is given `max_tokens = 1`; `Decode` receives
-//! sequences whose prompt KV was transferred (`kv_transferred`) and whose
-//! first token is already produced (`pre_generated = 1`), so they decode
-//! straight away.
+//! sequences whose prompt KV is transferred (`kv_transferred`), as vLLM's
+//! decode instance does with a KV connector (NixlConnector): the sequence
+//! reaches the queue once the transfer is over
+//! ([`TimeModel::kv_transfer_seconds`], after the request overhead), holds
+//! the KV of every prompt token but the last, and its first step computes
+//! that last token as a decode over the transferred context and samples the
+//! first output token. The prefill engine's token is not the client's: the
+//! decode engine produces all `max_tokens`, and its TTFT runs from the
+//! request's arrival at it (transfer and queue included) to that first step.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -59,7 +65,7 @@ use crate::metrics::{EngineMetrics, FinishedReason};
 use crate::prefix::{BlockPool, PrefixKey};
 
 mod time;
-pub use time::{StepWork, TimeModel};
+pub use time::{DEFAULT_KV_TRANSFER, DEFAULT_KV_TRANSFER_PER_TOKEN, StepWork, TimeModel};
 
 /// The shortest step: time always moves on, whatever the time model (a
 /// model whose costs are all 0 would otherwise produce tokens forever
@@ -103,11 +109,10 @@ impl EngineConfig {
 pub struct NewSeq {
     pub id: SeqId,
     pub prompt_tokens: u32,
-    /// Total output tokens the sequence ends with (including `pre_generated`).
+    /// Output tokens the sequence ends with.
     pub max_tokens: u32,
-    /// Output tokens produced elsewhere before it arrived (disaggregated decode: 1).
-    pub pre_generated: u32,
-    /// The prompt's KV arrives with the sequence (disaggregated decode): no prefill compute.
+    /// The prompt's KV is transferred from a prefill engine (disaggregated
+    /// decode): it arrives after the transfer, with no prefill to compute.
     pub kv_transferred: bool,
     /// How the request finishes when its tokens are done (`length` or `stop`).
     pub finish: FinishedReason,
@@ -120,7 +125,6 @@ impl NewSeq {
             id,
             prompt_tokens,
             max_tokens,
-            pre_generated: 0,
             kv_transferred: false,
             finish: FinishedReason::Length,
         }
@@ -131,7 +135,7 @@ impl NewSeq {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqEvent {
     pub id: SeqId,
-    /// Output tokens produced so far (including `pre_generated`).
+    /// Output tokens produced so far.
     pub generated: u32,
     /// The sequence completed with this step (its blocks are free).
     pub finished: bool,
@@ -153,7 +157,7 @@ pub enum SubmitError {
         prompt: u32,
         max_tokens: u32,
     },
-    #[error("max_tokens must be at least 1 and above the tokens already generated")]
+    #[error("max_tokens must be at least 1")]
     NothingToGenerate,
     #[error("sequence id {0} is already in the engine")]
     DuplicateId(SeqId),
@@ -203,8 +207,12 @@ impl Seq {
         self.blocks + self.shared as u32
     }
 
+    /// Whether its next token is a decode: after its prefill, or, with its
+    /// prompt's KV transferred, its last prompt token (one query token over
+    /// the transferred context: a decode's work, as on vLLM's decode instance).
     fn in_decode(&self) -> bool {
-        self.generated > 0 && self.computed + 1 >= self.new.prompt_tokens + self.generated
+        self.computed + 1 >= self.new.prompt_tokens + self.generated
+            && (self.generated > 0 || (self.new.kv_transferred && self.computed > 0))
     }
 
     /// Tokens this sequence computes in a step with `budget` tokens left:
@@ -378,7 +386,7 @@ impl Engine {
         prefix: PrefixKey,
         now: f64,
     ) -> Result<(), SubmitError> {
-        if new.max_tokens == 0 || new.max_tokens <= new.pre_generated {
+        if new.max_tokens == 0 {
             return Err(SubmitError::NothingToGenerate);
         }
         let needed = u64::from(new.prompt_tokens) + u64::from(new.max_tokens);
@@ -394,8 +402,11 @@ impl Engine {
         if self.seqs.contains_key(&new.id) {
             return Err(SubmitError::DuplicateId(new.id));
         }
+        // Transferred: the KV of every prompt token but the last, which the
+        // first step computes to sample the first token (vLLM's decode
+        // instance recomputes it, having no logits for it).
         let computed = if new.kv_transferred {
-            new.prompt_tokens + new.pre_generated.saturating_sub(1)
+            new.prompt_tokens.saturating_sub(1)
         } else {
             0
         };
@@ -404,7 +415,7 @@ impl Engine {
             Seq {
                 new,
                 prefix,
-                generated: new.pre_generated,
+                generated: 0,
                 computed,
                 blocks: 0,
                 shared: 0,
@@ -420,10 +431,19 @@ impl Engine {
             },
         );
         let overhead = self.cfg.time.request_overhead;
-        if overhead > 0.0 {
+        let transfer = if new.kv_transferred {
+            self.cfg.time.kv_transfer_seconds(new.prompt_tokens)
+        } else {
+            0.0
+        };
+        if overhead > 0.0 || transfer > 0.0 {
             // The API server's latency varies: half to one and a half times the mean.
-            let overhead = overhead * self.rng.random_range(0.5..=1.5);
-            let at = now + overhead;
+            let overhead = if overhead > 0.0 {
+                overhead * self.rng.random_range(0.5..=1.5)
+            } else {
+                0.0
+            };
+            let at = now + overhead + transfer;
             let pos = self.arriving.partition_point(|(t, _)| *t <= at);
             self.arriving.insert(pos, (at, new.id));
         } else {
@@ -746,9 +766,8 @@ impl Engine {
             _ => 0.0,
         };
         let decode = seq.prefill_done.map(|t| (now - t).max(0.0)).unwrap_or(0.0);
-        let own_tokens = seq.generated.saturating_sub(seq.new.pre_generated);
         let tpot = match (seq.first_token, seq.last_token) {
-            (Some(a), Some(b)) if own_tokens > 1 => Some((b - a) / f64::from(own_tokens - 1)),
+            (Some(a), Some(b)) if seq.generated > 1 => Some((b - a) / f64::from(seq.generated - 1)),
             _ => None,
         };
         self.metrics.observe_finished(crate::metrics::Finished {
@@ -760,7 +779,7 @@ impl Engine {
             decode,
             tpot,
             prompt_tokens: seq.new.prompt_tokens,
-            generation_tokens: own_tokens,
+            generation_tokens: seq.generated,
             max_tokens: seq.new.max_tokens,
             preemptions: seq.preemptions,
             prefill_kv_computed: seq.prefill_tokens_computed,

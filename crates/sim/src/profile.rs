@@ -27,6 +27,9 @@
 //! jitter = 0.1
 //! drift = 0.35
 //! drift_time_ms = 500.0
+//! # Disaggregated mode (the decode engine's): the KV transfer of a prompt.
+//! kv_transfer_us = 1000.0          # the default when absent
+//! kv_transfer_per_token_us = 2.0   # the default when absent
 //!
 //! # Disaggregated mode only: what differs for one engine.
 //! [prefill.limits]
@@ -37,7 +40,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{EngineConfig, TimeModel};
+use crate::engine::{DEFAULT_KV_TRANSFER, DEFAULT_KV_TRANSFER_PER_TOKEN, EngineConfig, TimeModel};
 
 /// Microseconds per second, for the file's `_us` fields.
 const MICROS: f64 = 1e6;
@@ -89,6 +92,20 @@ struct TimeMicros {
     drift: f64,
     #[serde(default)]
     drift_time_ms: f64,
+    /// Absent from files written before disaggregated mode had a transfer
+    /// cost: those read with the defaults.
+    #[serde(default = "default_kv_transfer_us")]
+    kv_transfer_us: f64,
+    #[serde(default = "default_kv_transfer_per_token_us")]
+    kv_transfer_per_token_us: f64,
+}
+
+fn default_kv_transfer_us() -> f64 {
+    DEFAULT_KV_TRANSFER * MICROS
+}
+
+fn default_kv_transfer_per_token_us() -> f64 {
+    DEFAULT_KV_TRANSFER_PER_TOKEN * MICROS
 }
 
 impl From<TimeModel> for TimeMicros {
@@ -102,6 +119,8 @@ impl From<TimeModel> for TimeMicros {
             jitter: t.jitter,
             drift: t.drift,
             drift_time_ms: readable(t.drift_time * 1e3),
+            kv_transfer_us: readable(t.kv_transfer * MICROS),
+            kv_transfer_per_token_us: readable(t.kv_transfer_per_token * MICROS),
         }
     }
 }
@@ -126,6 +145,8 @@ impl From<TimeMicros> for TimeModel {
             jitter: t.jitter,
             drift: t.drift,
             drift_time: t.drift_time_ms / 1e3,
+            kv_transfer: t.kv_transfer_us / MICROS,
+            kv_transfer_per_token: t.kv_transfer_per_token_us / MICROS,
         }
     }
 }
@@ -174,6 +195,8 @@ impl EngineSpec {
             ("decode_per_seq_us", t.decode_per_seq_us),
             ("decode_per_context_token_us", t.decode_per_context_token_us),
             ("request_overhead_us", t.request_overhead_us),
+            ("kv_transfer_us", t.kv_transfer_us),
+            ("kv_transfer_per_token_us", t.kv_transfer_per_token_us),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!(
@@ -448,6 +471,8 @@ fn micros(step_overhead: f64, prefill_per_token: f64, decode_per_seq: f64) -> Ti
         jitter: 0.1,
         drift: 0.0,
         drift_time: 0.0,
+        kv_transfer: DEFAULT_KV_TRANSFER,
+        kv_transfer_per_token: DEFAULT_KV_TRANSFER_PER_TOKEN,
     }
 }
 
@@ -601,6 +626,41 @@ mod tests {
         );
         let e = err("name = \"x\"\n[limits]\n");
         assert!(e.contains("missing field `time`"), "{e}");
+    }
+
+    #[test]
+    fn a_file_without_the_kv_transfer_reads_with_its_defaults() {
+        let base = ServerProfile::default_profile().to_toml("");
+        assert!(base.contains("kv_transfer_us = 1000.0\n"), "{base}");
+        assert!(base.contains("kv_transfer_per_token_us = 2.0\n"), "{base}");
+        let old: String = base
+            .lines()
+            .filter(|l| !l.starts_with("kv_transfer"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let profile = ServerProfile::from_toml(&old, "old.toml").unwrap();
+        assert_eq!(profile, ServerProfile::default_profile());
+        let decode = profile.engine(Role::Decode).time;
+        assert!((decode.kv_transfer_seconds(1000) - 0.003).abs() < 1e-12);
+
+        // A role section may set its own; out of range is refused by name.
+        let own = format!("{old}[decode.time]\nkv_transfer_per_token_us = 5.0\n");
+        let profile = ServerProfile::from_toml(&own, "own.toml").unwrap();
+        assert!((profile.engine(Role::Decode).time.kv_transfer_per_token - 5e-6).abs() < 1e-15);
+        assert_eq!(
+            profile.engine(Role::Prefill).time.kv_transfer_per_token,
+            DEFAULT_KV_TRANSFER_PER_TOKEN
+        );
+        let e = ServerProfile::from_toml(
+            &base.replace("kv_transfer_us = 1000.0", "kv_transfer_us = -1.0"),
+            "p.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("p.toml") && e.contains("time.kv_transfer_us must be a number >= 0"),
+            "{e}"
+        );
     }
 
     #[test]

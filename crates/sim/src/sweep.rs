@@ -339,6 +339,8 @@ mod tests {
                 jitter: 0.0,
                 drift: 0.0,
                 drift_time: 0.0,
+                kv_transfer: 0.0,
+                kv_transfer_per_token: 0.0,
             },
             seed: 1,
         }

@@ -29,6 +29,8 @@ const KNOWN: TimeModel = TimeModel {
     jitter: 0.1,
     drift: 0.0,
     drift_time: 0.0,
+    kv_transfer: 0.0,
+    kv_transfer_per_token: 0.0,
 };
 
 /// A recording of `levels` with `prompt` and `output` tokens per request.

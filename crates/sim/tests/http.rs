@@ -611,7 +611,7 @@ async fn disaggregated_prefill_then_decode_with_two_metrics_endpoints() {
     assert_eq!(
         value(&prefill, &format!("vllm:generation_tokens_total{l}")),
         2.0,
-        "the first token of each request"
+        "one token of each request, which the client does not see"
     );
     assert_eq!(
         value(&prefill, &format!("vllm:prompt_tokens_total{l}")),
@@ -619,8 +619,16 @@ async fn disaggregated_prefill_then_decode_with_two_metrics_endpoints() {
     );
     assert_eq!(
         value(&decode, &format!("vllm:generation_tokens_total{l}")),
-        5.0,
-        "the rest"
+        7.0,
+        "every token the client sees"
+    );
+    assert_eq!(
+        value(
+            &decode,
+            &format!("vllm:time_to_first_token_seconds_count{l}")
+        ),
+        2.0,
+        "the client's first tokens"
     );
     assert_eq!(
         value(&decode, &format!("vllm:prompt_tokens_total{l}")),

@@ -31,6 +31,8 @@ fn config(kv_blocks: u32, prefix_caching: bool) -> EngineConfig {
             request_overhead: 0.0,
             drift: 0.0,
             drift_time: 0.0,
+            kv_transfer: 0.0,
+            kv_transfer_per_token: 0.0,
         },
         seed: 1,
     }

@@ -21,7 +21,10 @@ admissions within --max-num-batched-tokens) lasts
   + decode_per_seq x decoding sequences + decode_per_context_token x KV tokens they read
 times (1 + jitter x u), u uniform in [-1, 1], and the drift's slowly varying factor (mean 1). \
 A request reaches the queue request_overhead (half to 1.5 times it) after it arrives; TTFT \
-counts that. Preempted sequences recompute prompt and output as prefill.
+counts that. Preempted sequences recompute prompt and output as prefill. With --disaggregated \
+the prefill engine computes the prompt (one token, not the client's), its KV reaches the \
+decode engine's queue kv_transfer + kv_transfer_per_token x prompt tokens later, and the \
+decode engine's first step produces the client's first token.
 
 Prefix cache (vLLM's automatic prefix caching, on unless --no-enable-prefix-caching): a finished request's full KV blocks stay cached, keyed by a hash of their tokens and all before them, and are evicted least recently used first when blocks run out. A prompt that starts with cached blocks (a later turn of a conversation: earlier prompts and replies) computes only the rest: prompt tokens computed excludes the cached ones. /metrics counts vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total in tokens.
 

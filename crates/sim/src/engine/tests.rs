@@ -21,6 +21,8 @@ fn cfg(max_num_seqs: usize, kv_blocks: u32) -> EngineConfig {
             request_overhead: 0.0,
             drift: 0.0,
             drift_time: 0.0,
+            kv_transfer: 0.0,
+            kv_transfer_per_token: 0.0,
         },
         seed: 7,
     }
@@ -185,7 +187,6 @@ fn decode_role_starts_decoding_with_transferred_kv() {
     let mut e = Engine::new(cfg(4, 100), EngineMetrics::new("m", "0", 4096));
     e.submit(
         NewSeq {
-            pre_generated: 1,
             kv_transferred: true,
             ..NewSeq::new(1, 100, 5)
         },
@@ -197,16 +198,63 @@ fn decode_role_starts_decoding_with_transferred_kv() {
     while let Some(d) = e.begin_step(now) {
         now += d;
         for ev in e.end_step(now) {
-            assert_eq!(ev.generated, last.max(1) + 1);
+            assert_eq!(ev.generated, last + 1, "one token a step, from the first");
             last = ev.generated;
         }
     }
-    assert_eq!(last, 5);
+    assert_eq!(last, 5, "every output token, the first included");
+    assert_eq!(e.metrics().generation_tokens(), 5);
     assert_eq!(
         e.metrics().prompt_tokens(),
         0,
         "no prefill compute for transferred KV"
     );
+}
+
+/// The transfer of a prompt's KV delays the decode engine's queue by the
+/// time model's amount (after the request overhead) and counts in its TTFT,
+/// whose first step is a decode over the transferred context: the last
+/// prompt token in, the first output token out.
+#[test]
+fn the_kv_transfer_delays_the_decode_queue_and_counts_in_ttft() {
+    let time = TimeModel {
+        decode_per_seq: 2e-4,
+        decode_per_context_token: 1e-6,
+        kv_transfer: 0.002,
+        kv_transfer_per_token: 1e-5,
+        ..NO_COST
+    };
+    let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
+    let transferred = NewSeq {
+        kv_transferred: true,
+        ..NewSeq::new(1, 100, 3)
+    };
+    e.submit(transferred, 0.0).unwrap();
+    let at = e.next_arrival().unwrap();
+    assert!((at - 0.003).abs() < 1e-12, "2 ms + 100 x 10 us: {at}");
+    assert_eq!(
+        e.begin_step(at - 1e-6),
+        None,
+        "not queued during the transfer"
+    );
+    let step = e.begin_step(at).unwrap();
+    assert!(
+        (step - (0.001 + 2e-4 + 99.0 * 1e-6)).abs() < 1e-12,
+        "a decode reading the 99 transferred tokens: {step}"
+    );
+    let events = e.end_step(at + step);
+    assert_eq!(events[0].generated, 1);
+    let ttft = e.metrics().ttft().sum();
+    assert!(
+        (ttft - (at + step)).abs() < 1e-9,
+        "TTFT from the arrival at the decode engine: {ttft}"
+    );
+
+    // The aggregate engine's requests transfer nothing.
+    let mut e = Engine::new(timed(time), EngineMetrics::new("m", "0", 4096));
+    e.submit(NewSeq::new(1, 100, 3), 0.0).unwrap();
+    assert_eq!(e.next_arrival(), None);
+    assert_eq!(e.num_waiting(), 1);
 }
 
 #[test]
@@ -238,6 +286,8 @@ const NO_COST: TimeModel = TimeModel {
     request_overhead: 0.0,
     drift: 0.0,
     drift_time: 0.0,
+    kv_transfer: 0.0,
+    kv_transfer_per_token: 0.0,
 };
 
 #[test]

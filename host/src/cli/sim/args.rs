@@ -105,6 +105,17 @@ pub struct SimArgs {
     #[arg(long, value_name = "MS", help_heading = "Time model")]
     pub drift_time_ms: Option<f64>,
 
+    /// With --disaggregated: fixed latency of a prompt's KV transfer from
+    /// the prefill engine to the decode engine, in microseconds; counts in
+    /// TTFT [default: 1000].
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub kv_transfer_us: Option<f64>,
+
+    /// With --disaggregated: KV transfer time per prompt token, in
+    /// microseconds [default: 2].
+    #[arg(long, value_name = "US", help_heading = "Time model")]
+    pub kv_transfer_per_token_us: Option<f64>,
+
     /// Tokens the chat template adds to every chat prompt (counted in usage
     /// and in the KV cache) [default profile: 0; vllm-cpu-ref: 16].
     #[arg(long, help_heading = "Server profile")]
@@ -222,6 +233,8 @@ impl SimArgs {
             jitter: self.jitter,
             drift: self.drift,
             drift_time_ms: self.drift_time_ms,
+            kv_transfer_us: self.kv_transfer_us,
+            kv_transfer_per_token_us: self.kv_transfer_per_token_us,
             chat_template_tokens: self.chat_template_tokens,
             max_waiting: self.max_waiting,
             enable_prompt_tokens_details: self.enable_prompt_tokens_details,

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use nyann_sim::ServerProfile;
-use nyann_sim::engine::TimeModel;
+use nyann_sim::engine::{DEFAULT_KV_TRANSFER, DEFAULT_KV_TRANSFER_PER_TOKEN, TimeModel};
 use nyann_sim::fit::{self, Fit, FitSettings};
 use nyann_sim::profile::{EngineSpec, Limits};
 
@@ -207,6 +207,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             jitter: args.jitter,
             drift: args.drift,
             drift_time: args.drift_time_ms / 1e3,
+            // Aggregate recordings cannot show a KV transfer: the defaults.
+            kv_transfer: DEFAULT_KV_TRANSFER,
+            kv_transfer_per_token: DEFAULT_KV_TRANSFER_PER_TOKEN,
         },
         seed: args.seed,
         max_evaluations: args.max_evaluations,
