@@ -401,6 +401,61 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
     assert!(ServerProfile::read(&out).is_ok());
 }
 
+/// The repository's reference runs of a real vLLM: a twin fitted on the
+/// queueing sweep predicts the KV sweep it never saw, stage by stage, and
+/// where each standard rule stops it (the run's own thresholds: its
+/// queueing rule out of reach, the KV rule at the defaults). The KV cache
+/// and the preemptions are the server's limits at work, which the twin
+/// shares: the KV rule stops both at c=12 (a short search keeps the test
+/// quick; README gives the full fit's figures).
+#[tokio::test]
+async fn a_twin_predicts_a_run_it_was_not_fitted_to() {
+    let runs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../reference/vllm-cpu-runs");
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("twin.toml");
+    let (code, stdout, stderr) = run(&[
+        "sim",
+        "fit",
+        path(&runs.join("queueing-B")),
+        "--metrics-file",
+        path(&runs.join("metrics-before-A.txt")),
+        "--models-file",
+        path(&runs.join("models.json")),
+        "--max-num-seqs",
+        "16",
+        "--chars-per-token",
+        "3.125",
+        "--chat-template-tokens",
+        "3",
+        "--max-evaluations",
+        "40",
+        "--check",
+        path(&runs.join("kv-A")),
+        "-o",
+        path(&out),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let prediction = stdout
+        .split("prediction of ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no prediction in\n{stdout}"));
+    for stage in ["#0 c=4", "#1 c=8", "#2 c=12"] {
+        assert!(
+            prediction.contains(&format!("\n  {stage} ")),
+            "{stage}: {prediction}"
+        );
+    }
+    assert!(
+        prediction.contains("stop by queueing (waiting p50 >= 1000, server TTFT p99 >= 60s): predicted none, recorded none"),
+        "{prediction}"
+    );
+    assert!(
+        prediction.contains("stop by KV cache (usage >= 0.95, preemptions >= 1): predicted #2 c=12, recorded #2 c=12"),
+        "{prediction}"
+    );
+}
+
 #[tokio::test]
 async fn profile_files_are_checked_with_the_place_of_the_mistake() {
     let work = tempfile::tempdir().unwrap();

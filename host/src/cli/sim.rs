@@ -5,6 +5,7 @@
 
 mod args;
 mod fit;
+mod predict;
 
 pub use args::{SimArgs, flag_error};
 

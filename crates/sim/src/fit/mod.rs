@@ -295,6 +295,29 @@ impl Searched {
     }
 }
 
+/// A held-out recorded stage beside what a fitted model predicts for it.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    pub recorded: RecordedStage,
+    pub predicted: StageFigures,
+}
+
+/// What `limits` and `time` predict for each stage of `run` (a run the
+/// model was not fitted to), on the virtual clock with `seed`.
+pub fn predict(run: &RecordedRun, limits: Limits, time: TimeModel, seed: u64) -> Vec<Prediction> {
+    let cfg = EngineSpec { limits, time }.config(seed);
+    let simulated = sweep::run(&cfg, &sweep_stages(run));
+    run.stages
+        .iter()
+        .cloned()
+        .zip(simulated)
+        .map(|(recorded, predicted)| Prediction {
+            recorded,
+            predicted,
+        })
+        .collect()
+}
+
 /// Simulate every run under `time` and compare with the recordings.
 fn compare(runs: &[RecordedRun], settings: &FitSettings, time: TimeModel) -> Vec<StageResidual> {
     let cfg = EngineSpec {

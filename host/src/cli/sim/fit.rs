@@ -25,6 +25,12 @@ pub struct Args {
     #[arg(value_name = "RUN_DIR", required = true)]
     pub runs: Vec<PathBuf>,
 
+    /// A run the fit does not use, predicted with the fitted profile: per
+    /// stage the predicted and recorded figures, and the stage where each
+    /// standard rule would stop (repeatable).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub check: Vec<PathBuf>,
+
     /// Where to write the profile (refused if it exists, unless --force).
     #[arg(
         short,
@@ -256,6 +262,25 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.output.display(),
         args.output.display()
     );
+    for dir in &args.check {
+        let (dir, time, seed) = (dir.clone(), profile.engine.time, args.seed);
+        let held_out = fit::read_server(&dir)?;
+        let count = fit::PromptCount {
+            chars_per_token: args
+                .chars_per_token
+                .or(held_out.chars_per_token)
+                .or(count.chars_per_token),
+            chat_template_tokens: args
+                .chat_template_tokens
+                .or(held_out.chat_template_tokens)
+                .unwrap_or(template),
+        };
+        let text = tokio::task::spawn_blocking(move || {
+            super::predict::check_run(&dir, count, limits, time, seed)
+        })
+        .await??;
+        print!("{text}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,203 @@
+//! `sim fit --check RUN_DIR`: how well a fitted twin predicts a run it was
+//! not fitted to. Each held-out stage is replayed on the virtual clock and
+//! printed beside the recording (output tok/s, client TTFT p99, waiting
+//! p50, KV usage, preemptions), then the stage where each standard rule
+//! (queueing; KV-cache pressure) would stop the sweep, predicted and
+//! recorded, with the thresholds the held-out run was judged by.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use nyann_model::RoleSignals;
+use nyann_sim::engine::TimeModel;
+use nyann_sim::fit::{self, Prediction, PromptCount};
+use nyann_sim::profile::Limits;
+use serde::Deserialize;
+
+/// The standard rules' thresholds, as the held-out run was judged (the
+/// built-in's defaults for the KV rule when the run did not write them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Thresholds {
+    /// Waiting p50 and server TTFT p99 of the queueing rule, when written.
+    queueing: Option<(f64, f64)>,
+    /// KV usage max and preemptions of the KV-cache rule.
+    kv: (f64, f64),
+}
+
+/// The built-in policy's KV-rule defaults.
+const KV_DEFAULTS: (f64, f64) = (0.95, 1.0);
+
+impl Thresholds {
+    /// From the `until_congested(...)` parameters of the run's first judged
+    /// stage (`annotation.congestion.params`).
+    fn of_run(dir: &Path) -> anyhow::Result<Thresholds> {
+        #[derive(Deserialize)]
+        struct Entry {
+            #[serde(default)]
+            annotation: Option<Annotation>,
+        }
+        #[derive(Deserialize)]
+        struct Annotation {
+            congestion: Congestion,
+        }
+        #[derive(Deserialize)]
+        struct Congestion {
+            #[serde(default)]
+            params: Vec<Param>,
+        }
+        #[derive(Deserialize)]
+        struct Param {
+            name: String,
+            value: serde_json::Value,
+        }
+        let stages: Vec<Entry> = nyann_results::RunDir::open(dir)?.stages()?;
+        let params = stages
+            .into_iter()
+            .find_map(|s| s.annotation)
+            .map(|a| a.congestion.params)
+            .unwrap_or_default();
+        let value = |name: &str| {
+            let value = &params.iter().find(|p| p.name == name)?.value;
+            match value {
+                serde_json::Value::String(text) => nyann_model::parse_duration(text)
+                    .ok()
+                    .map(|d| d.as_secs_f64()),
+                other => other.as_f64(),
+            }
+        };
+        Ok(Thresholds {
+            queueing: value("waiting_requests_p50").zip(value("ttft_p99")),
+            kv: (
+                value("kv_cache_usage").unwrap_or(KV_DEFAULTS.0),
+                value("preemptions").unwrap_or(KV_DEFAULTS.1),
+            ),
+        })
+    }
+}
+
+/// The held-out run in `dir` predicted with `limits` and `time`, as text.
+pub fn check_run(
+    dir: &Path,
+    count: PromptCount,
+    limits: Limits,
+    time: TimeModel,
+    seed: u64,
+) -> anyhow::Result<String> {
+    let recording = fit::read_recording(dir, count)?;
+    let thresholds = Thresholds::of_run(dir)?;
+    let predictions = fit::predict(&recording.run, limits, time, seed);
+    Ok(table(&dir.display().to_string(), &predictions, &thresholds))
+}
+
+fn table(name: &str, predictions: &[Prediction], thresholds: &Thresholds) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nprediction of {name} (held out; predicted / recorded, and the error):"
+    );
+    let _ = writeln!(
+        out,
+        "  {:<10} {:>26} {:>26} {:>14} {:>14} {:>16}",
+        "stage", "output tok/s", "TTFT p99 s", "waiting p50", "KV max", "preemptions"
+    );
+    for p in predictions {
+        let (pred, rec) = (&p.predicted, &p.recorded);
+        let server = rec.server.as_ref();
+        let pair = |predicted: f64, recorded: Option<f64>, digits: usize| match recorded {
+            None => format!("{predicted:.digits$} / -"),
+            Some(r) if r > 0.0 => format!(
+                "{predicted:.digits$} / {r:.digits$} ({:+.0}%)",
+                100.0 * (predicted / r - 1.0)
+            ),
+            Some(r) => format!("{predicted:.digits$} / {r:.digits$}"),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<10} {:>26} {:>26} {:>14} {:>14} {:>16}",
+            rec.label,
+            pair(
+                pred.client.output_tokens_per_second,
+                Some(rec.client.output_tokens_per_second),
+                0
+            ),
+            pair(
+                pred.client.ttft_p99_seconds,
+                Some(rec.client.ttft_p99_seconds),
+                3
+            ),
+            pair(
+                pred.server.waiting_requests_p50,
+                server.map(|s| s.waiting_requests_p50),
+                1
+            ),
+            pair(
+                pred.server.kv_cache_usage_max,
+                server.map(|s| s.kv_cache_usage_max),
+                2
+            ),
+            pair(pred.server.preemptions, server.map(|s| s.preemptions), 0),
+        );
+    }
+    // The first stage whose signals (predicted or recorded) fire a rule.
+    let stop = |fires: &dyn Fn(&RoleSignals) -> bool, predicted: bool| {
+        predictions
+            .iter()
+            .find(|p| {
+                let signals = if predicted {
+                    Some(&p.predicted.server)
+                } else {
+                    p.recorded.server.as_ref()
+                };
+                signals.is_some_and(fires)
+            })
+            .map_or("none".to_string(), |p| p.recorded.label.clone())
+    };
+    if let Some((waiting, ttft)) = thresholds.queueing {
+        let fires =
+            |s: &RoleSignals| s.waiting_requests_p50 >= waiting && s.ttft_p99_seconds >= ttft;
+        let _ = writeln!(
+            out,
+            "  stop by queueing (waiting p50 >= {waiting}, server TTFT p99 >= {ttft}s): \
+             predicted {}, recorded {}",
+            stop(&fires, true),
+            stop(&fires, false)
+        );
+    }
+    let (usage, preemptions) = thresholds.kv;
+    let fires = |s: &RoleSignals| s.kv_cache_usage_max >= usage && s.preemptions >= preemptions;
+    let _ = writeln!(
+        out,
+        "  stop by KV cache (usage >= {usage}, preemptions >= {preemptions}): predicted {}, \
+         recorded {}",
+        stop(&fires, true),
+        stop(&fires, false)
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_are_the_held_out_runs_with_the_kv_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("stages.json"),
+            r#"{"schema_version": 1, "stages": [
+                {"index": 0},
+                {"index": 1, "annotation": {"congestion": {"params": [
+                    {"name": "waiting_requests_p50", "value": 8.0},
+                    {"name": "ttft_p99", "value": "1s"},
+                    {"name": "preemptions", "value": 3}]}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Thresholds::of_run(dir.path()).unwrap(),
+            Thresholds {
+                queueing: Some((8.0, 1.0)),
+                kv: (0.95, 3.0),
+            }
+        );
+    }
+}
