@@ -20,7 +20,8 @@
 //! wrong: the size (before reading it all), the binary's own sections
 //! (component or not, interface version, imports, number of memories:
 //! `inspect`), compiling (bounded in time; the compiled code is cached on
-//! disk, the cache bounded in size: `cache`), the exports against the
+//! disk, the cache bounded in size: `cache`; the built-in's code ships
+//! precompiled for x86-64 Linux: `precompiled`), the exports against the
 //! version's WIT (`shape`), linking, then `describe()`.
 //!
 //! Calling: a fresh store and instance per call, on a thread of its own
@@ -36,6 +37,7 @@ mod cache;
 pub mod error;
 mod inspect;
 pub mod params;
+pub mod precompiled;
 mod sandbox;
 mod shape;
 mod versions;
@@ -165,13 +167,7 @@ impl PolicyHost {
                 "the policy call budgets (fuel, time limit, load factor) must be > 0".into(),
             ));
         }
-        let mut wasm_config = Config::new();
-        wasm_config
-            .wasm_component_model(true)
-            .consume_fuel(true)
-            .epoch_interruption(true)
-            .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(sandbox::BACKTRACE_FRAMES));
-        let engine = Engine::new(&wasm_config)
+        let engine = Engine::new(&engine_config())
             .map_err(|e| PolicyError::Host(format!("cannot create the engine: {e:#}")))?;
         let linker = sandbox::linker(&engine)
             .map_err(|e| PolicyError::Host(format!("cannot link WASI: {e:#}")))?;
@@ -201,9 +197,11 @@ impl PolicyHost {
         &self.inner.config
     }
 
-    /// Load the embedded built-in policy.
+    /// Load the embedded built-in policy: from its precompiled code where
+    /// the binary ships it and the engine accepts it, else compiled (or
+    /// from the code cache) like any component.
     pub fn load_builtin(&self) -> Result<Policy, PolicyError> {
-        self.load_bytes(BUILTIN, BUILTIN_WASM)
+        self.load_with_artifact(BUILTIN, BUILTIN_WASM, precompiled::BUILTIN_PRECOMPILED)
     }
 
     /// Load a policy component from a `.wasm` file.
@@ -234,6 +232,19 @@ impl PolicyHost {
     /// Load a policy component from bytes; `origin` names it in messages
     /// until `describe` gives its name.
     pub fn load_bytes(&self, origin: &str, bytes: &[u8]) -> Result<Policy, PolicyError> {
+        self.load_with_artifact(origin, bytes, None)
+    }
+
+    /// [`PolicyHost::load_bytes`], taking the code from `artifact` (a
+    /// precompiled artifact of `bytes` and its digest line, embedded in
+    /// this binary) when it is usable. Every other step of a load, the
+    /// checks of the binary included, runs the same.
+    fn load_with_artifact(
+        &self,
+        origin: &str,
+        bytes: &[u8],
+        artifact: Option<(&[u8], &str)>,
+    ) -> Result<Policy, PolicyError> {
         let load_err = |message: String| PolicyError::Load {
             origin: origin.to_string(),
             message,
@@ -255,7 +266,17 @@ impl PolicyHost {
             max_bytes: config.cache_max_bytes,
             compile_timeout: config.compile_timeout,
         };
-        let component = cache::load_or_compile(&inner.engine, &cache, bytes).map_err(load_err)?;
+        let precompiled = artifact.and_then(|artifact| {
+            precompiled::load(&inner.engine, artifact, bytes)
+                .inspect_err(|e| {
+                    tracing::debug!("not using the precompiled code of {origin}: {e}; compiling it")
+                })
+                .ok()
+        });
+        let (component, code_source) = match precompiled {
+            Some(component) => (component, CodeSource::Precompiled),
+            None => cache::load_or_compile(&inner.engine, &cache, bytes).map_err(load_err)?,
+        };
         shape::check(&inner.engine, &component, interface).map_err(load_err)?;
         let instance_pre = inner
             .linker
@@ -309,6 +330,7 @@ impl PolicyHost {
             name: Arc::from(info.name.as_str()),
             info: Arc::new(info),
             inner: policy,
+            code_source,
         })
     }
 }
@@ -320,6 +342,18 @@ pub struct Policy {
     info: Arc<PolicyInfo>,
     /// `info.name`, shared with every call's log sink.
     name: Arc<str>,
+    code_source: CodeSource,
+}
+
+/// Where a loaded policy's machine code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeSource {
+    /// The artifact shipped in the binary (the built-in only).
+    Precompiled,
+    /// The code cache on disk.
+    Cached,
+    /// Compiled by this load.
+    Compiled,
 }
 
 struct PolicyInner {
@@ -361,6 +395,11 @@ impl Policy {
     /// The interface line the component implements.
     pub fn interface(&self) -> Interface {
         self.inner.pre.interface()
+    }
+
+    /// Where its machine code came from.
+    pub fn code_source(&self) -> CodeSource {
+        self.code_source
     }
 
     /// Check one `until_congested(...)` call's parameters: against
@@ -646,6 +685,20 @@ impl PolicyInner {
             Err(err) => Err(cs.failure(&err, &self.limits, budget, elapsed)),
         }
     }
+}
+
+/// The engine's settings. Those the compiled code depends on (fuel
+/// counting, epoch checks) are also those of the built-in's precompiled
+/// artifact (`precompiled::precompile`), which wasmtime refuses when they
+/// differ.
+fn engine_config() -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(sandbox::BACKTRACE_FRAMES));
+    config
 }
 
 /// Bump the engine's epoch every `tick` until the engine is gone.
