@@ -78,12 +78,9 @@ fn compile(engine: &Engine, bytes: &[u8], timeout: Duration) -> Result<Component
             SLOW_COMPILE.as_secs()
         );
     };
-    match bounded::run_noting_delay(
-        "nyann-policy-compile",
-        timeout,
-        (SLOW_COMPILE, notice),
-        move || Component::from_binary(&engine, &bytes),
-    ) {
+    match bounded::run_noting_delay(timeout, (SLOW_COMPILE, notice), move || {
+        (Component::from_binary(&engine, &bytes), ())
+    }) {
         Ok(Ok(component)) => Ok(component),
         Ok(Err(e)) => Err(format!("is not a valid component: {e:#}")),
         Err(Unfinished::Abandoned { .. }) => Err(format!(

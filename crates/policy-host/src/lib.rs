@@ -24,8 +24,8 @@
 //! precompiled for x86-64 Linux: `precompiled`), the exports against the
 //! version's WIT (`shape`), linking, then `describe()`.
 //!
-//! Calling: a fresh store and instance per call, on a thread of its own
-//! (`bounded`), with a fuel budget (the primary, deterministic bound), an
+//! Calling: a fresh store and instance per call, on a worker thread of the
+//! host's, awaited by an async caller's task (`bounded`), with a fuel budget (the primary, deterministic bound), an
 //! epoch deadline and a host-side wall-clock backstop, one cap over all the
 //! instance's memories and tables, an empty WASI context with virtual
 //! clocks and seeded randomness, and bounded results, reasons and logs
@@ -443,8 +443,9 @@ impl Policy {
 
     /// Judge a finished stage: `params` from [`Policy::check_params`],
     /// `history` the earlier measured stages of the sweep, oldest first.
-    /// Runs off the async runtime (a fresh instance on a thread of its
-    /// own, bounded in fuel, time and memory). Errors read
+    /// Runs off the async runtime (a fresh instance on a worker thread of
+    /// the host's, bounded in fuel, time and memory; the task awaits it,
+    /// which needs Tokio's time driver). Errors read
     /// `policy <name>: <what happened> at stage <n>`.
     pub async fn judge(
         &self,
@@ -452,17 +453,20 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        let policy = self.clone();
         let call = JudgeCall::new(params, stage, history);
-        let index = stage.index;
-        tokio::task::spawn_blocking(move || policy.judge_call(call))
-            .await
-            .unwrap_or_else(|e| {
-                Err(self.call_error(
-                    index,
-                    CallFailure::Internal(format!("the host's judge task failed: {e}")),
-                ))
-            })
+        let (index, world) = (stage.index, CallWorld::of_stage(stage));
+        let result = self
+            .inner
+            .call_async(
+                &self.name,
+                "judge",
+                Some(index),
+                self.inner.judge,
+                world,
+                move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+            )
+            .await;
+        self.judged(index, result)
     }
 
     /// [`Policy::judge`] for synchronous callers (it blocks the calling
@@ -473,28 +477,31 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        self.judge_call(JudgeCall::new(params, stage, history))
+        let call = JudgeCall::new(params, stage, history);
+        let (index, world) = (stage.index, CallWorld::of_stage(stage));
+        let result = self.inner.call(
+            &self.name,
+            "judge",
+            Some(index),
+            self.inner.judge,
+            world,
+            move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+        );
+        self.judged(index, result)
     }
 
-    fn judge_call(&self, call: JudgeCall) -> Result<Verdict, PolicyError> {
-        let index = call.stage.index;
-        let world = CallWorld::of_stage(&call.stage);
-        let verdict = self
-            .inner
-            .call(
-                &self.name,
-                "judge",
-                Some(index),
-                self.inner.judge,
-                world,
-                move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
-            )?
-            .map_err(|msg| {
-                self.call_error(
-                    index,
-                    CallFailure::Rejected(truncate(&msg, self.inner.max_reason_bytes)),
-                )
-            })?;
+    /// The verdict of a finished `judge` call, checked and made printable.
+    fn judged(
+        &self,
+        index: u32,
+        result: Result<Result<Verdict, String>, PolicyError>,
+    ) -> Result<Verdict, PolicyError> {
+        let verdict = result?.map_err(|msg| {
+            self.call_error(
+                index,
+                CallFailure::Rejected(truncate(&msg, self.inner.max_reason_bytes)),
+            )
+        })?;
         self.check_verdict(&verdict)
             .map_err(|what| self.call_error(index, CallFailure::OversizedOutput(what)))?;
         // Reasons reach the stage table, the log and the stop line; rule
@@ -611,7 +618,7 @@ impl CallWorld {
 }
 
 impl PolicyInner {
-    /// Run one export in a fresh store and instance on a thread of its own,
+    /// Run one export in a fresh store and instance on a worker thread,
     /// bounded by `budget`; classify failures.
     fn call<R: Send + 'static>(
         self: &Arc<Self>,
@@ -622,28 +629,39 @@ impl PolicyInner {
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
     ) -> Result<R, PolicyError> {
-        let fail = |failure| PolicyError::Call {
-            policy: name.to_string(),
-            function,
-            stage,
-            failure,
-        };
         let started = Instant::now();
         let (inner, policy) = (self.clone(), name.clone());
         let limit = budget.wall.saturating_add(ABANDON_GRACE);
-        match bounded::run("nyann-policy-call", limit, move || {
+        let outcome = bounded::run(limit, move || {
             inner.call_here(policy, function, budget, world, f)
-        }) {
-            Ok(result) => result.map_err(fail),
-            Err(Unfinished::Abandoned { .. }) => Err(fail(CallFailure::Deadline {
-                limit: budget.wall,
-                elapsed: started.elapsed(),
-            })),
-            Err(Unfinished::Failed(e)) => Err(fail(CallFailure::Internal(e))),
-        }
+        });
+        call_outcome(outcome, name, function, stage, budget, started)
     }
 
-    /// The body of [`PolicyInner::call`], on the call's own thread.
+    /// [`PolicyInner::call`] for an async caller: the task awaits the
+    /// worker (no thread of the runtime's blocks, none is handed the call
+    /// in between).
+    async fn call_async<R: Send + 'static>(
+        self: &Arc<Self>,
+        name: &Arc<str>,
+        function: &'static str,
+        stage: Option<u32>,
+        budget: Budget,
+        world: CallWorld,
+        f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
+    ) -> Result<R, PolicyError> {
+        let started = Instant::now();
+        let (inner, policy) = (self.clone(), name.clone());
+        let limit = budget.wall.saturating_add(ABANDON_GRACE);
+        let outcome = bounded::run_async(limit, move || {
+            inner.call_here(policy, function, budget, world, f)
+        })
+        .await;
+        call_outcome(outcome, name, function, stage, budget, started)
+    }
+
+    /// The body of [`PolicyInner::call`], on a worker thread. Returns the
+    /// store too, for the worker to drop once the caller has the result.
     fn call_here<R>(
         &self,
         policy: Arc<str>,
@@ -651,16 +669,38 @@ impl PolicyInner {
         budget: Budget,
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R>,
+    ) -> (Result<R, CallFailure>, Option<CallStore>) {
+        match CallStore::new(&self.engine, policy.clone(), &self.limits, budget, world) {
+            Ok(mut cs) => {
+                let result = self.call_in(&mut cs, &policy, function, budget, f);
+                (result, Some(cs))
+            }
+            Err(e) => (
+                Err(CallFailure::Internal(format!(
+                    "cannot create the store: {e:#}"
+                ))),
+                None,
+            ),
+        }
+    }
+
+    /// Call `f` in the fresh store `cs`; log what the call left (dropped
+    /// log lines, stderr, fuel used) and classify a failure.
+    fn call_in<R>(
+        &self,
+        cs: &mut CallStore,
+        policy: &str,
+        function: &str,
+        budget: Budget,
+        f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R>,
     ) -> Result<R, CallFailure> {
-        let mut cs = CallStore::new(&self.engine, policy.clone(), &self.limits, budget, world)
-            .map_err(|e| CallFailure::Internal(format!("cannot create the store: {e:#}")))?;
         let started = Instant::now();
         let result = f(&mut cs.store, &self.pre);
         let elapsed = started.elapsed();
         let dropped = cs.dropped_log_lines();
         if dropped > 0 {
             tracing::warn!(
-                policy = &*policy,
+                policy,
                 "dropped {dropped} log line(s) over the {} per-call limit",
                 human_bytes(self.limits.log_bytes)
             );
@@ -670,13 +710,13 @@ impl PolicyInner {
                 let stderr = cs.stderr();
                 if !stderr.trim().is_empty() {
                     tracing::debug!(
-                        policy = &*policy,
+                        policy,
                         "{function} wrote to stderr: {}",
                         truncate(&printable(stderr.trim()), 4096)
                     );
                 }
                 tracing::trace!(
-                    policy = &*policy,
+                    policy,
                     "{function} used {} fuel in {elapsed:?}",
                     cs.fuel_used(budget)
                 );
@@ -699,6 +739,32 @@ fn engine_config() -> Config {
         .epoch_interruption(true)
         .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(sandbox::BACKTRACE_FRAMES));
     config
+}
+
+/// A call's result, or its failure classified: a call abandoned past its
+/// wall-clock limit (plus grace) missed its deadline.
+fn call_outcome<R>(
+    outcome: Result<Result<R, CallFailure>, Unfinished>,
+    name: &Arc<str>,
+    function: &'static str,
+    stage: Option<u32>,
+    budget: Budget,
+    started: Instant,
+) -> Result<R, PolicyError> {
+    let fail = |failure| PolicyError::Call {
+        policy: name.to_string(),
+        function,
+        stage,
+        failure,
+    };
+    match outcome {
+        Ok(result) => result.map_err(fail),
+        Err(Unfinished::Abandoned { .. }) => Err(fail(CallFailure::Deadline {
+            limit: budget.wall,
+            elapsed: started.elapsed(),
+        })),
+        Err(Unfinished::Failed(e)) => Err(fail(CallFailure::Internal(e))),
+    }
 }
 
 /// Bump the engine's epoch every `tick` until the engine is gone.
