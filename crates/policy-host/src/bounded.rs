@@ -1,4 +1,4 @@
-//! Work on a thread of its own, waited for at most a wall-clock limit: the
+//! Work on a worker thread, waited for at most a wall-clock limit: the
 //! host's backstop for what fuel and the epoch deadline cannot interrupt
 //! (a call stuck in host code, a compile that takes too long). Work past its
 //! limit is abandoned, not killed: its thread finishes on its own and drops

@@ -67,7 +67,7 @@ pub(crate) fn load_or_compile(
 /// Compiles taking longer than this say so while they run.
 const SLOW_COMPILE: Duration = Duration::from_secs(1);
 
-/// Compile on a thread of its own, abandoned past `timeout`.
+/// Compile on a worker thread, abandoned past `timeout`.
 fn compile(engine: &Engine, bytes: &[u8], timeout: Duration) -> Result<Component, String> {
     let (engine, size) = (engine.clone(), bytes.len() as u64);
     let bytes = bytes.to_vec();
