@@ -34,6 +34,14 @@ pub const BUILTIN_PACKAGE: &str = "nyann-builtin-policy";
 /// Where the built-in component is committed, relative to the repository root.
 pub const BUILTIN_COMMITTED: &str = "policies/builtin/builtin.wasm";
 
+/// Where the built-in's precompiled code for x86-64 Linux is committed
+/// (`nyann_policy_host::precompiled`).
+pub const BUILTIN_PRECOMPILED_COMMITTED: &str = "policies/builtin/builtin.x86_64-linux.cwasm";
+
+/// The digest of the `builtin.wasm` that [`BUILTIN_PRECOMPILED_COMMITTED`]
+/// was compiled from (`sha256sum -c` reads it).
+pub const BUILTIN_PRECOMPILED_DIGEST: &str = "policies/builtin/builtin.x86_64-linux.cwasm.sha256";
+
 /// The command that regenerates [`BUILTIN_COMMITTED`].
 pub const REGENERATE_BUILTIN: &str = "cargo xtask builtin";
 

@@ -1,6 +1,8 @@
 //! `cargo xtask builtin`: rebuilds the built-in policy component from
 //! `policies/builtin` and writes it to `policies/builtin/builtin.wasm`, the
-//! file the nyann-bench binary embeds. Commit the result.
+//! file the nyann-bench binary embeds, with its code precompiled for x86-64
+//! Linux (`builtin.x86_64-linux.cwasm` and the digest of its source, which
+//! the binary embeds too). Commit the result.
 //!
 //! `cargo xtask assemble OUT.wasm LINE EXTRA_MEMORIES GROW_MIB FILLER_MIB`:
 //! writes an assembled policy component (see `nyann_guests::assembled`) for
@@ -23,7 +25,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask builtin\n  rebuilds {} from policies/builtin (then commit it)\n\
+                "usage: cargo xtask builtin\n  rebuilds {} and its precompiled code from policies/builtin (then commit them)\n\
                  usage: cargo xtask assemble OUT.wasm 0.1|0.2 EXTRA_MEMORIES GROW_MIB FILLER_MIB\n  \
                  writes an assembled policy component (for bench/policy-sandbox.sh)",
                 nyann_guests::BUILTIN_COMMITTED
@@ -48,20 +50,26 @@ fn regenerate_builtin() -> Result<String, String> {
         nyann_guests::repository_guest(nyann_guests::BUILTIN_PACKAGE).map_err(|e| e.to_string())?;
     let bytes =
         std::fs::read(&built).map_err(|e| format!("cannot read {}: {e}", built.display()))?;
-    let committed = nyann_guests::repository_root().join(nyann_guests::BUILTIN_COMMITTED);
-    let before = std::fs::read(&committed).ok();
-    if before.as_deref() == Some(bytes.as_slice()) {
-        return Ok(format!(
-            "{} is up to date ({} bytes)",
-            nyann_guests::BUILTIN_COMMITTED,
-            bytes.len()
-        ));
+    // Precompiled from the new component, with the host's engine settings.
+    let (artifact, digest) = nyann_policy_host::precompiled::precompile(&bytes)?;
+    let lines = [
+        write_if_changed(nyann_guests::BUILTIN_COMMITTED, &bytes)?,
+        write_if_changed(nyann_guests::BUILTIN_PRECOMPILED_COMMITTED, &artifact)?,
+        write_if_changed(nyann_guests::BUILTIN_PRECOMPILED_DIGEST, digest.as_bytes())?,
+    ];
+    Ok(lines.join("\n"))
+}
+
+/// Write `bytes` to `relative` (from the repository root) unless it holds
+/// them already; says which.
+fn write_if_changed(relative: &str, bytes: &[u8]) -> Result<String, String> {
+    let path = nyann_guests::repository_root().join(relative);
+    if std::fs::read(&path).ok().as_deref() == Some(bytes) {
+        return Ok(format!("{relative} is up to date ({} bytes)", bytes.len()));
     }
-    std::fs::write(&committed, &bytes)
-        .map_err(|e| format!("cannot write {}: {e}", committed.display()))?;
+    std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(format!(
-        "wrote {} ({} bytes): commit it",
-        nyann_guests::BUILTIN_COMMITTED,
+        "wrote {relative} ({} bytes): commit it",
         bytes.len()
     ))
 }

@@ -1,10 +1,14 @@
-//! Policy host benchmark: how long until the built-in policy is ready (cold:
-//! compiled; cached: compiled code read back), how long a custom component
-//! takes to load, and the latency of one judge (fresh instance + call).
+//! Policy host benchmark: how long until the built-in policy is ready (from
+//! the precompiled code the binary ships, where it does; compiled; compiled
+//! code read back from the cache), how long a custom component takes to
+//! load, and the latency of one judge (fresh instance + call), synchronous
+//! and through the async path `generate` uses.
 //!
-//! Run: `cargo bench -p nyann-policy-host --bench policy`
-//! Targets: judge p50 <= 1 ms; host start with the
-//! built-in ready <= 300 ms.
+//! Run: `cargo bench -p nyann-policy-host --bench policy` (or `cargo test
+//! --release -p nyann-policy-host --bench policy`, which reuses the tests'
+//! build). `bench/policy-host.sh` runs two builds of it side by side.
+//! Targets: judge p50 <= 1 ms, through the async path <= 100 us; host start
+//! with the built-in ready <= 50 ms.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -42,12 +46,24 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
-fn load(cache: Option<PathBuf>, file: Option<&Path>) -> Duration {
+/// What to load: the built-in as `load_builtin` does (its shipped code
+/// where there is one), the built-in as any component, or a file.
+#[derive(Clone, Copy)]
+enum What<'a> {
+    Builtin,
+    BuiltinCompiled,
+    File(&'a Path),
+}
+
+fn load(cache: Option<PathBuf>, what: What) -> Duration {
     time(|| {
         let host = PolicyHost::new(config(cache)).unwrap();
-        match file {
-            Some(f) => host.load_file(f).unwrap(),
-            None => host.load_builtin().unwrap(),
+        match what {
+            What::Builtin => host.load_builtin().unwrap(),
+            What::BuiltinCompiled => host
+                .load_bytes(nyann_policy_host::BUILTIN, nyann_policy_host::BUILTIN_WASM)
+                .unwrap(),
+            What::File(f) => host.load_file(f).unwrap(),
         }
     })
     .0
@@ -96,8 +112,11 @@ fn judge_latency(policy: &Policy, params: &[Param], n: usize) -> (Duration, Dura
 }
 
 fn judge_latency_async(policy: &Policy, params: &[Param], n: usize) -> (Duration, Duration) {
+    // As the binary's runtime (the judge's wall-clock limit needs the time
+    // driver).
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
         .build()
         .unwrap();
     let all = stages();
@@ -118,6 +137,9 @@ fn judge_latency_async(policy: &Policy, params: &[Param], n: usize) -> (Duration
 }
 
 fn main() {
+    // `judge`: the judge latencies only (for profiling, and for
+    // `bench/policy-host.sh`, which compares builds).
+    let judge_only = std::env::args().skip(1).any(|a| a == "judge");
     let cache = std::env::temp_dir().join(format!("nyann-policy-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
 
@@ -129,34 +151,59 @@ fn main() {
         "policy host benchmark (builtin component: {} bytes)",
         nyann_policy_host::BUILTIN_WASM.len()
     );
-    let cold = median((0..3).map(|_| load(None, None)).collect());
-    let _ = load(Some(cache.clone()), None); // fills the cache
-    let cached = median((0..10).map(|_| load(Some(cache.clone()), None)).collect());
+    if !judge_only {
+        loads(&cache, &custom);
+    }
+    judges(&cache, &custom, judge_only);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+fn loads(cache: &Path, custom: &Path) {
+    let cache = cache.to_path_buf();
+    let shipped = median((0..10).map(|_| load(None, What::Builtin)).collect());
+    let cold = median((0..3).map(|_| load(None, What::BuiltinCompiled)).collect());
+    let _ = load(Some(cache.clone()), What::BuiltinCompiled); // fills the cache
+    let cached = median(
+        (0..10)
+            .map(|_| load(Some(cache.clone()), What::BuiltinCompiled))
+            .collect(),
+    );
     println!(
-        "host start + built-in ready, cold (compile):   {}",
+        "host start + built-in ready, empty cache:      {}  (target <= 50 ms; code {:?})",
+        ms(shipped),
+        PolicyHost::new(config(None))
+            .unwrap()
+            .load_builtin()
+            .unwrap()
+            .code_source()
+    );
+    println!(
+        "host start + built-in ready, compiled:         {}",
         ms(cold)
     );
     println!(
-        "host start + built-in ready, cached:           {}  (target <= 300 ms; {:.0}x faster)",
+        "host start + built-in ready, cached:           {}  ({:.0}x faster than compiled)",
         ms(cached),
         cold.as_secs_f64() / cached.as_secs_f64()
     );
 
-    let custom_cold = median((0..3).map(|_| load(None, Some(&custom))).collect());
-    let _ = load(Some(cache.clone()), Some(&custom));
+    let custom_cold = median((0..3).map(|_| load(None, What::File(custom))).collect());
+    let _ = load(Some(cache.clone()), What::File(custom));
     let custom_cached = median(
         (0..10)
-            .map(|_| load(Some(cache.clone()), Some(&custom)))
+            .map(|_| load(Some(cache.clone()), What::File(custom)))
             .collect(),
     );
     println!(
         "custom component load ({} bytes), cold / cached: {} / {}",
-        std::fs::metadata(&custom).map(|m| m.len()).unwrap_or(0),
+        std::fs::metadata(custom).map(|m| m.len()).unwrap_or(0),
         ms(custom_cold),
         ms(custom_cached)
     );
+}
 
-    let host = PolicyHost::new(config(Some(cache.clone()))).unwrap();
+fn judges(cache: &Path, custom: &Path, judge_only: bool) {
+    let host = PolicyHost::new(config(Some(cache.to_path_buf()))).unwrap();
     let builtin = host.load_builtin().unwrap();
     let params = builtin
         .check_params(&StopCondition {
@@ -177,18 +224,21 @@ fn main() {
         .unwrap();
     let (p50, p99) = judge_latency(&builtin, &params, 2000);
     println!(
-        "judge (thread + fresh instance + call), builtin, sync: p50 {}  p99 {}  (target p50 <= 1 ms)",
+        "judge (worker thread + fresh instance + call), builtin, sync: p50 {}  p99 {}  (target p50 <= 1 ms)",
         ms(p50),
         ms(p99)
     );
     let (p50, p99) = judge_latency_async(&builtin, &params, 2000);
     println!(
-        "judge via spawn_blocking, builtin, async:      p50 {}  p99 {}",
+        "judge through Policy::judge, builtin, async:   p50 {}  p99 {}  (target p50 <= 100 us)",
         ms(p50),
         ms(p99)
     );
 
-    let slo = host.load_file(&custom).unwrap();
+    if judge_only {
+        return;
+    }
+    let slo = host.load_file(custom).unwrap();
     let slo_params = slo
         .check_params(&StopCondition {
             params: vec![Param {
@@ -206,6 +256,4 @@ fn main() {
         ms(p50),
         ms(p99)
     );
-
-    let _ = std::fs::remove_dir_all(&cache);
 }

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use crate::CodeSource;
 use crate::bounded::{self, Unfinished};
 use crate::error::human_size;
 
@@ -38,14 +39,15 @@ pub(crate) fn load_or_compile(
     engine: &Engine,
     config: &CacheConfig,
     bytes: &[u8],
-) -> Result<Component, String> {
+) -> Result<(Component, CodeSource), String> {
     let Some(dir) = &config.dir else {
-        return compile(engine, bytes, config.compile_timeout);
+        let component = compile(engine, bytes, config.compile_timeout)?;
+        return Ok((component, CodeSource::Compiled));
     };
     let path = entry_path(engine, dir, bytes);
     if path.is_file() {
         match deserialize(engine, &path) {
-            Ok(component) => return Ok(component),
+            Ok(component) => return Ok((component, CodeSource::Cached)),
             Err(err) => tracing::debug!(
                 "ignoring policy code cache entry {}: {err:#}",
                 path.display()
@@ -59,13 +61,13 @@ pub(crate) fn load_or_compile(
             path.display()
         );
     }
-    Ok(component)
+    Ok((component, CodeSource::Compiled))
 }
 
 /// Compiles taking longer than this say so while they run.
 const SLOW_COMPILE: Duration = Duration::from_secs(1);
 
-/// Compile on a thread of its own, abandoned past `timeout`.
+/// Compile on a worker thread, abandoned past `timeout`.
 fn compile(engine: &Engine, bytes: &[u8], timeout: Duration) -> Result<Component, String> {
     let (engine, size) = (engine.clone(), bytes.len() as u64);
     let bytes = bytes.to_vec();
@@ -76,12 +78,9 @@ fn compile(engine: &Engine, bytes: &[u8], timeout: Duration) -> Result<Component
             SLOW_COMPILE.as_secs()
         );
     };
-    match bounded::run_noting_delay(
-        "nyann-policy-compile",
-        timeout,
-        (SLOW_COMPILE, notice),
-        move || Component::from_binary(&engine, &bytes),
-    ) {
+    match bounded::run_noting_delay(timeout, (SLOW_COMPILE, notice), move || {
+        (Component::from_binary(&engine, &bytes), ())
+    }) {
         Ok(Ok(component)) => Ok(component),
         Ok(Err(e)) => Err(format!("is not a valid component: {e:#}")),
         Err(Unfinished::Abandoned { .. }) => Err(format!(

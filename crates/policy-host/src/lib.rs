@@ -20,11 +20,12 @@
 //! wrong: the size (before reading it all), the binary's own sections
 //! (component or not, interface version, imports, number of memories:
 //! `inspect`), compiling (bounded in time; the compiled code is cached on
-//! disk, the cache bounded in size: `cache`), the exports against the
+//! disk, the cache bounded in size: `cache`; the built-in's code ships
+//! precompiled for x86-64 Linux: `precompiled`), the exports against the
 //! version's WIT (`shape`), linking, then `describe()`.
 //!
-//! Calling: a fresh store and instance per call, on a thread of its own
-//! (`bounded`), with a fuel budget (the primary, deterministic bound), an
+//! Calling: a fresh store and instance per call, on a worker thread of the
+//! host's, awaited by an async caller's task (`bounded`), with a fuel budget (the primary, deterministic bound), an
 //! epoch deadline and a host-side wall-clock backstop, one cap over all the
 //! instance's memories and tables, an empty WASI context with virtual
 //! clocks and seeded randomness, and bounded results, reasons and logs
@@ -36,6 +37,7 @@ mod cache;
 pub mod error;
 mod inspect;
 pub mod params;
+pub mod precompiled;
 mod sandbox;
 mod shape;
 mod versions;
@@ -165,13 +167,7 @@ impl PolicyHost {
                 "the policy call budgets (fuel, time limit, load factor) must be > 0".into(),
             ));
         }
-        let mut wasm_config = Config::new();
-        wasm_config
-            .wasm_component_model(true)
-            .consume_fuel(true)
-            .epoch_interruption(true)
-            .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(sandbox::BACKTRACE_FRAMES));
-        let engine = Engine::new(&wasm_config)
+        let engine = Engine::new(&engine_config())
             .map_err(|e| PolicyError::Host(format!("cannot create the engine: {e:#}")))?;
         let linker = sandbox::linker(&engine)
             .map_err(|e| PolicyError::Host(format!("cannot link WASI: {e:#}")))?;
@@ -201,9 +197,11 @@ impl PolicyHost {
         &self.inner.config
     }
 
-    /// Load the embedded built-in policy.
+    /// Load the embedded built-in policy: from its precompiled code where
+    /// the binary ships it and the engine accepts it, else compiled (or
+    /// from the code cache) like any component.
     pub fn load_builtin(&self) -> Result<Policy, PolicyError> {
-        self.load_bytes(BUILTIN, BUILTIN_WASM)
+        self.load_with_artifact(BUILTIN, BUILTIN_WASM, precompiled::BUILTIN_PRECOMPILED)
     }
 
     /// Load a policy component from a `.wasm` file.
@@ -234,6 +232,19 @@ impl PolicyHost {
     /// Load a policy component from bytes; `origin` names it in messages
     /// until `describe` gives its name.
     pub fn load_bytes(&self, origin: &str, bytes: &[u8]) -> Result<Policy, PolicyError> {
+        self.load_with_artifact(origin, bytes, None)
+    }
+
+    /// [`PolicyHost::load_bytes`], taking the code from `artifact` (a
+    /// precompiled artifact of `bytes` and its digest line, embedded in
+    /// this binary) when it is usable. Every other step of a load, the
+    /// checks of the binary included, runs the same.
+    fn load_with_artifact(
+        &self,
+        origin: &str,
+        bytes: &[u8],
+        artifact: Option<(&[u8], &str)>,
+    ) -> Result<Policy, PolicyError> {
         let load_err = |message: String| PolicyError::Load {
             origin: origin.to_string(),
             message,
@@ -255,7 +266,17 @@ impl PolicyHost {
             max_bytes: config.cache_max_bytes,
             compile_timeout: config.compile_timeout,
         };
-        let component = cache::load_or_compile(&inner.engine, &cache, bytes).map_err(load_err)?;
+        let precompiled = artifact.and_then(|artifact| {
+            precompiled::load(&inner.engine, artifact, bytes)
+                .inspect_err(|e| {
+                    tracing::debug!("not using the precompiled code of {origin}: {e}; compiling it")
+                })
+                .ok()
+        });
+        let (component, code_source) = match precompiled {
+            Some(component) => (component, CodeSource::Precompiled),
+            None => cache::load_or_compile(&inner.engine, &cache, bytes).map_err(load_err)?,
+        };
         shape::check(&inner.engine, &component, interface).map_err(load_err)?;
         let instance_pre = inner
             .linker
@@ -309,6 +330,7 @@ impl PolicyHost {
             name: Arc::from(info.name.as_str()),
             info: Arc::new(info),
             inner: policy,
+            code_source,
         })
     }
 }
@@ -320,6 +342,18 @@ pub struct Policy {
     info: Arc<PolicyInfo>,
     /// `info.name`, shared with every call's log sink.
     name: Arc<str>,
+    code_source: CodeSource,
+}
+
+/// Where a loaded policy's machine code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeSource {
+    /// The artifact shipped in the binary (the built-in only).
+    Precompiled,
+    /// The code cache on disk.
+    Cached,
+    /// Compiled by this load.
+    Compiled,
 }
 
 struct PolicyInner {
@@ -363,6 +397,11 @@ impl Policy {
         self.inner.pre.interface()
     }
 
+    /// Where its machine code came from.
+    pub fn code_source(&self) -> CodeSource {
+        self.code_source
+    }
+
     /// Check one `until_congested(...)` call's parameters: against
     /// `describe()` (unknown name, duplicate, missing required, wrong kind;
     /// defaults filled, durations converted to seconds), then the policy's
@@ -404,8 +443,9 @@ impl Policy {
 
     /// Judge a finished stage: `params` from [`Policy::check_params`],
     /// `history` the earlier measured stages of the sweep, oldest first.
-    /// Runs off the async runtime (a fresh instance on a thread of its
-    /// own, bounded in fuel, time and memory). Errors read
+    /// Runs off the async runtime (a fresh instance on a worker thread of
+    /// the host's, bounded in fuel, time and memory; the task awaits it,
+    /// which needs Tokio's time driver). Errors read
     /// `policy <name>: <what happened> at stage <n>`.
     pub async fn judge(
         &self,
@@ -413,17 +453,20 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        let policy = self.clone();
         let call = JudgeCall::new(params, stage, history);
-        let index = stage.index;
-        tokio::task::spawn_blocking(move || policy.judge_call(call))
-            .await
-            .unwrap_or_else(|e| {
-                Err(self.call_error(
-                    index,
-                    CallFailure::Internal(format!("the host's judge task failed: {e}")),
-                ))
-            })
+        let (index, world) = (stage.index, CallWorld::of_stage(stage));
+        let result = self
+            .inner
+            .call_async(
+                &self.name,
+                "judge",
+                Some(index),
+                self.inner.judge,
+                world,
+                move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+            )
+            .await;
+        self.judged(index, result)
     }
 
     /// [`Policy::judge`] for synchronous callers (it blocks the calling
@@ -434,28 +477,31 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        self.judge_call(JudgeCall::new(params, stage, history))
+        let call = JudgeCall::new(params, stage, history);
+        let (index, world) = (stage.index, CallWorld::of_stage(stage));
+        let result = self.inner.call(
+            &self.name,
+            "judge",
+            Some(index),
+            self.inner.judge,
+            world,
+            move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+        );
+        self.judged(index, result)
     }
 
-    fn judge_call(&self, call: JudgeCall) -> Result<Verdict, PolicyError> {
-        let index = call.stage.index;
-        let world = CallWorld::of_stage(&call.stage);
-        let verdict = self
-            .inner
-            .call(
-                &self.name,
-                "judge",
-                Some(index),
-                self.inner.judge,
-                world,
-                move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
-            )?
-            .map_err(|msg| {
-                self.call_error(
-                    index,
-                    CallFailure::Rejected(truncate(&msg, self.inner.max_reason_bytes)),
-                )
-            })?;
+    /// The verdict of a finished `judge` call, checked and made printable.
+    fn judged(
+        &self,
+        index: u32,
+        result: Result<Result<Verdict, String>, PolicyError>,
+    ) -> Result<Verdict, PolicyError> {
+        let verdict = result?.map_err(|msg| {
+            self.call_error(
+                index,
+                CallFailure::Rejected(truncate(&msg, self.inner.max_reason_bytes)),
+            )
+        })?;
         self.check_verdict(&verdict)
             .map_err(|what| self.call_error(index, CallFailure::OversizedOutput(what)))?;
         // Reasons reach the stage table, the log and the stop line; rule
@@ -572,7 +618,7 @@ impl CallWorld {
 }
 
 impl PolicyInner {
-    /// Run one export in a fresh store and instance on a thread of its own,
+    /// Run one export in a fresh store and instance on a worker thread,
     /// bounded by `budget`; classify failures.
     fn call<R: Send + 'static>(
         self: &Arc<Self>,
@@ -583,28 +629,39 @@ impl PolicyInner {
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
     ) -> Result<R, PolicyError> {
-        let fail = |failure| PolicyError::Call {
-            policy: name.to_string(),
-            function,
-            stage,
-            failure,
-        };
         let started = Instant::now();
         let (inner, policy) = (self.clone(), name.clone());
         let limit = budget.wall.saturating_add(ABANDON_GRACE);
-        match bounded::run("nyann-policy-call", limit, move || {
+        let outcome = bounded::run(limit, move || {
             inner.call_here(policy, function, budget, world, f)
-        }) {
-            Ok(result) => result.map_err(fail),
-            Err(Unfinished::Abandoned { .. }) => Err(fail(CallFailure::Deadline {
-                limit: budget.wall,
-                elapsed: started.elapsed(),
-            })),
-            Err(Unfinished::Failed(e)) => Err(fail(CallFailure::Internal(e))),
-        }
+        });
+        call_outcome(outcome, name, function, stage, budget, started)
     }
 
-    /// The body of [`PolicyInner::call`], on the call's own thread.
+    /// [`PolicyInner::call`] for an async caller: the task awaits the
+    /// worker (no thread of the runtime's blocks, none is handed the call
+    /// in between).
+    async fn call_async<R: Send + 'static>(
+        self: &Arc<Self>,
+        name: &Arc<str>,
+        function: &'static str,
+        stage: Option<u32>,
+        budget: Budget,
+        world: CallWorld,
+        f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
+    ) -> Result<R, PolicyError> {
+        let started = Instant::now();
+        let (inner, policy) = (self.clone(), name.clone());
+        let limit = budget.wall.saturating_add(ABANDON_GRACE);
+        let outcome = bounded::run_async(limit, move || {
+            inner.call_here(policy, function, budget, world, f)
+        })
+        .await;
+        call_outcome(outcome, name, function, stage, budget, started)
+    }
+
+    /// The body of [`PolicyInner::call`], on a worker thread. Returns the
+    /// store too, for the worker to drop once the caller has the result.
     fn call_here<R>(
         &self,
         policy: Arc<str>,
@@ -612,16 +669,38 @@ impl PolicyInner {
         budget: Budget,
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R>,
+    ) -> (Result<R, CallFailure>, Option<CallStore>) {
+        match CallStore::new(&self.engine, policy.clone(), &self.limits, budget, world) {
+            Ok(mut cs) => {
+                let result = self.call_in(&mut cs, &policy, function, budget, f);
+                (result, Some(cs))
+            }
+            Err(e) => (
+                Err(CallFailure::Internal(format!(
+                    "cannot create the store: {e:#}"
+                ))),
+                None,
+            ),
+        }
+    }
+
+    /// Call `f` in the fresh store `cs`; log what the call left (dropped
+    /// log lines, stderr, fuel used) and classify a failure.
+    fn call_in<R>(
+        &self,
+        cs: &mut CallStore,
+        policy: &str,
+        function: &str,
+        budget: Budget,
+        f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R>,
     ) -> Result<R, CallFailure> {
-        let mut cs = CallStore::new(&self.engine, policy.clone(), &self.limits, budget, world)
-            .map_err(|e| CallFailure::Internal(format!("cannot create the store: {e:#}")))?;
         let started = Instant::now();
         let result = f(&mut cs.store, &self.pre);
         let elapsed = started.elapsed();
         let dropped = cs.dropped_log_lines();
         if dropped > 0 {
             tracing::warn!(
-                policy = &*policy,
+                policy,
                 "dropped {dropped} log line(s) over the {} per-call limit",
                 human_bytes(self.limits.log_bytes)
             );
@@ -631,13 +710,13 @@ impl PolicyInner {
                 let stderr = cs.stderr();
                 if !stderr.trim().is_empty() {
                     tracing::debug!(
-                        policy = &*policy,
+                        policy,
                         "{function} wrote to stderr: {}",
                         truncate(&printable(stderr.trim()), 4096)
                     );
                 }
                 tracing::trace!(
-                    policy = &*policy,
+                    policy,
                     "{function} used {} fuel in {elapsed:?}",
                     cs.fuel_used(budget)
                 );
@@ -645,6 +724,46 @@ impl PolicyInner {
             }
             Err(err) => Err(cs.failure(&err, &self.limits, budget, elapsed)),
         }
+    }
+}
+
+/// The engine's settings. Those the compiled code depends on (fuel
+/// counting, epoch checks) are also those of the built-in's precompiled
+/// artifact (`precompiled::precompile`), which wasmtime refuses when they
+/// differ.
+fn engine_config() -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(sandbox::BACKTRACE_FRAMES));
+    config
+}
+
+/// A call's result, or its failure classified: a call abandoned past its
+/// wall-clock limit (plus grace) missed its deadline.
+fn call_outcome<R>(
+    outcome: Result<Result<R, CallFailure>, Unfinished>,
+    name: &Arc<str>,
+    function: &'static str,
+    stage: Option<u32>,
+    budget: Budget,
+    started: Instant,
+) -> Result<R, PolicyError> {
+    let fail = |failure| PolicyError::Call {
+        policy: name.to_string(),
+        function,
+        stage,
+        failure,
+    };
+    match outcome {
+        Ok(result) => result.map_err(fail),
+        Err(Unfinished::Abandoned { .. }) => Err(fail(CallFailure::Deadline {
+            limit: budget.wall,
+            elapsed: started.elapsed(),
+        })),
+        Err(Unfinished::Failed(e)) => Err(fail(CallFailure::Internal(e))),
     }
 }
 

@@ -2,7 +2,12 @@
 //! entry falls back to compiling instead of failing, and the directory stays
 //! within its bound.
 
-use nyann_policy_host::{HostConfig, PolicyHost};
+use nyann_policy_host::{BUILTIN, BUILTIN_WASM, CodeSource, HostConfig, Policy, PolicyHost};
+
+/// The built-in as any component (`load_builtin` takes its shipped code).
+fn builtin(host: &PolicyHost) -> Policy {
+    host.load_bytes(BUILTIN, BUILTIN_WASM).unwrap()
+}
 
 fn cwasm_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(dir)
@@ -25,15 +30,18 @@ fn compiled_code_is_cached_and_corrupt_entries_are_recompiled() {
     })
     .unwrap();
 
-    let first = host.load_builtin().unwrap();
+    let first = builtin(&host);
+    assert_eq!(first.code_source(), CodeSource::Compiled);
     let entries = cwasm_files(&dir);
     assert_eq!(entries.len(), 1, "{entries:?}");
 
-    let second = host.load_builtin().unwrap();
+    let second = builtin(&host);
+    assert_eq!(second.code_source(), CodeSource::Cached);
     assert_eq!(first.info(), second.info());
 
     std::fs::write(&entries[0], b"not compiled code").unwrap();
-    let third = host.load_builtin().unwrap();
+    let third = builtin(&host);
+    assert_eq!(third.code_source(), CodeSource::Compiled);
     assert_eq!(third.info(), first.info());
     assert!(
         std::fs::metadata(&entries[0]).unwrap().len() > 1000,
@@ -57,7 +65,7 @@ fn the_cache_stays_within_its_bound() {
         ..HostConfig::default()
     })
     .unwrap();
-    measure.load_builtin().unwrap();
+    builtin(&measure);
     for file in &files {
         measure.load_file(file).unwrap();
     }
@@ -76,7 +84,7 @@ fn the_cache_stays_within_its_bound() {
         ..HostConfig::default()
     })
     .unwrap();
-    host.load_builtin().unwrap();
+    builtin(&host);
     for file in &files {
         host.load_file(file).unwrap();
     }
@@ -89,5 +97,24 @@ fn the_cache_stays_within_its_bound() {
         kept.len() < 3 && total <= bound,
         "{kept:?}: {total} > {bound}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Where the binary ships the built-in's code, loading it neither compiles
+/// nor writes the cache.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[test]
+fn the_shipped_builtin_leaves_the_cache_alone() {
+    let dir =
+        std::env::temp_dir().join(format!("nyann-policy-cache-shipped-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let host = PolicyHost::new(HostConfig {
+        cache_dir: Some(dir.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let policy = host.load_builtin().unwrap();
+    assert_eq!(policy.code_source(), CodeSource::Precompiled);
+    assert!(cwasm_files(&dir).is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
