@@ -96,6 +96,15 @@ async fn aggregate_with_prometheus_stops_at_the_known_stage() {
     assert_eq!(roles[0]["role"], "aggregate");
     assert!(roles[0]["preemptions"].as_f64().unwrap() >= 1.0, "{roles}");
     assert_eq!(run.congestion(2)["signal_errors"], serde_json::json!([]));
+    // The engine's configuration, as Prometheus has it, saved for `sim fit`.
+    for moment in ["start", "end"] {
+        let saved = run.dir().join(format!("metrics/aggregate-0-{moment}.txt"));
+        let text = std::fs::read_to_string(&saved).unwrap_or_else(|e| panic!("{saved:?}: {e}"));
+        assert!(
+            text.starts_with("vllm:cache_config_info{") && text.contains("num_gpu_blocks=\""),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

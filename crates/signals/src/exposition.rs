@@ -39,6 +39,32 @@ pub struct Parsed {
     pub first_error: Option<String>,
 }
 
+/// Prometheus query results as an exposition body (one sample line per
+/// series: its name, its other labels escaped, its last value), so that a
+/// series read from Prometheus is saved as `/metrics` would have shown it.
+pub fn render(series: &[crate::prometheus::Series]) -> String {
+    let escape = |v: &str| {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let mut out = String::new();
+    for s in series {
+        let Some((_, value)) = s.points.last() else {
+            continue;
+        };
+        let name = s.labels.get("__name__").map_or("", String::as_str);
+        let labels: Vec<String> = s
+            .labels
+            .iter()
+            .filter(|(k, _)| *k != "__name__")
+            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+            .collect();
+        out.push_str(&format!("{name}{{{}}} {value}\n", labels.join(",")));
+    }
+    out
+}
+
 /// Parses a text exposition body. Never fails: bad lines are skipped and
 /// reported in [`Parsed::skipped_lines`] / [`Parsed::first_error`].
 pub fn parse(text: &str) -> Parsed {
@@ -210,6 +236,28 @@ impl Cursor<'_> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rendered_series_parse_back() {
+        let series = crate::prometheus::Series {
+            labels: [
+                ("__name__", "vllm:cache_config_info"),
+                ("num_gpu_blocks", "64"),
+                ("odd", "a \"b\" \\ c\nd"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            points: vec![(1.0, 1.0)],
+        };
+        let parsed = super::parse(&super::render(&[series]));
+        assert_eq!(parsed.skipped_lines, 0);
+        let sample = &parsed.samples[0];
+        assert_eq!(sample.name, "vllm:cache_config_info");
+        assert_eq!(sample.label("num_gpu_blocks"), Some("64"));
+        assert_eq!(sample.label("odd"), Some("a \"b\" \\ c\nd"));
+        assert_eq!(sample.value, 1.0);
+    }
+
     use super::*;
 
     #[test]

@@ -139,9 +139,14 @@ pub struct MetricsText {
     pub text: Result<String, String>,
 }
 
-/// Fetches each `--scrape` URL of `args` once (nothing without `--scrape`),
-/// with the same TLS and timeout as the sampler.
+/// Fetches each `--scrape` URL of `args` once, with the same TLS and
+/// timeout as the sampler; with `--prometheus-url`, each role's engine
+/// configuration series (`vllm:cache_config_info`) now, written as a
+/// `/metrics` text; nothing without a source.
 pub async fn metrics_texts(args: &SignalOptions) -> Result<Vec<MetricsText>, SignalError> {
+    if let Some(url) = &args.prometheus_url {
+        return prometheus_config_texts(args, url).await;
+    }
     let targets = args
         .scrape
         .iter()
@@ -177,6 +182,53 @@ pub async fn metrics_texts(args: &SignalOptions) -> Result<Vec<MetricsText>, Sig
     Ok(out)
 }
 
+/// Each role's `vllm:cache_config_info` series as Prometheus has them now,
+/// in the exposition format (a role with none is left out).
+async fn prometheus_config_texts(
+    args: &SignalOptions,
+    url: &str,
+) -> Result<Vec<MetricsText>, SignalError> {
+    let client = prometheus_client(args, url)?;
+    let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors)?;
+    let now = unix_now();
+    let mut out = Vec::new();
+    for role in roles {
+        let separator = if role.matchers.is_empty() { "" } else { "," };
+        let query = format!(
+            "{{__name__=~\"vllm:cache_config_info|vllm_cache_config_info\"{separator}{}}}",
+            role.matchers
+        );
+        let text = match client.query(&query, now).await {
+            Ok(series) if series.is_empty() => continue,
+            Ok(series) => Ok(exposition::render(&series)),
+            Err(err) => Err(err.to_string()),
+        };
+        out.push(MetricsText {
+            role: role.role,
+            index: 0,
+            url: format!("{url} {query}"),
+            text,
+        });
+    }
+    Ok(out)
+}
+
+/// The Prometheus client `args` describe.
+fn prometheus_client(args: &SignalOptions, url: &str) -> Result<PromClient, SignalError> {
+    let headers = args
+        .prometheus_headers
+        .iter()
+        .map(|h| config::parse_header(h))
+        .collect::<Result<Vec<_>, _>>()?;
+    PromClient::new(
+        url,
+        args.prometheus_timeout,
+        args.prometheus_bearer_token.as_deref(),
+        &headers,
+        &Tls::from_options(args)?,
+    )
+}
+
 enum Inner {
     Prometheus(PrometheusSource),
     Scrape(ScrapeSource),
@@ -206,18 +258,7 @@ impl SignalSource {
                 if roles.is_empty() {
                     return Err(SignalError::NoRoles);
                 }
-                let headers = args
-                    .prometheus_headers
-                    .iter()
-                    .map(|h| config::parse_header(h))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let client = PromClient::new(
-                    url,
-                    args.prometheus_timeout,
-                    args.prometheus_bearer_token.as_deref(),
-                    &headers,
-                    &Tls::from_options(args)?,
-                )?;
+                let client = prometheus_client(args, url)?;
                 Inner::Prometheus(PrometheusSource::new(
                     client,
                     roles,
