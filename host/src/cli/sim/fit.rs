@@ -179,10 +179,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         sizes.extend(recording.prompt_sizes);
         runs.push(recording.run);
     }
-    let template = match known_template {
-        Some(t) => Some(t),
-        None => fit::chat_template_tokens(&sizes).map(|t| t.round() as u32),
-    };
+    let template =
+        known_template.or_else(|| fit::chat_template_tokens(&sizes).map(|t| t.round() as u32));
     if template.is_none() {
         missing.push(
             "the tokens the chat template adds: give --chat-template-tokens N (the server's \
@@ -357,7 +355,7 @@ struct CacheConfig {
 async fn cache_config(path: &Path) -> anyhow::Result<CacheConfig> {
     let text = tokio::fs::read_to_string(path)
         .await
-        .with_context(|| format!("cannot read --metrics-file {}", path.display()))?;
+        .with_context(|| format!("cannot read the /metrics text {}", path.display()))?;
     let parsed = nyann_signals::exposition::parse(&text);
     let info = parsed
         .samples
