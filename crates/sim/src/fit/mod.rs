@@ -23,8 +23,8 @@ use crate::profile::{EngineSpec, Limits};
 use crate::sweep::{self, StageFigures, SweepStage};
 
 pub use recorded::{
-    PromptCount, RecordedServer, Recording, RecordingError, chat_template_tokens, read_recording,
-    read_server,
+    PromptCount, RecordedServer, Recording, RecordingError, chat_template_tokens, judged_params,
+    read_recording, read_server,
 };
 
 /// The server's `max_num_seqs` as the recordings show it, and how it was

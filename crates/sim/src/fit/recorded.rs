@@ -75,6 +75,30 @@ struct Congestion {
     roles: Vec<RoleSignals>,
     #[serde(default)]
     signal_errors: Vec<String>,
+    /// The `until_congested(...)` parameters as written.
+    #[serde(default)]
+    params: Vec<Param>,
+}
+
+#[derive(Deserialize)]
+struct Param {
+    name: String,
+    value: serde_json::Value,
+}
+
+/// The `until_congested(...)` parameters the first judged stage of the run
+/// in `dir` was judged with, as written (`"1s"`, `8.0`...): empty when no
+/// stage was judged.
+pub fn judged_params(dir: &Path) -> Result<Vec<(String, serde_json::Value)>, RecordingError> {
+    let entries: Vec<StageEntry> = RunDir::open(dir)?.stages()?;
+    Ok(entries
+        .into_iter()
+        .find_map(|e| e.annotation)
+        .map(|a| a.congestion.params)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| (p.name, p.value))
+        .collect())
 }
 
 /// One line of `requests.jsonl`, as far as the fit is concerned.

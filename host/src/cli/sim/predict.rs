@@ -12,7 +12,6 @@ use nyann_model::RoleSignals;
 use nyann_sim::engine::TimeModel;
 use nyann_sim::fit::{self, Prediction, PromptCount};
 use nyann_sim::profile::Limits;
-use serde::Deserialize;
 
 /// The standard rules' thresholds, as the held-out run was judged (the
 /// built-in's defaults for the KV rule when the run did not write them).
@@ -31,33 +30,9 @@ impl Thresholds {
     /// From the `until_congested(...)` parameters of the run's first judged
     /// stage (`annotation.congestion.params`).
     fn of_run(dir: &Path) -> anyhow::Result<Thresholds> {
-        #[derive(Deserialize)]
-        struct Entry {
-            #[serde(default)]
-            annotation: Option<Annotation>,
-        }
-        #[derive(Deserialize)]
-        struct Annotation {
-            congestion: Congestion,
-        }
-        #[derive(Deserialize)]
-        struct Congestion {
-            #[serde(default)]
-            params: Vec<Param>,
-        }
-        #[derive(Deserialize)]
-        struct Param {
-            name: String,
-            value: serde_json::Value,
-        }
-        let stages: Vec<Entry> = nyann_results::RunDir::open(dir)?.stages()?;
-        let params = stages
-            .into_iter()
-            .find_map(|s| s.annotation)
-            .map(|a| a.congestion.params)
-            .unwrap_or_default();
+        let params = fit::judged_params(dir)?;
         let value = |name: &str| {
-            let value = &params.iter().find(|p| p.name == name)?.value;
+            let (_, value) = params.iter().find(|(n, _)| n == name)?;
             match value {
                 serde_json::Value::String(text) => nyann_model::parse_duration(text)
                     .ok()
@@ -184,12 +159,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("stages.json"),
-            r#"{"schema_version": 1, "stages": [
-                {"index": 0},
-                {"index": 1, "annotation": {"congestion": {"params": [
+            r##"{"schema_version": 1, "stages": [
+                {"index": 0, "label": "#0 c=1", "status": "measured", "duration_s": 1.0},
+                {"index": 1, "label": "#1 c=2", "status": "measured", "duration_s": 1.0,
+                 "annotation": {"congestion": {"roles": [], "params": [
                     {"name": "waiting_requests_p50", "value": 8.0},
                     {"name": "ttft_p99", "value": "1s"},
-                    {"name": "preemptions", "value": 3}]}}}]}"#,
+                    {"name": "preemptions", "value": 3}]}}}]}"##,
         )
         .unwrap();
         assert_eq!(
