@@ -189,46 +189,22 @@ fn is_false(b: &bool) -> bool {
     !b
 }
 
-/// Streams records to `requests.jsonl` (or discards them without an output dir).
 #[cfg(test)]
 impl RequestRecord {
     /// A measured request of conversation 0, turn 1, sent at 0, with no
     /// timings: tests fill in what they look at.
     pub(crate) fn sample(status: Status) -> RequestRecord {
         RequestRecord {
-            id: 0,
-            conversation: 0,
-            turn: 1,
-            stage: 0,
-            phase: Phase::Measured,
             status,
             scheduled_at: None,
             sent_at: Some(0.0),
-            first_token_at: None,
-            end_at: None,
-            ttft_s: None,
-            e2e_s: None,
-            itl_s: Vec::new(),
-            chunk_tokens: Vec::new(),
-            prompt_tokens: None,
-            cached_tokens: None,
-            output_tokens: None,
-            output_tokens_source: None,
-            prompt_chars: 0,
-            finish_reason: None,
-            response_id: None,
-            http_status: None,
             error: None,
-            client_lag_s: None,
-            resent: false,
-            client_error: false,
-            eval_expected: None,
-            eval_extracted: None,
-            eval_correct: None,
+            ..RequestRecord::dropped(0, 0, 0, Phase::Measured, 0.0)
         }
     }
 }
 
+/// Streams records to `requests.jsonl` (or discards them without an output dir).
 #[derive(Clone)]
 pub struct RecordSink {
     inner: Option<Arc<SinkInner>>,

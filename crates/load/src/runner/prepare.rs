@@ -198,23 +198,26 @@ pub(super) async fn prepare(
         let chars_per_token = match cpt.get(&key) {
             Some(v) => *v,
             None => {
-                let (v, measured) = calibrate(
+                let sample = prompts.calibration_text();
+                let (v, tokens) = calibrate(
                     client,
                     target,
                     &model,
-                    &prompts,
+                    &sample,
                     &workload,
                     &stage.label(index),
                 )
                 .await;
-                if measured {
+                if let Some(tokens) = tokens {
                     facts.tokenizer.push(TokenizerFacts {
                         target: base.clone(),
                         model: model.clone(),
                         workload: workload.kind.name().to_string(),
                         chars_per_token: v,
-                        chat_template_tokens: template_tokens(client, target, &model, &prompts)
-                            .await,
+                        chat_template_tokens: template_tokens(
+                            client, target, &model, &sample, tokens,
+                        )
+                        .await,
                     });
                 }
                 cpt.insert(key.clone(), v);
@@ -284,38 +287,36 @@ fn text_key(w: &Workload) -> String {
     )
 }
 
-/// Tokens the chat template adds to the workload's text sent as one
-/// message: `/tokenize` of the message less that of the bare text.
+/// Tokens the chat template adds to `sample` (`bare` tokens on its own)
+/// sent as one message: `/tokenize` of the message less `bare`.
 async fn template_tokens(
     client: &Client,
     target: &Target,
     model: &str,
-    prompts: &PromptGen,
+    sample: &str,
+    bare: u64,
 ) -> Option<u64> {
     if client.config().api == Api::Completions {
         return Some(0);
     }
-    let sample = prompts.calibration_text();
-    let chat = client.count_chat_tokens(target, model, &sample).await?;
-    let bare = client.count_tokens(target, model, &sample).await?;
+    let chat = client.count_chat_tokens(target, model, sample).await?;
     let added = chat.saturating_sub(bare);
     tracing::debug!("the chat template adds {added} tokens (/tokenize)");
     Some(added)
 }
 
-/// Characters per token, and whether it was measured: with the server's
-/// `/tokenize` when it has one, else the workload's `chars_per_token`,
-/// else 4.0.
+/// Characters per token of the workload's text `sample`, and its tokens
+/// when the server's `/tokenize` counted them; without `/tokenize`, the
+/// workload's `chars_per_token`, else 4.0.
 async fn calibrate(
     client: &Client,
     target: &Target,
     model: &str,
-    prompts: &PromptGen,
+    sample: &str,
     workload: &Workload,
     label: &str,
-) -> (f64, bool) {
-    let sample = prompts.calibration_text();
-    if let Some(count) = client.count_tokens(target, model, &sample).await
+) -> (f64, Option<u64>) {
+    if let Some(count) = client.count_tokens(target, model, sample).await
         && count > 0
     {
         {
@@ -324,7 +325,7 @@ async fn calibrate(
                 "ISL calibration ({label}, {:?}): {v:.3} characters per token, measured with /tokenize",
                 workload.kind
             );
-            return (v, true);
+            return (v, Some(count));
         }
     }
     if workload.chars_per_token > 0.0 {
@@ -332,12 +333,12 @@ async fn calibrate(
             "ISL calibration ({label}): the server has no /tokenize; using the workload's chars_per_token = {}",
             workload.chars_per_token
         );
-        (workload.chars_per_token, false)
+        (workload.chars_per_token, None)
     } else {
         tracing::info!(
             "ISL calibration ({label}): the server has no /tokenize and the workload sets no chars_per_token; \
              assuming 4.0 characters per token (prompt lengths are approximate)"
         );
-        (4.0, false)
+        (4.0, None)
     }
 }
