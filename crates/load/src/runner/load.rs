@@ -1,15 +1,14 @@
 //! The senders that make the load: closed-loop streams (a request, and the
 //! next as soon as it ended; in a `conversation_pool` stage each request is
 //! a turn of a pooled conversation, see [`super::pool`]) and the open-loop
-//! scheduler (arrivals on a
-//! schedule, each a conversation of its own), and [`Load`], which sets them
+//! scheduler ([`super::open_loop`]), and [`Load`], which sets them
 //! to a stage's level. A level change grows or shrinks the set of streams
 //! without aborting any request in flight (a surplus stream ends after its
 //! current request); switching between closed and open loop stops the old
 //! senders the same way.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nyann_model::{Mode, Stage};
 use tokio_util::sync::CancellationToken;
@@ -17,9 +16,10 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::lock;
 use crate::record::Phase;
+use crate::runner::open_loop;
 use crate::runner::pool::{Pool, fresh};
 use crate::runner::secs;
-use crate::runner::state::{Claim, Shared};
+use crate::runner::state::Shared;
 use crate::runner::turn::{Conversation, Turn, run_turn};
 use crate::schedule::Schedule;
 
@@ -140,13 +140,13 @@ impl Load {
                 };
                 let stop = CancellationToken::new();
                 self.level = Level::Open(stop.clone());
-                self.shared.tracker.spawn(scheduler_task(
+                open_loop::start(
                     self.shared.clone(),
                     schedule,
                     start,
                     u64::from(stage.max_inflight),
                     stop,
-                ));
+                );
             }
         }
     }
@@ -278,57 +278,6 @@ async fn stream_task(shared: Arc<Shared>, streams: Arc<Streams>) {
             }
             Turn::Abandoned => {}
         }
-    }
-}
-
-/// The open loop: an arrival when the schedule says (dropped when
-/// `max_inflight` requests are in flight), each a conversation of its own.
-async fn scheduler_task(
-    shared: Arc<Shared>,
-    schedule: Schedule,
-    start: Instant,
-    max_inflight: u64,
-    stop: CancellationToken,
-) {
-    let start = tokio::time::Instant::from_std(start);
-    for offset in schedule {
-        let Ok(offset) = Duration::try_from_secs_f64(offset) else {
-            break;
-        };
-        let due = start + offset;
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = shared.halt.cancelled() => return,
-            _ = tokio::time::sleep_until(due) => {}
-        }
-        let scheduled_at = shared.clock.unix(due.into_std());
-        if max_inflight > 0 && shared.inflight.get() >= max_inflight {
-            shared.record_drop(scheduled_at).await;
-            continue;
-        }
-        let Some(claim) = shared.claim(Some(scheduled_at)) else {
-            return;
-        };
-        shared
-            .tracker
-            .spawn(conversation_task(shared.clone(), claim));
-    }
-}
-
-/// An open-loop arrival: one conversation, its later turns sent as soon as the previous reply is in.
-async fn conversation_task(shared: Arc<Shared>, first: Claim) {
-    let mut conv = Conversation::new(&shared, &first.settings);
-    let mut claim = first;
-    loop {
-        let turn = run_turn(&shared, claim, &mut conv).await;
-        if conv.is_over(&turn) {
-            break;
-        }
-        claim = match shared.claim(None) {
-            Some(c) => c,
-            None => break,
-        };
     }
 }
 

@@ -41,6 +41,7 @@
 
 mod check;
 mod load;
+mod open_loop;
 mod pool;
 mod prepare;
 mod results;
