@@ -261,26 +261,36 @@ impl RecordSink {
 
     /// Adds a record; hands a full 64 KiB buffer to the writer (waiting if
     /// the writer is [`RECORD_QUEUE`] buffers behind).
-    pub async fn send(&self, record: RequestRecord) {
+    ///
+    /// The record is serialised when this is called, not when the future
+    /// is polled: the future holds only a full buffer, if any. (An `async
+    /// fn` would keep the record in every request's future, and that is
+    /// memory held per stream.)
+    pub fn send(&self, record: RequestRecord) -> impl Future<Output = ()> + Send + '_ {
         self.lines.fetch_add(1, Ordering::Relaxed);
-        let Some(inner) = &self.inner else { return };
-        // Serialise outside the lock, into this thread's reused line buffer
-        // (no allocation per record); a record always serialises.
-        let full = LINE.with_borrow_mut(|line| {
-            line.clear();
-            if let Err(err) = serde_json::to_writer(&mut *line, &record) {
-                tracing::error!("cannot encode request record {}: {err}", record.id);
-                return None;
-            }
-            line.push(b'\n');
-            let mut buffer = crate::lock(&inner.buffer);
-            buffer.extend_from_slice(line);
-            (buffer.len() >= WRITE_BUFFER)
-                .then(|| std::mem::replace(&mut *buffer, Vec::with_capacity(WRITE_BUFFER + 4096)))
+        let full = self.inner.as_ref().and_then(|inner| {
+            // Serialise outside the lock, into this thread's reused line
+            // buffer (no allocation per record); a record always serialises.
+            LINE.with_borrow_mut(|line| {
+                line.clear();
+                if let Err(err) = serde_json::to_writer(&mut *line, &record) {
+                    tracing::error!("cannot encode request record {}: {err}", record.id);
+                    return None;
+                }
+                line.push(b'\n');
+                let mut buffer = crate::lock(&inner.buffer);
+                buffer.extend_from_slice(line);
+                (buffer.len() >= WRITE_BUFFER).then(|| {
+                    std::mem::replace(&mut *buffer, Vec::with_capacity(WRITE_BUFFER + 4096))
+                })
+            })
+            .map(|chunk| (&inner.tx, chunk))
         });
-        if let Some(chunk) = full {
-            // The writer only stops early on a disk error, which it reports itself.
-            let _ = inner.tx.send(chunk).await;
+        async move {
+            if let Some((tx, chunk)) = full {
+                // The writer only stops early on a disk error, which it reports itself.
+                let _ = tx.send(chunk).await;
+            }
         }
     }
 

@@ -175,6 +175,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_long_head_grows_the_buffer_a_large_body_does_not() {
+        let body = "x".repeat(100_000);
+        let text = format!(
+            "HTTP/1.1 200 OK\r\nx-long: {}\r\nContent-Length: {}\r\n\r\n{body}",
+            "h".repeat(3000),
+            body.len()
+        );
+        // All bytes wait at once: the buffer grows for the head's long
+        // line (to 4 KiB), not for the bytes piling up.
+        let mut response = scripted(one(&text))
+            .read_response()
+            .await
+            .map_err(Unanswered::into_error)
+            .unwrap();
+        let (read, total) = response.collect(usize::MAX).await.unwrap();
+        assert_eq!((read, total), (body.clone().into_bytes(), body.len()));
+        assert_eq!(response.connection.buffer.len(), 4 * 1024);
+    }
+
+    #[tokio::test]
     async fn pieces_of_one_read_share_its_instant() {
         let mut response = scripted(vec![
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n1\r\nb\r\n".to_vec(),

@@ -409,7 +409,14 @@ impl Shared {
     }
 
     /// Accounts a finished request: statistics, error streak, record, in-flight counters.
-    pub(super) async fn finish(&self, claim: Claim, record: RequestRecord) {
+    ///
+    /// All but handing a full record buffer to the writer is done when this
+    /// is called: the future keeps neither the claim nor the record.
+    pub(super) fn finish(
+        &self,
+        claim: Claim,
+        record: RequestRecord,
+    ) -> impl Future<Output = ()> + Send + '_ {
         let counted = claim.phase != Phase::Hold;
         if counted {
             self.slots[claim.stage].add(&record);
@@ -418,11 +425,15 @@ impl Shared {
         if let Some(live) = &self.live {
             live.finished(&record);
         }
-        self.sink.send(record).await;
-        if counted {
-            self.slots[claim.stage].inflight.down();
+        let recorded = self.sink.send(record);
+        let stage = claim.stage;
+        async move {
+            recorded.await;
+            if counted {
+                self.slots[stage].inflight.down();
+            }
+            self.inflight.down();
         }
-        self.inflight.down();
     }
 
     /// Aborts the run after `max_consecutive_errors` failures in a row.
