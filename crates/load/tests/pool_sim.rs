@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{assert_one_stream_over_three, records, turns_of};
-use nyann_load::{NoHook, RunOptions, StageResult};
+use nyann_load::{NoHook, RunOptions, StageResult, TokenSource};
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType};
 use nyann_sim::{RunningSim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -311,6 +311,45 @@ async fn records_say_how_many_prompt_tokens_the_cache_served() {
             assert!(recs.iter().all(|r| r.cached_tokens.is_none()));
             assert!(recs.iter().all(|r| r.prompt_tokens.is_some()), "usage came");
             assert_eq!(share, None);
+        }
+        sim.shutdown().await;
+    }
+}
+
+/// A server that sends usage unasked (vLLM's `--enable-force-include-usage`,
+/// here the simulator's) gives every record its prompt and output tokens
+/// without `--stream-usage`: what a twin's fit reads per request. Without
+/// the flag the output tokens are the chunks counted, and the prompt's
+/// tokens are unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_sent_unasked_is_recorded() {
+    for forced in [true, false] {
+        let sim = nyann_sim::start(SimConfig {
+            enable_force_include_usage: forced,
+            ..sim_args(false)
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        run_with(
+            &sim,
+            &scenario(vec![pool_stage(2, 2, 6)], 64, 1),
+            dir.path(),
+            false,
+        )
+        .await;
+        let recs = records(dir.path());
+        assert_eq!(recs.len(), 6);
+        for r in &recs {
+            assert_eq!(r.status, nyann_load::Status::Ok, "{r:?}");
+            assert_eq!(r.output_tokens, Some(16), "{r:?}");
+            if forced {
+                assert_eq!(r.output_tokens_source, Some(TokenSource::Usage), "{r:?}");
+                assert!(r.prompt_tokens.is_some_and(|p| p >= 64), "{r:?}");
+            } else {
+                assert_eq!(r.output_tokens_source, Some(TokenSource::Chunks), "{r:?}");
+                assert_eq!(r.prompt_tokens, None, "{r:?}");
+            }
         }
         sim.shutdown().await;
     }

@@ -70,6 +70,8 @@ pub(crate) struct App {
     pub prefix_block_size: Option<u32>,
     /// `--enable-prompt-tokens-details`: usage says how many prompt tokens were cached.
     pub prompt_tokens_details: bool,
+    /// `--enable-force-include-usage`: every stream ends with usage.
+    pub force_include_usage: bool,
     pub seed: u64,
     pub created: u64,
     pub next: AtomicU64,
@@ -463,11 +465,11 @@ fn validate(
             FinishedReason::Stop
         },
         stream,
-        include_usage: c
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
+        include_usage: app.force_include_usage
+            || c.stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
         answer: Vec::new(),
     })
 }

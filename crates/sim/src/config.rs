@@ -133,6 +133,10 @@ pub struct SimConfig {
     /// off by default, as in vLLM: `prompt_tokens_details` is then null).
     pub enable_prompt_tokens_details: bool,
 
+    /// Send usage at the end of every stream, asked for or not, as vLLM's
+    /// `--enable-force-include-usage` does.
+    pub enable_force_include_usage: bool,
+
     /// Output tokens when a request gives no max_tokens [default and
     /// vllm-cpu-ref profiles: 256; fast: 32].
     pub default_max_tokens: Option<u32>,
@@ -225,6 +229,7 @@ impl Default for SimConfig {
             chat_template_tokens: None,
             max_waiting: None,
             enable_prompt_tokens_details: false,
+            enable_force_include_usage: false,
             default_max_tokens: None,
             seed: 0,
             time_scale: 1.0,

@@ -316,6 +316,7 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
         default_max_tokens,
         prefix_block_size,
         prompt_tokens_details: args.enable_prompt_tokens_details,
+        force_include_usage: args.enable_force_include_usage,
         seed: args.seed,
         created: record::unix_now() as u64,
         next: AtomicU64::new(0),

@@ -131,6 +131,11 @@ pub struct SimArgs {
     #[arg(long)]
     pub enable_prompt_tokens_details: bool,
 
+    /// Send usage at the end of every stream, asked for or not, as vLLM's
+    /// `--enable-force-include-usage` does.
+    #[arg(long)]
+    pub enable_force_include_usage: bool,
+
     /// Output tokens when a request gives no max_tokens [default and
     /// vllm-cpu-ref profiles: 256; fast: 32].
     #[arg(long, help_heading = "Server profile")]
@@ -238,6 +243,7 @@ impl SimArgs {
             chat_template_tokens: self.chat_template_tokens,
             max_waiting: self.max_waiting,
             enable_prompt_tokens_details: self.enable_prompt_tokens_details,
+            enable_force_include_usage: self.enable_force_include_usage,
             default_max_tokens: self.default_max_tokens,
             seed: self.seed,
             time_scale: self.time_scale,
