@@ -44,6 +44,7 @@ fn known_profile() -> ServerProfile {
         },
         prefill: None,
         decode: None,
+        disaggregated: false,
     }
 }
 

@@ -244,6 +244,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         prefill: None,
         decode: None,
+        disaggregated: false,
     };
     let mut notes = fitted.notes.clone();
     notes.extend(limits_note);
