@@ -48,9 +48,17 @@ pub fn max_num_seqs(runs: &[RecordedRun]) -> (u32, String) {
 }
 
 /// [`max_num_seqs`] of a disaggregated server's prefill engine, read from
-/// its role's signals the same way.
-pub fn prefill_max_num_seqs(runs: &[RecordedRun]) -> (u32, String) {
-    max_num_seqs_of(runs, |s| s.prefill.as_ref())
+/// its role's signals the same way, but only from stages whose running
+/// prompts left room in the step's token budget (`max_num_batched_tokens`):
+/// long prompts queue on the budget, with few of them running, and the
+/// replay queues them the same way whatever the limit.
+pub fn prefill_max_num_seqs(runs: &[RecordedRun], max_num_batched_tokens: u32) -> (u32, String) {
+    max_num_seqs_of(runs, |s| {
+        s.prefill.as_ref().filter(|p| {
+            let running = p.extra("running_requests_p50").unwrap_or(0.0);
+            (running + 1.0) * s.prompt_tokens <= f64::from(max_num_batched_tokens)
+        })
+    })
 }
 
 fn max_num_seqs_of(
@@ -1055,6 +1063,34 @@ mod tests {
         let limited = run(vec![stage(24, Some((8.0, 0.6, 16.0)))]);
         let (n, why) = max_num_seqs(&[calm, limited]);
         assert_eq!(n, 16, "{why}");
+    }
+
+    #[test]
+    fn a_prefill_queue_on_the_token_budget_is_no_max_num_seqs() {
+        let stage = |prompt_tokens: f64, running: f64| RecordedStage {
+            label: "c=16".into(),
+            concurrency: 16,
+            duration_s: 10.0,
+            prompt_tokens,
+            output_tokens: 32.0,
+            client: ClientStats::default(),
+            server: None,
+            prefill: Some(RoleSignals {
+                role: "prefill".into(),
+                waiting_requests_p50: 5.0,
+                kv_cache_usage_max: 0.3,
+                extra: vec![("running_requests_p50".into(), running)],
+                ..RoleSignals::default()
+            }),
+        };
+        let run = |stages| RecordedRun {
+            name: "r".into(),
+            stages: vec![stages],
+        };
+        // Two 1024-token prompts fill a 2048-token step: the budget queues them.
+        assert_eq!(prefill_max_num_seqs(&[run(stage(1024.0, 2.0))], 2048).0, 16);
+        // Four 64-token prompts leave room: the limit queues them.
+        assert_eq!(prefill_max_num_seqs(&[run(stage(64.0, 4.0))], 2048).0, 4);
     }
 
     #[test]

@@ -403,7 +403,7 @@ async fn server_limits(
         Some(n) => (n, None),
         None => {
             let (n, why) = if role == Some("prefill") {
-                fit::prefill_max_num_seqs(runs)
+                fit::prefill_max_num_seqs(runs, args.max_num_batched_tokens)
             } else {
                 fit::max_num_seqs(runs)
             };
