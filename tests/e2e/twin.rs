@@ -61,6 +61,49 @@ async fn start(args: SimConfig) -> RunningSim {
     nyann_sim::start(args).await.expect("the simulator starts")
 }
 
+/// A simulator serving `profile` from its file in `work` (seed 1).
+async fn serving(work: &Path, profile: &ServerProfile) -> RunningSim {
+    let file = work.join("known.toml");
+    std::fs::write(&file, profile.to_toml("the round trip's known profile")).unwrap();
+    start(SimConfig {
+        profile_file: Some(file),
+        seed: 1,
+        ..SimConfig::default()
+    })
+    .await
+}
+
+/// Record `scenarios` against `sim` with `scrape` flags, each run saving
+/// `saved`, stop the simulator, and `sim fit` the runs with `extra` flags:
+/// the profile written (in `work`) and what the fit printed.
+async fn record_and_fit(
+    sim: RunningSim,
+    work: &Path,
+    scenarios: &[String],
+    scrape: &[String],
+    saved: &[&str],
+    extra: &[&str],
+) -> (std::path::PathBuf, String) {
+    let mut runs = Vec::new();
+    for scenario in scenarios {
+        let run = generate(&sim, scenario, scrape).await;
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        for file in saved {
+            assert!(run.dir().join(file).is_file(), "{file}: {}", run.stderr());
+        }
+        runs.push(run);
+    }
+    sim.shutdown().await;
+    let fitted = work.join("fitted.toml");
+    let mut args = vec!["sim", "fit"];
+    args.extend(runs.iter().map(|r| path(r.dir())));
+    args.extend_from_slice(extra);
+    args.extend(["-o", path(&fitted)]);
+    let (code, stdout, stderr) = run(&args).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    (fitted, stdout)
+}
+
 /// `nyann-bench ARGS` to completion: (exit code, stdout, stderr).
 async fn run(args: &[&str]) -> (Option<i32>, String, String) {
     let out = nyann_bench().args(args).output().await.unwrap();
@@ -107,42 +150,26 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
     let _serial = serial().await;
     let work = tempfile::tempdir().unwrap();
     let known = known_profile();
-    let known_file = work.path().join("known.toml");
-    std::fs::write(&known_file, known.to_toml("the round trip's known profile")).unwrap();
-    let sim = start(SimConfig {
-        profile_file: Some(known_file),
-        seed: 1,
-        ..SimConfig::default()
-    })
-    .await;
+    let sim = serving(work.path(), &known).await;
+    let scenarios = [
+        levels(64, 128, &[1, 4, 16, 32]),
+        levels(512, 64, &[1, 4, 16]),
+    ];
+    let saved = [
+        "server.json",
+        "metrics/aggregate-0-start.txt",
+        "metrics/aggregate-0-end.txt",
+    ];
     let scrape = scrape_flags(&sim);
-    let short = generate(&sim, &levels(64, 128, &[1, 4, 16, 32]), &scrape).await;
-    let long = generate(&sim, &levels(512, 64, &[1, 4, 16]), &scrape).await;
-    for run in [&short, &long] {
-        assert_eq!(run.code(), Some(0), "{}", run.stderr());
-        for saved in [
-            "server.json",
-            "metrics/aggregate-0-start.txt",
-            "metrics/aggregate-0-end.txt",
-        ] {
-            assert!(run.dir().join(saved).is_file(), "{saved}: {}", run.stderr());
-        }
-    }
-    sim.shutdown().await;
-
-    let fitted = work.path().join("fitted.toml");
-    let (code, stdout, stderr) = run(&[
-        "sim",
-        "fit",
-        path(short.dir()),
-        path(long.dir()),
-        "--max-evaluations",
-        "300",
-        "-o",
-        path(&fitted),
-    ])
+    let (fitted, stdout) = record_and_fit(
+        sim,
+        work.path(),
+        &scenarios,
+        &scrape,
+        &saved,
+        &["--max-evaluations", "300"],
+    )
     .await;
-    assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.contains("residual per stage") && stdout.contains("#3 c=32: output tok/s"),
         "{stdout}"
@@ -248,45 +275,25 @@ fn judged_levels(isl: u32, osl: u32, concurrencies: &[u32]) -> String {
 /// engine), then `sim fit` with no flag. It writes a disaggregated profile:
 /// each engine's KV cache from its role's saved /metrics, the prefill
 /// engine's prompt cost and the decode engine's step costs within 50% (the
-/// bounds and the reasons of the single engine's round trip above), the
-/// engines' step overheads apart as the known ones are. The exact recovery
-/// is the virtual round trip's (crates/sim/tests/fit.rs).
+/// bounds and the reasons of the single engine's round trip above; the
+/// prefill engine's step overhead, which its steps show only beside the
+/// prompts' cost, came back 5 times too high in a run by hand and is not
+/// checked). The exact recovery is the virtual round trip's
+/// (crates/sim/tests/fit.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_fit_recovers_each_engine_of_a_disaggregated_simulator() {
     let _serial = serial().await;
     let work = tempfile::tempdir().unwrap();
     let known = known_disaggregated_profile();
-    let known_file = work.path().join("known.toml");
-    std::fs::write(&known_file, known.to_toml("the round trip's known profile")).unwrap();
-    let sim = start(SimConfig {
-        profile_file: Some(known_file),
-        seed: 1,
-        ..SimConfig::default()
-    })
-    .await;
+    let sim = serving(work.path(), &known).await;
     let mut scrape = scrape_flags(&sim);
     scrape.extend(["--scrape-interval".to_string(), "250ms".to_string()]);
-    let short = generate(&sim, &judged_levels(64, 128, &[1, 16]), &scrape).await;
-    let long = generate(&sim, &judged_levels(1024, 32, &[1, 16]), &scrape).await;
-    for run in [&short, &long] {
-        assert_eq!(run.code(), Some(0), "{}", run.stderr());
-        for saved in ["metrics/prefill-0-end.txt", "metrics/decode-0-end.txt"] {
-            assert!(run.dir().join(saved).is_file(), "{saved}: {}", run.stderr());
-        }
-    }
-    sim.shutdown().await;
-
-    let fitted = work.path().join("fitted.toml");
-    let (code, stdout, stderr) = run(&[
-        "sim",
-        "fit",
-        path(short.dir()),
-        path(long.dir()),
-        "-o",
-        path(&fitted),
-    ])
-    .await;
-    assert_eq!(code, Some(0), "{stderr}");
+    let scenarios = [
+        judged_levels(64, 128, &[1, 16]),
+        judged_levels(1024, 32, &[1, 16]),
+    ];
+    let saved = ["metrics/prefill-0-end.txt", "metrics/decode-0-end.txt"];
+    let (fitted, stdout) = record_and_fit(sim, work.path(), &scenarios, &scrape, &saved, &[]).await;
     assert!(
         stdout.contains("prefill     decode") && stdout.contains("prefill waiting p50"),
         "{stdout}"

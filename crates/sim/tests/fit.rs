@@ -9,7 +9,7 @@ use nyann_model::ClientStats;
 use nyann_sim::engine::TimeModel;
 use nyann_sim::fit::{FitError, FitSettings, RecordedRun, RecordedStage, fit};
 use nyann_sim::profile::{EngineSpec, Limits};
-use nyann_sim::sweep::{SweepStage, run, run_disaggregated};
+use nyann_sim::sweep::{StageFigures, SweepStage, run, run_disaggregated};
 
 const LIMITS: Limits = Limits {
     max_num_seqs: 32,
@@ -35,6 +35,22 @@ const KNOWN: TimeModel = TimeModel {
 
 /// A recording of `levels` with `prompt` and `output` tokens per request.
 fn record(name: &str, levels: &[u32], prompt: u32, output: u32) -> RecordedRun {
+    let cfg = EngineSpec {
+        limits: LIMITS,
+        time: KNOWN,
+    }
+    .config(99);
+    recording(name, levels, prompt, output, |stages| run(&cfg, stages))
+}
+
+/// What `sweep` measured of `levels` (10-second stages), as a recording.
+fn recording(
+    name: &str,
+    levels: &[u32],
+    prompt: u32,
+    output: u32,
+    sweep: impl FnOnce(&[SweepStage]) -> Vec<StageFigures>,
+) -> RecordedRun {
     let stages: Vec<SweepStage> = levels
         .iter()
         .map(|&concurrency| SweepStage {
@@ -44,14 +60,9 @@ fn record(name: &str, levels: &[u32], prompt: u32, output: u32) -> RecordedRun {
             output_tokens: output,
         })
         .collect();
-    let cfg = EngineSpec {
-        limits: LIMITS,
-        time: KNOWN,
-    }
-    .config(99);
     RecordedRun {
         name: name.into(),
-        stages: run(&cfg, &stages)
+        stages: sweep(&stages)
             .into_iter()
             .map(|f| RecordedStage {
                 label: format!("c={}", f.stage.concurrency),
@@ -202,36 +213,14 @@ const PREFILL_LIMITS: Limits = Limits {
 /// A recording of a disaggregated server: the client's figures and the
 /// signals of both roles.
 fn record_disaggregated(name: &str, levels: &[u32], prompt: u32, output: u32) -> RecordedRun {
-    let stages: Vec<SweepStage> = levels
-        .iter()
-        .map(|&concurrency| SweepStage {
-            concurrency,
-            duration_s: 10.0,
-            prompt_tokens: prompt,
-            output_tokens: output,
-        })
-        .collect();
     let spec = |limits, time| EngineSpec { limits, time }.config(99);
-    RecordedRun {
-        name: name.into(),
-        stages: run_disaggregated(
-            &spec(PREFILL_LIMITS, PREFILL_KNOWN),
-            &spec(LIMITS, DECODE_KNOWN),
-            &stages,
-        )
-        .into_iter()
-        .map(|f| RecordedStage {
-            label: format!("c={}", f.stage.concurrency),
-            concurrency: f.stage.concurrency,
-            duration_s: f.stage.duration_s,
-            prompt_tokens: f64::from(prompt),
-            output_tokens: f64::from(output),
-            client: f.client,
-            server: Some(f.server),
-            prefill: f.prefill,
-        })
-        .collect(),
-    }
+    let (prefill, decode) = (
+        spec(PREFILL_LIMITS, PREFILL_KNOWN),
+        spec(LIMITS, DECODE_KNOWN),
+    );
+    recording(name, levels, prompt, output, |stages| {
+        run_disaggregated(&prefill, &decode, stages)
+    })
 }
 
 /// The round trip of a disaggregated server (the long prompts queue on the
