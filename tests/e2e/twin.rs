@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use nyann_sim::engine::TimeModel;
-use nyann_sim::profile::{EngineSpec, Limits};
+use nyann_sim::profile::{EngineSpec, Limits, Role};
 use nyann_sim::{Profile, RunningSim, ServerProfile, SimConfig};
 
 use crate::support::{generate, nyann_bench, scrape_flags, serial, starlark_list};
@@ -44,6 +44,7 @@ fn known_profile() -> ServerProfile {
         },
         prefill: None,
         decode: None,
+        disaggregated: false,
     }
 }
 
@@ -58,6 +59,49 @@ fn levels(isl: u32, osl: u32, concurrencies: &[u32]) -> String {
 
 async fn start(args: SimConfig) -> RunningSim {
     nyann_sim::start(args).await.expect("the simulator starts")
+}
+
+/// A simulator serving `profile` from its file in `work` (seed 1).
+async fn serving(work: &Path, profile: &ServerProfile) -> RunningSim {
+    let file = work.join("known.toml");
+    std::fs::write(&file, profile.to_toml("the round trip's known profile")).unwrap();
+    start(SimConfig {
+        profile_file: Some(file),
+        seed: 1,
+        ..SimConfig::default()
+    })
+    .await
+}
+
+/// Record `scenarios` against `sim` with `scrape` flags, each run saving
+/// `saved`, stop the simulator, and `sim fit` the runs with `extra` flags:
+/// the profile written (in `work`) and what the fit printed.
+async fn record_and_fit(
+    sim: RunningSim,
+    work: &Path,
+    scenarios: &[String],
+    scrape: &[String],
+    saved: &[&str],
+    extra: &[&str],
+) -> (std::path::PathBuf, String) {
+    let mut runs = Vec::new();
+    for scenario in scenarios {
+        let run = generate(&sim, scenario, scrape).await;
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        for file in saved {
+            assert!(run.dir().join(file).is_file(), "{file}: {}", run.stderr());
+        }
+        runs.push(run);
+    }
+    sim.shutdown().await;
+    let fitted = work.join("fitted.toml");
+    let mut args = vec!["sim", "fit"];
+    args.extend(runs.iter().map(|r| path(r.dir())));
+    args.extend_from_slice(extra);
+    args.extend(["-o", path(&fitted)]);
+    let (code, stdout, stderr) = run(&args).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    (fitted, stdout)
 }
 
 /// `nyann-bench ARGS` to completion: (exit code, stdout, stderr).
@@ -106,42 +150,26 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
     let _serial = serial().await;
     let work = tempfile::tempdir().unwrap();
     let known = known_profile();
-    let known_file = work.path().join("known.toml");
-    std::fs::write(&known_file, known.to_toml("the round trip's known profile")).unwrap();
-    let sim = start(SimConfig {
-        profile_file: Some(known_file),
-        seed: 1,
-        ..SimConfig::default()
-    })
-    .await;
+    let sim = serving(work.path(), &known).await;
+    let scenarios = [
+        levels(64, 128, &[1, 4, 16, 32]),
+        levels(512, 64, &[1, 4, 16]),
+    ];
+    let saved = [
+        "server.json",
+        "metrics/aggregate-0-start.txt",
+        "metrics/aggregate-0-end.txt",
+    ];
     let scrape = scrape_flags(&sim);
-    let short = generate(&sim, &levels(64, 128, &[1, 4, 16, 32]), &scrape).await;
-    let long = generate(&sim, &levels(512, 64, &[1, 4, 16]), &scrape).await;
-    for run in [&short, &long] {
-        assert_eq!(run.code(), Some(0), "{}", run.stderr());
-        for saved in [
-            "server.json",
-            "metrics/aggregate-0-start.txt",
-            "metrics/aggregate-0-end.txt",
-        ] {
-            assert!(run.dir().join(saved).is_file(), "{saved}: {}", run.stderr());
-        }
-    }
-    sim.shutdown().await;
-
-    let fitted = work.path().join("fitted.toml");
-    let (code, stdout, stderr) = run(&[
-        "sim",
-        "fit",
-        path(short.dir()),
-        path(long.dir()),
-        "--max-evaluations",
-        "300",
-        "-o",
-        path(&fitted),
-    ])
+    let (fitted, stdout) = record_and_fit(
+        sim,
+        work.path(),
+        &scenarios,
+        &scrape,
+        &saved,
+        &["--max-evaluations", "300"],
+    )
     .await;
-    assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.contains("residual per stage") && stdout.contains("#3 c=32: output tok/s"),
         "{stdout}"
@@ -191,6 +219,124 @@ async fn sim_fit_recovers_the_profile_a_simulator_ran() {
         ServerProfile::from_toml(&printed, "printed").unwrap(),
         profile
     );
+}
+
+/// A disaggregated server the round trip runs and fits back: the engines'
+/// step overheads and KV caches differ; what the fit holds alike (the
+/// prompt cost, the decode costs, the request overhead; see
+/// crates/sim/tests/fit.rs) is alike, and the KV transfer is `sim fit`'s
+/// default.
+fn known_disaggregated_profile() -> ServerProfile {
+    let decode = known_profile().engine;
+    ServerProfile {
+        name: "known-pd".into(),
+        prefill: Some(EngineSpec {
+            limits: Limits {
+                kv_blocks: 511,
+                ..decode.limits
+            },
+            time: TimeModel {
+                step_overhead: 1000e-6,
+                ..decode.time
+            },
+        }),
+        decode: Some(decode),
+        disaggregated: true,
+        engine: EngineSpec {
+            time: TimeModel {
+                kv_transfer: 1000e-6,
+                kv_transfer_per_token: 2e-6,
+                ..decode.time
+            },
+            ..decode
+        },
+        ..known_profile()
+    }
+}
+
+/// Stages of 1.5 s judged by thresholds no stage reaches: a judged stage
+/// records each role's signals, which tell the fit the server was
+/// disaggregated and what each engine did.
+fn judged_levels(isl: u32, osl: u32, concurrencies: &[u32]) -> String {
+    let levels = starlark_list(concurrencies);
+    format!(
+        "scenario(\n    workload = workload(\"synthetic\", isl={isl}, osl={osl}),\n    \
+         stages = until_congested(\n        \
+         [stage(\"1500ms\", concurrency=c) for c in [{levels}]],\n        \
+         waiting_requests_p50=100000, ttft_p99=\"1h\", kv_cache_usage=1.0, \
+         preemptions=1000000,\n    ),\n)\n"
+    )
+}
+
+/// The round trip of a disaggregated server: a simulator serving a known
+/// prefill/decode profile (its file says `disaggregated = true`), two short
+/// sweeps scraped from each engine's /metrics as roles `prefill` and
+/// `decode` (short prompts, and long ones that queue on the prefill
+/// engine), then `sim fit` with no flag. It writes a disaggregated profile:
+/// each engine's KV cache from its role's saved /metrics, the prefill
+/// engine's prompt cost and the decode engine's step costs within 50% (the
+/// bounds and the reasons of the single engine's round trip above; the
+/// prefill engine's step overhead, which its steps show only beside the
+/// prompts' cost, came back 5 times too high in a run by hand and is not
+/// checked). The exact recovery is the virtual round trip's
+/// (crates/sim/tests/fit.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_fit_recovers_each_engine_of_a_disaggregated_simulator() {
+    let _serial = serial().await;
+    let work = tempfile::tempdir().unwrap();
+    let known = known_disaggregated_profile();
+    let sim = serving(work.path(), &known).await;
+    let mut scrape = scrape_flags(&sim);
+    scrape.extend(["--scrape-interval".to_string(), "250ms".to_string()]);
+    let scenarios = [
+        judged_levels(64, 128, &[1, 16]),
+        judged_levels(1024, 32, &[1, 16]),
+    ];
+    let saved = ["metrics/prefill-0-end.txt", "metrics/decode-0-end.txt"];
+    let (fitted, stdout) = record_and_fit(sim, work.path(), &scenarios, &scrape, &saved, &[]).await;
+    assert!(
+        stdout.contains("prefill     decode") && stdout.contains("prefill waiting p50"),
+        "{stdout}"
+    );
+    let profile = ServerProfile::read(&fitted).unwrap();
+    assert!(profile.disaggregated, "{stdout}");
+    let (prefill, decode) = (profile.engine(Role::Prefill), profile.engine(Role::Decode));
+    let (known_prefill, known_decode) = (known.engine(Role::Prefill), known.engine(Role::Decode));
+    assert_eq!(
+        prefill.limits.kv_blocks, 511,
+        "from metrics/prefill-0-end.txt"
+    );
+    assert_eq!(
+        decode.limits.kv_blocks, 1023,
+        "from metrics/decode-0-end.txt"
+    );
+    for (name, got, want) in [
+        (
+            "prefill prefill_per_token",
+            prefill.time.prefill_per_token,
+            known_prefill.time.prefill_per_token,
+        ),
+        (
+            "decode step_overhead",
+            decode.time.step_overhead,
+            known_decode.time.step_overhead,
+        ),
+        (
+            "decode decode_per_seq",
+            decode.time.decode_per_seq,
+            known_decode.time.decode_per_seq,
+        ),
+    ] {
+        assert!(
+            (got / want - 1.0).abs() <= 0.5,
+            "{name}: fitted {got:.3e}, known {want:.3e}\n{stdout}"
+        );
+    }
+    // `sim --profile-file` serves it disaggregated without the flag.
+    let (code, printed, stderr) =
+        run(&["sim", "--profile-file", path(&fitted), "--print-profile"]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(printed.contains("\ndisaggregated = true\n"), "{printed}");
 }
 
 /// The issue's example: with `waiting_requests_p50=8, ttft_p99="1s"` and the

@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut profile = ServerProfile::vllm_cpu_ref();
     let settings = FitSettings {
         limits: profile.engine.limits,
+        prefill: None,
         noise: profile.engine.time,
         seed: 1,
         max_evaluations: evaluations,

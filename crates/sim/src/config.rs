@@ -147,7 +147,9 @@ pub struct SimConfig {
     /// Multiplies every simulated duration (2 = twice as slow).
     pub time_scale: f64,
 
-    /// Run a prefill engine and a decode engine behind the one endpoint, each with its own /metrics.
+    /// Run a prefill engine and a decode engine behind the one endpoint, each with its own /metrics
+    /// (on without the flag when the profile file says `disaggregated = true`, as `sim fit` writes
+    /// for a prefill/decode recording).
     pub disaggregated: bool,
 
     /// Port of the prefill engine's /metrics in disaggregated mode (0 = ephemeral).
@@ -432,6 +434,9 @@ impl SimConfig {
         profile.decode.iter_mut().for_each(apply);
         set(&mut profile.chat_template_tokens, self.chat_template_tokens);
         set(&mut profile.default_max_tokens, self.default_max_tokens);
+        // The flag turns the mode on; a profile fitted to a disaggregated
+        // deployment has it on already.
+        profile.disaggregated |= self.disaggregated;
         profile
     }
 

@@ -217,6 +217,8 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
     if let Some(p) = &profile {
         p.validate().map_err(SimError::InvalidProfile)?;
     }
+    // The flag, or the profile's own (see `SimConfig::server_profile`).
+    let disaggregated = profile.as_ref().is_some_and(|p| p.disaggregated);
     let (stop, _) = watch::channel(false);
     let listener = bind(&args.host, args.port).await?;
     let endpoint = local_addr(&listener, &args.host)?;
@@ -238,7 +240,7 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
     };
     // The engine that computes prompts is the one whose cache they hit.
     let prefix_block_size = profile.as_ref().and_then(|p| {
-        let role = if args.disaggregated {
+        let role = if disaggregated {
             Role::Prefill
         } else {
             Role::Aggregate
@@ -258,7 +260,7 @@ pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
                 args.fast_default_max_tokens(),
             )
         }
-        Some(p) if !args.disaggregated => {
+        Some(p) if !disaggregated => {
             let engine = new_engine(&p, Role::Aggregate, 0);
             let len = engine.config().max_model_len();
             let (h, task) = EngineHandle::spawn(engine, args.max_waiting);

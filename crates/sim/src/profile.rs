@@ -9,6 +9,7 @@
 //! description = "fitted from results/sweep-1"
 //! chat_template_tokens = 16
 //! default_max_tokens = 256
+//! # disaggregated = true   # serve as --disaggregated does (prefill and decode engines)
 //!
 //! [limits]
 //! max_num_seqs = 16
@@ -257,6 +258,9 @@ pub struct ServerProfile {
     pub prefill: Option<EngineSpec>,
     /// Disaggregated mode: the decode engine, when it differs.
     pub decode: Option<EngineSpec>,
+    /// Serve in disaggregated mode without `--disaggregated` (a profile
+    /// `sim fit` fitted to a prefill/decode deployment).
+    pub disaggregated: bool,
 }
 
 /// Why a profile file could not be used.
@@ -285,6 +289,8 @@ struct FileTop {
     chat_template_tokens: u32,
     #[serde(default = "default_max_tokens")]
     default_max_tokens: u32,
+    #[serde(default)]
+    disaggregated: bool,
     limits: toml::Table,
     time: toml::Table,
     #[serde(default)]
@@ -401,6 +407,7 @@ impl ServerProfile {
             description: top.description,
             chat_template_tokens: top.chat_template_tokens,
             default_max_tokens: top.default_max_tokens,
+            disaggregated: top.disaggregated,
         };
         profile.validate().map_err(invalid)?;
         Ok(profile)
@@ -431,6 +438,9 @@ impl ServerProfile {
             "default_max_tokens".into(),
             i64::from(self.default_max_tokens).into(),
         );
+        if self.disaggregated {
+            doc.insert("disaggregated".into(), true.into());
+        }
         let (limits, time) = tables_of(&self.engine);
         doc.insert("limits".into(), limits.clone().into());
         doc.insert("time".into(), time.clone().into());
@@ -514,6 +524,7 @@ impl ServerProfile {
                 },
                 ..engine
             }),
+            disaggregated: false,
         }
     }
 
@@ -546,6 +557,7 @@ impl ServerProfile {
             },
             prefill: None,
             decode: None,
+            disaggregated: false,
         }
     }
 }
@@ -602,6 +614,19 @@ mod tests {
         assert_eq!(profile.engine(Role::Prefill).limits.kv_blocks, 512);
         assert_eq!(profile.engine(Role::Decode).limits.kv_blocks, 4096);
         assert_eq!(profile.engine(Role::Decode).limits.block_size, 16);
+    }
+
+    #[test]
+    fn a_disaggregated_profile_says_so_in_its_file() {
+        let profile = ServerProfile {
+            disaggregated: true,
+            ..ServerProfile::default_profile()
+        };
+        let text = profile.to_toml("");
+        assert!(text.contains("\ndisaggregated = true\n"), "{text}");
+        assert_eq!(ServerProfile::from_toml(&text, "f.toml").unwrap(), profile);
+        let aggregate = ServerProfile::default_profile().to_toml("");
+        assert!(!aggregate.contains("disaggregated"), "{aggregate}");
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub fn recorded_run() -> RecordedRun {
                     preemptions: l.preemptions,
                     extra: Vec::new(),
                 }),
+                prefill: None,
             })
             .collect(),
     }

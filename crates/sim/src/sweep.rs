@@ -1,6 +1,7 @@
-//! A concurrency sweep against one engine on a virtual clock: what a
-//! closed-loop `nyann-bench generate` sweep would measure, computed in
-//! milliseconds and the same on every run.
+//! A concurrency sweep against one engine, or against disaggregated
+//! serving (a prefill engine in front of a decode engine), on a virtual
+//! clock: what a closed-loop `nyann-bench generate` sweep would measure,
+//! computed in milliseconds and the same on every run.
 //!
 //! It follows the stage runner's rules: a stage of concurrency `c` keeps `c`
 //! streams busy (each sends its next request when the previous one ends); a
@@ -15,6 +16,14 @@
 //! KV usage max, and the preemptions of the whole stage. The window and the
 //! quantiles are the signal sources' own ([`nyann_model::math`]), so the
 //! simulator and a real sweep read the same samples the same way.
+//!
+//! Disaggregated, a request goes as the simulator's backend sends it
+//! ([`crate::backend::TokenSource::disaggregated`]): the prefill engine
+//! computes its prompt for one token the client never sees, then the decode
+//! engine, after the KV transfer of its time model, makes every output token;
+//! the client's TTFT is the decode engine's first token. Each engine's
+//! signals are computed the same way, as roles `prefill` and `decode`, its
+//! TTFT from the request's arrival at it.
 //!
 //! The fit ([`crate::fit`]) runs it for every candidate time model; the
 //! tests run it to compare a profile with a recorded server.
@@ -49,8 +58,13 @@ pub struct SweepStage {
 pub struct StageFigures {
     pub stage: SweepStage,
     pub client: ClientStats,
-    /// Role `aggregate`; extras `ttft_p50_seconds` and `running_requests_p50`.
+    /// The engine the client reads its tokens from: role `aggregate`, or
+    /// `decode` in a disaggregated sweep. Extras `ttft_p50_seconds` and
+    /// `running_requests_p50`.
     pub server: RoleSignals,
+    /// A disaggregated sweep's prefill engine (role `prefill`, the same
+    /// figures); `None` with one engine.
+    pub prefill: Option<RoleSignals>,
 }
 
 /// A request in flight or done.
@@ -58,6 +72,9 @@ struct Request {
     /// The stage it was sent in; `None` for requests sent while holding.
     stage: Option<usize>,
     arrival: f64,
+    /// When it reached the engine it is in (its TTFT there runs from then):
+    /// the arrival, or when a prefill engine handed it on.
+    at_engine: f64,
     first_token: Option<f64>,
     last_token: f64,
     end: Option<f64>,
@@ -69,6 +86,7 @@ impl Request {
         Request {
             stage,
             arrival,
+            at_engine: arrival,
             first_token: None,
             last_token: arrival,
             end: None,
@@ -77,8 +95,9 @@ impl Request {
     }
 }
 
-/// The server side of one stage: gauge samples and TTFT observations over
-/// the steady window, the preemption counter over the stage.
+/// The server side of one stage on one engine: gauge samples and TTFT
+/// observations over the steady window, the preemption counter over the
+/// stage.
 #[derive(Default)]
 struct Observed {
     waiting: Vec<f64>,
@@ -89,9 +108,44 @@ struct Observed {
     preemptions_at_end: Option<u64>,
 }
 
-/// The engine and the requests sent to it.
-struct Load {
+/// One engine of the served sweep, its role's name and the end of the step
+/// it is running.
+struct Stepper {
+    role: &'static str,
     engine: Engine,
+    step_end: Option<f64>,
+    observed: Observed,
+}
+
+impl Stepper {
+    fn new(role: &'static str, cfg: &EngineConfig) -> Stepper {
+        Stepper {
+            role,
+            engine: Engine::new(
+                cfg.clone(),
+                EngineMetrics::new("sweep", "0", cfg.max_model_len()),
+            ),
+            step_end: None,
+            observed: Observed::default(),
+        }
+    }
+
+    /// The figures of the stage that just ended, and a fresh record for the next one.
+    fn signals(&mut self) -> RoleSignals {
+        let now = self.engine.metrics().preemptions();
+        let o = &mut self.observed;
+        let preemptions = o.preemptions_at_end.unwrap_or(now) - o.preemptions_at_start;
+        server_signals(self.role, o, preemptions)
+    }
+}
+
+/// The engines and the requests sent to them. A request goes through the
+/// engines in order: with two (disaggregated serving, as the simulator's
+/// backend does it), the first computes the prompt for one token the client
+/// never sees, then the second, once the prompt's KV is transferred, makes
+/// every output token.
+struct Load {
+    engines: Vec<Stepper>,
     requests: HashMap<SeqId, Request>,
     next_id: SeqId,
     /// Requests of the current stage not finished yet.
@@ -103,7 +157,12 @@ impl Load {
     fn send(&mut self, stage: &SweepStage, at: f64, tag: Option<usize>) {
         let id = self.next_id;
         self.next_id += 1;
-        let new = NewSeq::new(id, stage.prompt_tokens, stage.output_tokens);
+        let last = self.engines.len() - 1;
+        let new = NewSeq::new(
+            id,
+            stage.prompt_tokens,
+            if last == 0 { stage.output_tokens } else { 1 },
+        );
         // Every prompt is its own (as a load generator's seeded ones are):
         // nothing is shared, but the prefix cache still keeps what a
         // preempted sequence computed, as on the real server.
@@ -112,16 +171,36 @@ impl Load {
                 .map(|i| mix(salt ^ mix(id ^ mix(u64::from(i)))) as u32)
                 .collect()
         };
+        let first = &mut self.engines[0].engine;
         let key = PrefixKey::of_ids(
             &tokens(1, stage.prompt_tokens),
             &tokens(2, stage.output_tokens),
-            self.engine.config().block_size,
+            first.config().block_size,
             None,
         );
-        if self.engine.submit_with_prefix(new, key, at).is_ok() {
+        if first.submit_with_prefix(new, key, at).is_ok() {
             self.requests.insert(id, Request::new(tag, at));
             self.pending += usize::from(tag.is_some());
         }
+    }
+
+    /// The prefill engine is done with `id` at `now`: hand it to the decode
+    /// engine for the output of `stage`. `false` if it refused it.
+    fn hand_over(&mut self, id: SeqId, stage: &SweepStage, now: f64) -> bool {
+        let new = NewSeq {
+            kv_transferred: true,
+            ..NewSeq::new(id, stage.prompt_tokens, stage.output_tokens)
+        };
+        if let Some(r) = self.requests.get_mut(&id) {
+            r.at_engine = now;
+        }
+        let Some(decode) = self.engines.last_mut() else {
+            return false;
+        };
+        decode
+            .engine
+            .submit_with_prefix(new, PrefixKey::none(), now)
+            .is_ok()
     }
 
     /// Take the finished requests out.
@@ -136,29 +215,67 @@ impl Load {
             .filter_map(|id| self.requests.remove(id))
             .collect()
     }
+
+    /// Read every engine's gauges at the samples of the steady window
+    /// before `until` (the engines hold their planned steps' values).
+    fn sample(&mut self, next_sample: &mut f64, until: f64, steady: Window) {
+        while *next_sample < until && *next_sample <= steady.end {
+            if *next_sample >= steady.start {
+                for s in &mut self.engines {
+                    s.observed.waiting.push(s.engine.num_waiting() as f64);
+                    s.observed.running.push(s.engine.num_running() as f64);
+                    s.observed.kv.push(s.engine.kv_usage());
+                }
+            }
+            *next_sample += SAMPLE_INTERVAL;
+        }
+    }
 }
 
 /// Run `stages` back to back against a fresh engine built from `cfg`.
 pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
+    serve(vec![Stepper::new("aggregate", cfg)], stages)
+}
+
+/// Run `stages` back to back against disaggregated serving: a fresh prefill
+/// engine built from `prefill` in front of a fresh decode engine built from
+/// `decode` (whose time model's KV transfer delays each hand-over).
+pub fn run_disaggregated(
+    prefill: &EngineConfig,
+    decode: &EngineConfig,
+    stages: &[SweepStage],
+) -> Vec<StageFigures> {
+    serve(
+        vec![
+            Stepper::new("prefill", prefill),
+            Stepper::new("decode", decode),
+        ],
+        stages,
+    )
+}
+
+/// Run `stages` against `engines` (one, or prefill then decode), every
+/// engine stepping on the same virtual clock.
+fn serve(engines: Vec<Stepper>, stages: &[SweepStage]) -> Vec<StageFigures> {
     let mut load = Load {
-        engine: Engine::new(
-            cfg.clone(),
-            EngineMetrics::new("sweep", "0", cfg.max_model_len()),
-        ),
+        engines,
         requests: HashMap::new(),
         next_id: 0,
         pending: 0,
     };
+    let last = load.engines.len() - 1;
     let mut streams = 0u32;
     let mut now = 0.0;
     let mut figures = Vec::with_capacity(stages.len());
     for (index, stage) in stages.iter().enumerate() {
         let end = now + stage.duration_s;
         let steady = Window::steady(Window::new(now, end));
-        let mut observed = Observed {
-            preemptions_at_start: load.engine.metrics().preemptions(),
-            ..Observed::default()
-        };
+        for s in &mut load.engines {
+            s.observed = Observed {
+                preemptions_at_start: s.engine.metrics().preemptions(),
+                ..Observed::default()
+            };
+        }
         // New streams start at once; surplus ones end after their request.
         while streams < stage.concurrency {
             load.send(stage, now, Some(index));
@@ -167,8 +284,25 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
         let mut gaps = Vec::new();
         let mut next_sample = steady.start;
         while now < end || load.pending > 0 {
-            let Some(step) = load.engine.begin_step(now) else {
-                match load.engine.next_arrival() {
+            for s in &mut load.engines {
+                if s.step_end.is_none() {
+                    s.step_end = s.engine.begin_step(now).map(|step| now + step);
+                }
+            }
+            let step_end = load
+                .engines
+                .iter()
+                .filter_map(|s| s.step_end)
+                .reduce(f64::min);
+            // When an idle engine's next request reaches its queue.
+            let arrival = load
+                .engines
+                .iter()
+                .filter(|s| s.step_end.is_none())
+                .filter_map(|s| s.engine.next_arrival())
+                .reduce(f64::min);
+            let Some(step_end) = step_end else {
+                match arrival {
                     Some(at) => now = at,
                     // Nothing to do (no stream): let the stage's time pass.
                     None => {
@@ -178,34 +312,52 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
                 }
                 continue;
             };
-            // The gauges hold the planned step's values until it ends.
-            while next_sample < now + step && next_sample <= steady.end {
-                if next_sample >= steady.start {
-                    observed.waiting.push(load.engine.num_waiting() as f64);
-                    observed.running.push(load.engine.num_running() as f64);
-                    observed.kv.push(load.engine.kv_usage());
-                }
-                next_sample += SAMPLE_INTERVAL;
+            if let Some(at) = arrival.filter(|at| *at < step_end) {
+                // An idle engine starts a step while another one runs.
+                load.sample(&mut next_sample, at, steady);
+                now = at;
+                continue;
             }
-            now += step;
+            load.sample(&mut next_sample, step_end, steady);
+            now = step_end;
             let in_steady = (steady.start..=steady.end).contains(&now);
             let mut finished = 0;
-            for event in load.engine.end_step(now) {
-                let Some(r) = load.requests.get_mut(&event.id) else {
+            for at in 0..=last {
+                if load.engines[at].step_end != Some(now) {
                     continue;
-                };
-                match r.first_token {
-                    None if in_steady => observed.ttft.push(now - r.arrival),
-                    Some(_) if r.stage == Some(index) => gaps.push(now - r.last_token),
-                    _ => {}
                 }
-                r.first_token.get_or_insert(now);
-                r.last_token = now;
-                r.tokens = event.generated;
-                if event.finished {
-                    r.end = Some(now);
-                    finished += 1;
-                    load.pending -= usize::from(r.stage == Some(index));
+                load.engines[at].step_end = None;
+                for event in load.engines[at].engine.end_step(now) {
+                    let Some(r) = load.requests.get_mut(&event.id) else {
+                        continue;
+                    };
+                    let observed = &mut load.engines[at].observed;
+                    // The prefill's one token is no client's: its TTFT is
+                    // the prefill engine's, then the decode engine takes over.
+                    let handed = at < last;
+                    match r.first_token {
+                        None if in_steady => observed.ttft.push(now - r.at_engine),
+                        Some(_) if r.stage == Some(index) => gaps.push(now - r.last_token),
+                        _ => {}
+                    }
+                    if handed && load.hand_over(event.id, stage, now) {
+                        continue;
+                    }
+                    let Some(r) = load.requests.get_mut(&event.id) else {
+                        continue;
+                    };
+                    if !handed {
+                        r.first_token.get_or_insert(now);
+                        r.last_token = now;
+                        r.tokens = event.generated;
+                    }
+                    // Finished, or refused by the decode engine (it then
+                    // ends without a token, as a failed request).
+                    if event.finished || handed {
+                        r.end = Some(now);
+                        finished += 1;
+                        load.pending -= usize::from(r.stage == Some(index));
+                    }
                 }
             }
             for _ in 0..finished {
@@ -216,15 +368,16 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
                     load.send(stage, now, (now < end).then_some(index));
                 }
             }
-            if now >= end && observed.preemptions_at_end.is_none() {
-                observed.preemptions_at_end = Some(load.engine.metrics().preemptions());
+            if now >= end {
+                for s in &mut load.engines {
+                    let preemptions = s.engine.metrics().preemptions();
+                    s.observed.preemptions_at_end.get_or_insert(preemptions);
+                }
             }
         }
-        let preemptions = observed
-            .preemptions_at_end
-            .unwrap_or_else(|| load.engine.metrics().preemptions())
-            - observed.preemptions_at_start;
         let done = load.take_done();
+        let mut roles: Vec<RoleSignals> = load.engines.iter_mut().map(Stepper::signals).collect();
+        let server = roles.pop().unwrap_or_default();
         figures.push(StageFigures {
             stage: *stage,
             client: client_stats(
@@ -232,7 +385,8 @@ pub fn run(cfg: &EngineConfig, stages: &[SweepStage]) -> Vec<StageFigures> {
                 &mut gaps,
                 stage.duration_s,
             ),
-            server: server_signals(&mut observed, preemptions),
+            server,
+            prefill: roles.pop(),
         });
     }
     figures
@@ -280,14 +434,14 @@ fn client_stats<'a>(
     }
 }
 
-fn server_signals(o: &mut Observed, preemptions: u64) -> RoleSignals {
+fn server_signals(role: &str, o: &mut Observed, preemptions: u64) -> RoleSignals {
     let mut ttft = Histogram::new(TTFT_BUCKETS);
     for t in &o.ttft {
         ttft.observe(*t);
     }
     let kv_max = o.kv.iter().copied().fold(0.0, f64::max);
     RoleSignals {
-        role: "aggregate".into(),
+        role: role.into(),
         waiting_requests_p50: quantile(sorted(&mut o.waiting), 0.5),
         ttft_p99_seconds: ttft.quantile(0.99),
         kv_cache_usage_max: kv_max,
@@ -357,6 +511,36 @@ mod tests {
 
     fn near(got: f64, want: f64, tolerance: f64) -> bool {
         (got - want).abs() <= tolerance
+    }
+
+    #[test]
+    fn disaggregated_the_first_token_waits_for_the_prefill_and_the_transfer() {
+        let decode = EngineConfig {
+            time: TimeModel {
+                kv_transfer: 0.005,
+                ..one_at_a_time().time
+            },
+            ..one_at_a_time()
+        };
+        let f = run_disaggregated(&one_at_a_time(), &decode, &[stage(1)]);
+        let (c, prefill) = (&f[0].client, f[0].prefill.as_ref().unwrap());
+        // A prefill step, the transfer, then ten decode steps, the first
+        // of which computes the prompt's last token and samples token one.
+        assert!(near(c.ttft_p50_seconds, 0.007, 1e-9), "{c:?}");
+        assert!(near(c.itl_p50_seconds, 0.001, 1e-9) && near(c.e2e_p50_seconds, 0.016, 1e-9));
+        assert!(
+            near(c.output_tokens_per_second, 10.0 / 0.016, 10.0),
+            "{c:?}"
+        );
+        assert_eq!(
+            (prefill.role.as_str(), f[0].server.role.as_str()),
+            ("prefill", "decode")
+        );
+        // Each engine's TTFT runs from the request's arrival at it:
+        // histogram_quantile in (0.001, 0.005] and (0.005, 0.01].
+        assert!(prefill.ttft_p99_seconds <= 0.005, "{prefill:?}");
+        assert!(f[0].server.ttft_p99_seconds > 0.005, "{:?}", f[0].server);
+        assert_eq!(prefill.extra("running_requests_p50"), Some(0.0));
     }
 
     #[test]

@@ -13,13 +13,22 @@
 //! prompt and output length, the decode cost per context token moves with
 //! the decode cost per sequence, so it stays at 0; the noise (`jitter`,
 //! `drift`) is given, not fitted.
+//!
+//! A recording of a disaggregated server (the signals of a prefill and a
+//! decode role) is fitted as one: a prefill engine in front of a decode
+//! engine ([`sweep::run_disaggregated`]), each role's waiting p50,
+//! preemptions and server TTFT p50 compared with its recorded role's. The
+//! prefill engine's costs and the decode engine's are searched in turn,
+//! each holding the other's; what neither engine shows on its own (the
+//! split of the request overhead between them, the KV transfer, the costs
+//! of work an engine never does) is held, and said.
 
 mod recorded;
 
 use nyann_model::{ClientStats, RoleSignals};
 
 use crate::engine::TimeModel;
-use crate::profile::{EngineSpec, Limits};
+use crate::profile::{EngineSpec, Limits, Role, ServerProfile};
 use crate::sweep::{self, StageFigures, SweepStage};
 
 pub use recorded::{
@@ -32,12 +41,34 @@ pub use recorded::{
 /// (waiting p50 above 0) with KV cache to spare (usage under 90%), where
 /// only that limit holds requests back; else the highest recorded level,
 /// since the server never had more requests at once and a higher limit
-/// replays the same.
+/// replays the same. Disaggregated, this is the decode engine's
+/// ([`prefill_max_num_seqs`] the prefill engine's).
 pub fn max_num_seqs(runs: &[RecordedRun]) -> (u32, String) {
+    max_num_seqs_of(runs, |s| s.server.as_ref())
+}
+
+/// [`max_num_seqs`] of a disaggregated server's prefill engine, read from
+/// its role's signals the same way, but only from stages whose running
+/// prompts left room in the step's token budget (`max_num_batched_tokens`):
+/// long prompts queue on the budget, with few of them running, and the
+/// replay queues them the same way whatever the limit.
+pub fn prefill_max_num_seqs(runs: &[RecordedRun], max_num_batched_tokens: u32) -> (u32, String) {
+    max_num_seqs_of(runs, |s| {
+        s.prefill.as_ref().filter(|p| {
+            let running = p.extra("running_requests_p50").unwrap_or(0.0);
+            (running + 1.0) * s.prompt_tokens <= f64::from(max_num_batched_tokens)
+        })
+    })
+}
+
+fn max_num_seqs_of(
+    runs: &[RecordedRun],
+    signals: impl Fn(&RecordedStage) -> Option<&RoleSignals>,
+) -> (u32, String) {
     let stages = runs.iter().flat_map(|r| &r.stages);
     let held_back = stages
         .clone()
-        .filter_map(|s| s.server.as_ref())
+        .filter_map(signals)
         .filter(|s| s.waiting_requests_p50 > 0.0 && s.kv_cache_usage_max < 0.9)
         .filter_map(|s| s.extra("running_requests_p50"))
         .fold(None, |most: Option<f64>, running| {
@@ -68,9 +99,13 @@ pub struct RecordedStage {
     /// Mean output tokens per request.
     pub output_tokens: f64,
     pub client: ClientStats,
-    /// The server's signals of the stage (`None` when it was not judged, or
-    /// a signal could not be read).
+    /// The server's signals of the stage: its one engine's (role
+    /// `aggregate`, or the only role), or, disaggregated, the decode
+    /// engine's, whose tokens the client reads (`None` when the stage was not
+    /// judged, or a signal could not be read).
     pub server: Option<RoleSignals>,
+    /// A disaggregated server's prefill engine's signals (role `prefill`).
+    pub prefill: Option<RoleSignals>,
 }
 
 /// One recorded sweep (one results directory).
@@ -80,10 +115,25 @@ pub struct RecordedRun {
     pub stages: Vec<RecordedStage>,
 }
 
+impl RecordedRun {
+    /// Whether it recorded a disaggregated server (the signals of a prefill
+    /// and a decode role).
+    pub fn is_disaggregated(&self) -> bool {
+        self.stages
+            .iter()
+            .any(|s| s.prefill.is_some() && s.server.is_some())
+    }
+}
+
 /// What the fit holds fixed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FitSettings {
+    /// The limits of the engine the client reads its tokens from (the
+    /// aggregate one, or the decode engine).
     pub limits: Limits,
+    /// Disaggregated: the prefill engine's limits. The fit then simulates a
+    /// prefill engine in front of the decode engine and fits both.
+    pub prefill: Option<Limits>,
     /// The noise of the fitted model (`jitter`, `drift`, `drift_time`; not
     /// fitted). Its costs are ignored.
     pub noise: TimeModel,
@@ -97,6 +147,9 @@ pub struct FitSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compared {
     pub figure: &'static str,
+    /// The role of a disaggregated server the figure is of (`prefill` or
+    /// `decode`); empty for the client's figures and a single engine's.
+    pub role: &'static str,
     pub recorded: f64,
     pub simulated: f64,
 }
@@ -125,6 +178,11 @@ impl std::fmt::Display for StageResidual {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (i, c) in self.figures.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
+            let sep = if c.role.is_empty() {
+                sep.to_string()
+            } else {
+                format!("{sep}{} ", c.role)
+            };
             match c.relative_error() {
                 e if e.is_finite() => write!(
                     f,
@@ -143,7 +201,10 @@ impl std::fmt::Display for StageResidual {
 /// The result of a fit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fit {
+    /// The time model of the aggregate engine, or the decode engine.
     pub time: TimeModel,
+    /// Disaggregated: the prefill engine's.
+    pub prefill: Option<TimeModel>,
     /// Root mean square of the weighted log-ratios (0 = perfect).
     pub rms: f64,
     pub residuals: Vec<StageResidual>,
@@ -175,12 +236,14 @@ pub enum FitError {
 
 /// How much each figure counts, and the floor added to both sides of its
 /// log-ratio (so that near-zero values compare by difference).
+#[derive(Clone, Copy)]
 struct Weighting {
     figure: &'static str,
     weight: f64,
     floor: f64,
 }
 
+/// The client's figures, then the server's (a single engine's).
 const WEIGHTS: [Weighting; 8] = [
     Weighting {
         figure: "output tok/s",
@@ -224,10 +287,34 @@ const WEIGHTS: [Weighting; 8] = [
     },
 ];
 
+/// The client's figures in [`WEIGHTS`].
+const CLIENT_FIGURES: usize = 5;
+
+/// The figures of each role of a disaggregated server. Each engine's TTFT
+/// p50 tells where the client's TTFT goes; its p99, read in a histogram's
+/// buckets from a few slow requests, varies with the seed by half and more
+/// between two runs of the same engines, and would pull the fit off the
+/// costs that made it.
+const ROLE_WEIGHTS: [Weighting; 3] = [
+    WEIGHTS[5],
+    WEIGHTS[7],
+    Weighting {
+        figure: "server TTFT p50",
+        weight: 0.5,
+        floor: 0.002,
+    },
+];
+
+fn measured(v: f64) -> Option<f64> {
+    (v.is_finite() && v > 0.0).then_some(v)
+}
+
+fn counted(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v.max(0.0))
+}
+
 /// The figures of a stage in [`WEIGHTS`] order; `None` when not measured.
 fn figures(client: &ClientStats, server: Option<&RoleSignals>) -> [Option<f64>; 8] {
-    let measured = |v: f64| (v.is_finite() && v > 0.0).then_some(v);
-    let counted = |v: f64| v.is_finite().then_some(v.max(0.0));
     [
         measured(client.output_tokens_per_second),
         measured(client.ttft_p50_seconds),
@@ -237,6 +324,17 @@ fn figures(client: &ClientStats, server: Option<&RoleSignals>) -> [Option<f64>; 
         server.and_then(|s| counted(s.waiting_requests_p50)),
         server.and_then(|s| measured(s.ttft_p99_seconds)),
         server.and_then(|s| counted(s.preemptions)),
+    ]
+}
+
+/// A role's figures in [`ROLE_WEIGHTS`] order.
+fn role_figures(signals: Option<&RoleSignals>) -> [Option<f64>; 3] {
+    [
+        signals.and_then(|s| counted(s.waiting_requests_p50)),
+        signals.and_then(|s| counted(s.preemptions)),
+        signals
+            .and_then(|s| s.extra("ttft_p50_seconds"))
+            .and_then(measured),
     ]
 }
 
@@ -253,45 +351,191 @@ fn sweep_stages(run: &RecordedRun) -> Vec<SweepStage> {
         .collect()
 }
 
-/// The parameters searched, as logarithms of seconds.
+/// What a sweep is simulated against: the engine the client reads its
+/// tokens from (the aggregate one, or the decode engine) and,
+/// disaggregated, the prefill engine in front of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Serving {
+    pub server: EngineSpec,
+    pub prefill: Option<EngineSpec>,
+}
+
+impl Serving {
+    /// The engines `profile` serves with.
+    pub fn of(profile: &ServerProfile) -> Serving {
+        if profile.disaggregated {
+            Serving {
+                server: profile.engine(Role::Decode),
+                prefill: Some(profile.engine(Role::Prefill)),
+            }
+        } else {
+            Serving {
+                server: profile.engine,
+                prefill: None,
+            }
+        }
+    }
+
+    /// The sweep of `stages` on the virtual clock, the engines seeded from
+    /// `seed` (each its own).
+    fn sweep(&self, seed: u64, stages: &[SweepStage]) -> Vec<StageFigures> {
+        match self.prefill {
+            None => sweep::run(&self.server.config(seed), stages),
+            Some(prefill) => sweep::run_disaggregated(
+                &prefill.config(seed),
+                &self.server.config(seed.wrapping_add(1)),
+                stages,
+            ),
+        }
+    }
+}
+
+/// The time models of a candidate: [`Serving`]'s engines'.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Models {
+    server: TimeModel,
+    prefill: Option<TimeModel>,
+}
+
+impl Models {
+    fn serving(&self, settings: &FitSettings) -> Serving {
+        Serving {
+            server: EngineSpec {
+                limits: settings.limits,
+                time: self.server,
+            },
+            prefill: settings
+                .prefill
+                .zip(self.prefill)
+                .map(|(limits, time)| EngineSpec { limits, time }),
+        }
+    }
+
+    /// Every model's prompt cost ten times, its request overhead halved:
+    /// the start of the search that explains TTFT by the prefill.
+    fn heavy(self) -> Models {
+        let heavy = |t: TimeModel| TimeModel {
+            prefill_per_token: t.prefill_per_token * 10.0,
+            request_overhead: t.request_overhead / 2.0,
+            ..t
+        };
+        Models {
+            server: heavy(self.server),
+            prefill: self.prefill.map(heavy),
+        }
+    }
+}
+
+/// A cost of the time model the search moves.
 #[derive(Debug, Clone, Copy)]
-struct Searched {
-    /// Whether `decode_per_context_token` is searched (else held at 0).
-    context: bool,
+enum Cost {
+    StepOverhead,
+    PrefillPerToken,
+    DecodePerSeq,
+    RequestOverhead,
+    DecodePerContextToken,
+}
+
+impl Cost {
+    fn of(self, t: &mut TimeModel) -> &mut f64 {
+        match self {
+            Cost::StepOverhead => &mut t.step_overhead,
+            Cost::PrefillPerToken => &mut t.prefill_per_token,
+            Cost::DecodePerSeq => &mut t.decode_per_seq,
+            Cost::RequestOverhead => &mut t.request_overhead,
+            Cost::DecodePerContextToken => &mut t.decode_per_context_token,
+        }
+    }
+}
+
+/// Whose model a searched cost sets: the server's (aggregate or decode),
+/// the prefill engine's, or both (a cost one engine cannot show is held at
+/// the other's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Whose {
+    Server,
+    Prefill,
+    Both,
 }
 
 /// Costs below this (seconds) are 0 in the result.
 const NEGLIGIBLE: f64 = 1e-9;
 
+/// The parameters searched together, as logarithms of seconds.
+#[derive(Debug, Clone)]
+struct Searched {
+    costs: Vec<(Cost, Whose)>,
+}
+
 impl Searched {
-    /// The model at point `x`, with the held parameters of `held`.
-    fn model(&self, x: &[f64], held: TimeModel) -> TimeModel {
+    /// A single engine: every cost, the context's only when `context`.
+    fn engine(context: bool) -> Searched {
+        let mut costs = vec![
+            (Cost::StepOverhead, Whose::Server),
+            (Cost::PrefillPerToken, Whose::Server),
+            (Cost::DecodePerSeq, Whose::Server),
+            (Cost::RequestOverhead, Whose::Server),
+        ];
+        if context {
+            costs.push((Cost::DecodePerContextToken, Whose::Server));
+        }
+        Searched { costs }
+    }
+
+    /// A disaggregated server, one engine after the other: the prefill
+    /// engine's step costs with the request overhead of both, then the
+    /// decode engine's step costs. The decode engine's prompt cost (it
+    /// computes prompts only to recompute preempted sequences) is the
+    /// prefill engine's; the prefill engine's decode costs (its one token
+    /// ends the prefill: it never decodes) are the decode engine's.
+    fn disaggregated(context: bool) -> [Searched; 2] {
+        let prefill = Searched {
+            costs: vec![
+                (Cost::StepOverhead, Whose::Prefill),
+                (Cost::PrefillPerToken, Whose::Both),
+                (Cost::RequestOverhead, Whose::Both),
+            ],
+        };
+        let mut decode = vec![
+            (Cost::StepOverhead, Whose::Server),
+            (Cost::DecodePerSeq, Whose::Both),
+        ];
+        if context {
+            decode.push((Cost::DecodePerContextToken, Whose::Both));
+        }
+        [prefill, Searched { costs: decode }]
+    }
+
+    /// The models at point `x`, the costs not searched here from `base`.
+    fn model(&self, x: &[f64], base: Models) -> Models {
         let cost = |v: f64| {
             let s = v.exp();
             if s < NEGLIGIBLE { 0.0 } else { s }
         };
-        TimeModel {
-            step_overhead: cost(x[0]),
-            prefill_per_token: cost(x[1]),
-            decode_per_seq: cost(x[2]),
-            request_overhead: cost(x[3]),
-            decode_per_context_token: if self.context { cost(x[4]) } else { 0.0 },
-            ..held
+        let mut m = base;
+        for (&(c, whose), &v) in self.costs.iter().zip(x) {
+            if whose != Whose::Prefill {
+                *c.of(&mut m.server) = cost(v);
+            }
+            if whose != Whose::Server
+                && let Some(p) = &mut m.prefill
+            {
+                *c.of(p) = cost(v);
+            }
         }
+        m
     }
 
-    fn point(&self, t: &TimeModel) -> Vec<f64> {
+    fn point(&self, m: &Models) -> Vec<f64> {
         let log = |v: f64| v.max(NEGLIGIBLE).ln();
-        let mut x = vec![
-            log(t.step_overhead),
-            log(t.prefill_per_token),
-            log(t.decode_per_seq),
-            log(t.request_overhead),
-        ];
-        if self.context {
-            x.push(log(t.decode_per_context_token));
-        }
-        x
+        let mut m = *m;
+        self.costs
+            .iter()
+            .map(|&(c, whose)| match (whose, &mut m.prefill) {
+                (Whose::Prefill, Some(p)) => log(*c.of(p)),
+                _ => log(*c.of(&mut m.server)),
+            })
+            .collect()
     }
 }
 
@@ -302,11 +546,10 @@ pub struct Prediction {
     pub predicted: StageFigures,
 }
 
-/// What `limits` and `time` predict for each stage of `run` (a run the
-/// model was not fitted to), on the virtual clock with `seed`.
-pub fn predict(run: &RecordedRun, limits: Limits, time: TimeModel, seed: u64) -> Vec<Prediction> {
-    let cfg = EngineSpec { limits, time }.config(seed);
-    let simulated = sweep::run(&cfg, &sweep_stages(run));
+/// What `serving` predicts for each stage of `run` (a run the model was
+/// not fitted to), on the virtual clock with `seed`.
+pub fn predict(run: &RecordedRun, serving: &Serving, seed: u64) -> Vec<Prediction> {
+    let simulated = serving.sweep(seed, &sweep_stages(run));
     run.stages
         .iter()
         .cloned()
@@ -318,16 +561,12 @@ pub fn predict(run: &RecordedRun, limits: Limits, time: TimeModel, seed: u64) ->
         .collect()
 }
 
-/// Simulate every run under `time` and compare with the recordings.
-fn compare(runs: &[RecordedRun], settings: &FitSettings, time: TimeModel) -> Vec<StageResidual> {
-    let cfg = EngineSpec {
-        limits: settings.limits,
-        time,
-    }
-    .config(settings.seed);
+/// Simulate every run under `models` and compare with the recordings.
+fn compare(runs: &[RecordedRun], settings: &FitSettings, models: Models) -> Vec<StageResidual> {
+    let serving = models.serving(settings);
     let mut out = Vec::new();
     for run in runs {
-        let simulated = sweep::run(&cfg, &sweep_stages(run));
+        let simulated = serving.sweep(settings.seed, &sweep_stages(run));
         for (rec, sim) in run.stages.iter().zip(&simulated) {
             out.push(StageResidual {
                 run: run.name.clone(),
@@ -339,20 +578,42 @@ fn compare(runs: &[RecordedRun], settings: &FitSettings, time: TimeModel) -> Vec
     out
 }
 
+/// The figures of `rec` and `sim` side by side: the client's, and the
+/// server's (a disaggregated sweep's by role, decode then prefill).
 fn compared(rec: &RecordedStage, sim: &StageFigures) -> Vec<Compared> {
+    let pair = |w: &Weighting, role: &'static str, r: Option<f64>, s: Option<f64>| {
+        Some(Compared {
+            figure: w.figure,
+            role,
+            recorded: r?,
+            simulated: s.unwrap_or(0.0),
+        })
+    };
     let recorded = figures(&rec.client, rec.server.as_ref());
     let simulated = figures(&sim.client, Some(&sim.server));
-    WEIGHTS
+    let Some(sim_prefill) = &sim.prefill else {
+        return WEIGHTS
+            .iter()
+            .zip(recorded.into_iter().zip(simulated))
+            .filter_map(|(w, (r, s))| pair(w, "", r, s))
+            .collect();
+    };
+    let client = WEIGHTS[..CLIENT_FIGURES]
         .iter()
-        .zip(recorded.iter().zip(simulated))
-        .filter_map(|(w, (r, s))| {
-            Some(Compared {
-                figure: w.figure,
-                recorded: (*r)?,
-                simulated: s.unwrap_or(0.0),
-            })
-        })
-        .collect()
+        .zip(recorded.into_iter().zip(simulated))
+        .filter_map(|(w, (r, s))| pair(w, "", r, s));
+    let roles = [
+        ("decode", rec.server.as_ref(), &sim.server),
+        ("prefill", rec.prefill.as_ref(), sim_prefill),
+    ]
+    .into_iter()
+    .flat_map(|(role, r, s)| {
+        ROLE_WEIGHTS
+            .iter()
+            .zip(role_figures(r).into_iter().zip(role_figures(Some(s))))
+            .filter_map(move |(w, (r, s))| pair(w, role, r, s))
+    });
+    client.chain(roles).collect()
 }
 
 /// The weighted sum of squared log-ratios of every compared figure, and the
@@ -361,7 +622,11 @@ fn cost(residuals: &[StageResidual]) -> (f64, f64) {
     let (mut sum, mut weights) = (0.0, 0.0);
     for stage in residuals {
         for c in &stage.figures {
-            let Some(w) = WEIGHTS.iter().find(|w| w.figure == c.figure) else {
+            let Some(w) = WEIGHTS
+                .iter()
+                .chain(&ROLE_WEIGHTS)
+                .find(|w| w.figure == c.figure)
+            else {
                 continue;
             };
             let r = ((c.simulated + w.floor) / (c.recorded + w.floor)).ln();
@@ -419,6 +684,34 @@ fn first_guess(runs: &[RecordedRun], noise: TimeModel, context: bool) -> TimeMod
         decode_per_context_token: per_context,
         request_overhead: request,
         ..noise
+    }
+}
+
+/// A disaggregated server's first guess: the decode engine's step costs as
+/// [`first_guess`] reads them from the ITL, and the client's TTFT at the
+/// lightest load, less the KV transfer and a decode step, half the prefill
+/// (at the decode engine's step overhead), half the two request overheads.
+fn first_guess_disaggregated(runs: &[RecordedRun], noise: TimeModel, context: bool) -> Models {
+    let server = first_guess(runs, noise, context);
+    let lightest = runs
+        .iter()
+        .flat_map(|r| &r.stages)
+        .min_by_key(|s| s.concurrency);
+    let (ttft, prompt) = lightest.map_or((0.01, 100.0), |s| {
+        (s.client.ttft_p50_seconds, s.prompt_tokens.max(1.0))
+    });
+    let step = server.step_overhead + server.decode_per_seq;
+    let rest = (ttft - noise.kv_transfer_seconds(prompt as u32) - step).max(4e-5);
+    let prefill_per_token =
+        ((rest / 2.0 - server.step_overhead) / prompt).max(server.step_overhead / 640.0);
+    let server = TimeModel {
+        prefill_per_token,
+        request_overhead: rest / 4.0,
+        ..server
+    };
+    Models {
+        server,
+        prefill: Some(server),
     }
 }
 
@@ -488,22 +781,27 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
     if runs.is_empty() {
         return Err(FitError::NoStages);
     }
-    let capacity = u64::from(settings.limits.kv_blocks) * u64::from(settings.limits.block_size);
-    for run in &runs {
-        for (rec, s) in run.stages.iter().zip(sweep_stages(run)) {
-            let needed = u64::from(s.prompt_tokens) + u64::from(s.output_tokens);
-            let limit = settings
-                .limits
-                .max_model_len
-                .map_or(capacity, |m| capacity.min(u64::from(m)));
-            if needed > limit {
-                return Err(FitError::DoesNotFit {
-                    run: run.name.clone(),
-                    label: rec.label.clone(),
-                    prompt: s.prompt_tokens,
-                    output: s.output_tokens,
-                    capacity: limit,
-                });
+    // A request must fit every engine (as the simulator's server checks).
+    for limits in [Some(settings.limits), settings.prefill]
+        .into_iter()
+        .flatten()
+    {
+        let capacity = u64::from(limits.kv_blocks) * u64::from(limits.block_size);
+        let limit = limits
+            .max_model_len
+            .map_or(capacity, |m| capacity.min(u64::from(m)));
+        for run in &runs {
+            for (rec, s) in run.stages.iter().zip(sweep_stages(run)) {
+                let needed = u64::from(s.prompt_tokens) + u64::from(s.output_tokens);
+                if needed > limit {
+                    return Err(FitError::DoesNotFit {
+                        run: run.name.clone(),
+                        label: rec.label.clone(),
+                        prompt: s.prompt_tokens,
+                        output: s.output_tokens,
+                        capacity: limit,
+                    });
+                }
             }
         }
     }
@@ -519,7 +817,12 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
         (f64::from(s.0) + f64::from(s.1) / 2.0) > 1.1 * (f64::from(p) + f64::from(o) / 2.0)
             || (f64::from(p) + f64::from(o) / 2.0) > 1.1 * (f64::from(s.0) + f64::from(s.1) / 2.0)
     });
-    let searched = Searched { context: varied };
+    let disaggregated = settings.prefill.is_some();
+    let searched: Vec<Searched> = if disaggregated {
+        Searched::disaggregated(varied).into()
+    } else {
+        vec![Searched::engine(varied)]
+    };
     if !varied {
         notes.push(
             "decode_per_context_token held at 0: every stage had the same prompt and output \
@@ -529,6 +832,9 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
         );
     }
     let n = settings.noise;
+    if disaggregated {
+        notes.extend(disaggregated_notes(&n));
+    }
     notes.push(format!(
         "noise held (not fitted): jitter {}, drift {} over {} ms",
         n.jitter,
@@ -536,41 +842,74 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
         n.drift_time * 1e3
     ));
 
+    // What is not searched: the noise and the KV transfer; every cost is
+    // set by a searched parameter, or held at 0 (the context's).
+    let held = TimeModel {
+        step_overhead: 0.0,
+        prefill_per_token: 0.0,
+        decode_per_seq: 0.0,
+        decode_per_context_token: 0.0,
+        request_overhead: 0.0,
+        ..settings.noise
+    };
+    let base = Models {
+        server: held,
+        prefill: settings.prefill.map(|_| held),
+    };
+    // The models at the points of every searched group.
+    let models = |xs: &[Vec<f64>]| {
+        searched
+            .iter()
+            .zip(xs)
+            .fold(base, |m, (group, x)| group.model(x, m))
+    };
     let mut evaluations = 0;
-    let mut objective = |x: &[f64]| {
+    let mut objective = |xs: &[Vec<f64>]| {
         evaluations += 1;
-        let (sum, weights) = cost(&compare(&runs, settings, searched.model(x, settings.noise)));
+        let (sum, weights) = cost(&compare(&runs, settings, models(xs)));
         if weights > 0.0 { sum / weights } else { 0.0 }
     };
     // Two starts, light and heavy prefill (TTFT at low load can be the
     // request overhead or the prefill, and the search does not cross from
     // one valley to the other), each searched three times from its best
     // point with a fresh, smaller simplex (which gets Nelder-Mead out of the
-    // collapsed simplices it ends in); the better one wins.
-    let budget = settings.max_evaluations.max(12) / 6;
-    let guess = first_guess(&runs, settings.noise, searched.context);
-    let heavy = TimeModel {
-        prefill_per_token: guess.prefill_per_token * 10.0,
-        request_overhead: guess.request_overhead / 2.0,
-        ..guess
+    // collapsed simplices it ends in); the better one wins. A disaggregated
+    // server's engines are searched one after the other (the prefill
+    // engine's costs, then the decode engine's, each time), each holding
+    // the other's where it is.
+    let budget = settings.max_evaluations.max(12) / 6 / searched.len();
+    let guess = if disaggregated {
+        first_guess_disaggregated(&runs, settings.noise, varied)
+    } else {
+        Models {
+            server: first_guess(&runs, settings.noise, varied),
+            prefill: None,
+        }
     };
     let mut best = (Vec::new(), f64::INFINITY);
-    for start in [guess, heavy] {
-        let mut x = searched.point(&start);
+    for start in [guess, guess.heavy()] {
+        let mut xs: Vec<Vec<f64>> = searched.iter().map(|g| g.point(&start)).collect();
         for step in [0.7, 0.3, 0.1] {
-            x = nelder_mead(&mut objective, &x, step, budget);
+            for group in 0..xs.len() {
+                let mut within = |x: &[f64]| {
+                    let mut all = xs.clone();
+                    all[group] = x.to_vec();
+                    objective(&all)
+                };
+                xs[group] = nelder_mead(&mut within, &xs[group], step, budget);
+            }
         }
-        let value = objective(&x);
+        let value = objective(&xs);
         if value < best.1 {
-            best = (x, value);
+            best = (xs, value);
         }
     }
-    let best = best.0;
-    let time = searched.model(&best, settings.noise);
-    let residuals = compare(&runs, settings, time);
+    let fitted = models(&best.0);
+    let residuals = compare(&runs, settings, fitted);
     let (sum, weights) = cost(&residuals);
     Ok(Fit {
-        time,
+        time: fitted.server,
+        prefill: fitted.prefill,
         rms: if weights > 0.0 {
             (sum / weights).sqrt()
         } else {
@@ -580,6 +919,30 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
         notes,
         evaluations,
     })
+}
+
+/// What a disaggregated fit takes from where, and what it holds.
+fn disaggregated_notes(held: &TimeModel) -> [String; 3] {
+    [
+        "disaggregated: the prefill engine's step_overhead and prefill_per_token fitted to the \
+         prefill role's waiting and TTFT and the client's TTFT; the decode engine's \
+         step_overhead, decode_per_seq and decode_per_context_token to the ITL, E2E, output \
+         tok/s and the decode role's waiting, TTFT and preemptions"
+            .into(),
+        "request_overhead: one value for both engines, fitted to the client's TTFT (which \
+         shows their sum; the engines' TTFT histograms, in buckets of 5 ms and more, cannot \
+         split it); the decode engine's prefill_per_token is the prefill engine's (it computes \
+         prompts only to recompute preempted sequences), the prefill engine's decode costs the \
+         decode engine's (it never decodes)"
+            .into(),
+        format!(
+            "KV transfer held (not fitted): {} us + {} us per prompt token (it adds to the \
+             client's TTFT as the request overhead does, so a recording cannot tell them apart; \
+             --kv-transfer-us and --kv-transfer-per-token-us set it)",
+            held.kv_transfer * 1e6,
+            held.kv_transfer_per_token * 1e6
+        ),
+    ]
 }
 
 /// Minimise `f` from `start` with the Nelder-Mead simplex (initial steps of
@@ -684,6 +1047,7 @@ mod tests {
                 extra: vec![("running_requests_p50".into(), running)],
                 ..RoleSignals::default()
             }),
+            prefill: None,
         };
         let run = |stages| RecordedRun {
             name: "r".into(),
@@ -699,6 +1063,34 @@ mod tests {
         let limited = run(vec![stage(24, Some((8.0, 0.6, 16.0)))]);
         let (n, why) = max_num_seqs(&[calm, limited]);
         assert_eq!(n, 16, "{why}");
+    }
+
+    #[test]
+    fn a_prefill_queue_on_the_token_budget_is_no_max_num_seqs() {
+        let stage = |prompt_tokens: f64, running: f64| RecordedStage {
+            label: "c=16".into(),
+            concurrency: 16,
+            duration_s: 10.0,
+            prompt_tokens,
+            output_tokens: 32.0,
+            client: ClientStats::default(),
+            server: None,
+            prefill: Some(RoleSignals {
+                role: "prefill".into(),
+                waiting_requests_p50: 5.0,
+                kv_cache_usage_max: 0.3,
+                extra: vec![("running_requests_p50".into(), running)],
+                ..RoleSignals::default()
+            }),
+        };
+        let run = |stages| RecordedRun {
+            name: "r".into(),
+            stages: vec![stages],
+        };
+        // Two 1024-token prompts fill a 2048-token step: the budget queues them.
+        assert_eq!(prefill_max_num_seqs(&[run(stage(1024.0, 2.0))], 2048).0, 16);
+        // Four 64-token prompts leave room: the limit queues them.
+        assert_eq!(prefill_max_num_seqs(&[run(stage(64.0, 4.0))], 2048).0, 4);
     }
 
     #[test]

@@ -198,6 +198,7 @@ pub fn read_recording(dir: &Path, count: PromptCount) -> Result<Recording, Recor
                 stage: e.label,
             });
         };
+        let (server, prefill) = server_signals(e.annotation.as_ref());
         stages.push(RecordedStage {
             label: e.label.clone(),
             concurrency,
@@ -205,7 +206,8 @@ pub fn read_recording(dir: &Path, count: PromptCount) -> Result<Recording, Recor
             prompt_tokens,
             output_tokens: t.output as f64 / t.requests as f64,
             client,
-            server: server_signals(e.annotation.as_ref()),
+            server,
+            prefill,
         });
     }
     if stages.is_empty() {
@@ -265,18 +267,28 @@ fn read_requests(dir: &RunDir) -> Result<Requests, RecordingError> {
 }
 
 /// The server signals of a judged stage: its `aggregate` role, or its only
-/// role (a disaggregated recording has no single engine to fit). None when
-/// a query failed: the failed signals read 0 (fail-open), which is no
+/// role; with the roles of a disaggregated server, its `decode` role (the
+/// engine the client reads its tokens from) and its `prefill` role. None
+/// when a query failed: the failed signals read 0 (fail-open), which is no
 /// measurement.
-fn server_signals(annotation: Option<&Annotation>) -> Option<RoleSignals> {
-    let congestion = &annotation?.congestion;
+fn server_signals(annotation: Option<&Annotation>) -> (Option<RoleSignals>, Option<RoleSignals>) {
+    let Some(congestion) = annotation.map(|a| &a.congestion) else {
+        return (None, None);
+    };
     if !congestion.signal_errors.is_empty() {
-        return None;
+        return (None, None);
     }
     let roles = &congestion.roles;
+    let role = |name: &str| roles.iter().find(|r| r.role == name).cloned();
     match roles.as_slice() {
-        [only] => Some(only.clone()),
-        many => many.iter().find(|r| r.role == "aggregate").cloned(),
+        [only] => (Some(only.clone()), None),
+        _ if role("aggregate").is_none()
+            && role("prefill").is_some()
+            && role("decode").is_some() =>
+        {
+            (role("decode"), role("prefill"))
+        }
+        _ => (role("aggregate"), None),
     }
 }
 
@@ -294,6 +306,9 @@ pub struct RecordedServer {
     /// A saved `/metrics` text (at the end of the run, else its start; the
     /// `aggregate` role's, else the first).
     pub metrics_text: Option<PathBuf>,
+    /// Each role's saved `/metrics` text (at the end of the run, else its
+    /// start), by role: a disaggregated server's engines' KV caches.
+    pub role_metrics_texts: Vec<(String, PathBuf)>,
 }
 
 /// `server.json`, as far as the fit is concerned.
@@ -329,9 +344,16 @@ pub fn read_server(dir: &Path) -> Result<RecordedServer, RecordingError> {
             .nth(aggregate.unwrap_or(0))
             .map(|(_, path)| path)
     });
+    let mut role_metrics_texts = run_dir.metrics_texts("end");
+    for (role, path) in run_dir.metrics_texts("start") {
+        if !role_metrics_texts.iter().any(|(r, _)| *r == role) {
+            role_metrics_texts.push((role, path));
+        }
+    }
     let Some(file) = file else {
         return Ok(RecordedServer {
             metrics_text,
+            role_metrics_texts,
             ..RecordedServer::default()
         });
     };
@@ -348,6 +370,7 @@ pub fn read_server(dir: &Path) -> Result<RecordedServer, RecordingError> {
             .filter(|k| k.is_finite() && *k > 0.0),
         chat_template_tokens: tokenizer.and_then(|t| t.chat_template_tokens),
         metrics_text,
+        role_metrics_texts,
     })
 }
 
@@ -391,6 +414,34 @@ mod tests {
     }
 
     #[test]
+    fn a_disaggregated_stage_gives_the_decode_role_and_the_prefill_role() {
+        let annotation = |roles: &[&str]| -> Annotation {
+            let roles: Vec<RoleSignals> = roles
+                .iter()
+                .map(|name| RoleSignals {
+                    role: (*name).into(),
+                    ..RoleSignals::default()
+                })
+                .collect();
+            serde_json::from_value(serde_json::json!({"congestion": {"roles": roles}})).unwrap()
+        };
+        let roles = |names: &[&str]| {
+            let (server, prefill) = server_signals(Some(&annotation(names)));
+            (server.map(|s| s.role), prefill.map(|s| s.role))
+        };
+        assert_eq!(
+            roles(&["prefill", "decode"]),
+            (Some("decode".into()), Some("prefill".into()))
+        );
+        // One engine, whatever its name; an aggregate among others.
+        assert_eq!(roles(&["decode"]), (Some("decode".into()), None));
+        assert_eq!(
+            roles(&["prefill", "aggregate"]),
+            (Some("aggregate".into()), None)
+        );
+    }
+
+    #[test]
     fn a_stage_whose_signal_query_failed_has_no_server_figures() {
         let role = |name: &str| RoleSignals {
             role: name.into(),
@@ -410,14 +461,14 @@ mod tests {
             .unwrap()
         };
         assert_eq!(
-            server_signals(Some(&annotation(&[]))),
+            server_signals(Some(&annotation(&[]))).0,
             Some(role("aggregate"))
         );
         // The failed signal read 0: fitting to it would fit a server with no queue.
         assert_eq!(
-            server_signals(Some(&annotation(&["aggregate: waiting: timeout"]))),
+            server_signals(Some(&annotation(&["aggregate: waiting: timeout"]))).0,
             None
         );
-        assert_eq!(server_signals(None), None);
+        assert_eq!(server_signals(None).0, None);
     }
 }

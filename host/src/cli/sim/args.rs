@@ -149,7 +149,9 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
 
-    /// Run a prefill engine and a decode engine behind the one endpoint, each with its own /metrics.
+    /// Run a prefill engine and a decode engine behind the one endpoint, each with its own /metrics
+    /// (on without the flag when the profile file says `disaggregated = true`, as `sim fit` writes
+    /// for a prefill/decode recording).
     #[arg(long)]
     pub disaggregated: bool,
 

@@ -6,7 +6,10 @@
 //! The server's limits are not fitted: the KV cache comes from a saved
 //! `/metrics` text (`vllm:cache_config_info`) or the flags, `max_model_len`
 //! from a saved `/v1/models` answer or the flag, the rest from the flags
-//! (vLLM's defaults otherwise).
+//! (vLLM's defaults otherwise). A disaggregated recording (its judged stages
+//! carry signals of roles `prefill` and `decode`) fits a twin of a prefill
+//! engine and a decode engine, each engine's KV cache from its role's saved
+//! `/metrics` text; the profile it writes says `disaggregated = true`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -110,6 +113,26 @@ pub struct Args {
     )]
     pub drift_time_ms: f64,
 
+    /// A disaggregated server's fixed latency of a prompt's KV transfer
+    /// from the prefill engine to the decode engine, in microseconds (it adds
+    /// to TTFT as the request overhead does, so it is given, not fitted).
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = DEFAULT_KV_TRANSFER * 1e6,
+        help_heading = "Disaggregated server (held, not fitted)"
+    )]
+    pub kv_transfer_us: f64,
+
+    /// A disaggregated server's KV transfer time per prompt token, in microseconds.
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = DEFAULT_KV_TRANSFER_PER_TOKEN * 1e6,
+        help_heading = "Disaggregated server (held, not fitted)"
+    )]
+    pub kv_transfer_per_token_us: f64,
+
     /// Most simulated sweeps the search may run (each takes milliseconds
     /// to a tenth of a second).
     #[arg(long, default_value_t = 400)]
@@ -138,6 +161,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .is_some_and(|k| !(k.is_finite() && k > 0.0))
     {
         bail!("--chars-per-token must be a positive number");
+    }
+    for (flag, us) in [
+        ("--kv-transfer-us", args.kv_transfer_us),
+        ("--kv-transfer-per-token-us", args.kv_transfer_per_token_us),
+    ] {
+        if !(us.is_finite() && us >= 0.0) {
+            bail!("{flag} must be a number of microseconds >= 0, got {us}");
+        }
     }
     // What the runs saved about their server (runs recorded by this
     // version save all a fit needs besides the flags' defaults).
@@ -189,7 +220,27 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .to_string(),
         );
     }
-    let (limits, limits_note) = server_limits(&args, &recorded, &runs, &mut missing).await?;
+    // A disaggregated recording (prefill and decode roles' signals) fits a
+    // prefill engine and a decode engine, each with its own limits.
+    let disaggregated = runs.iter().any(fit::RecordedRun::is_disaggregated);
+    if disaggregated && !runs.iter().all(fit::RecordedRun::is_disaggregated) {
+        bail!(
+            "the runs mix a disaggregated server (prefill and decode roles' signals) and a \
+             single engine: fit each kind on its own"
+        );
+    }
+    let server_role = disaggregated.then_some("decode");
+    let (limits, limits_note) =
+        server_limits(&args, &recorded, &runs, server_role, &mut missing).await?;
+    let mut limits_notes: Vec<String> = limits_note.into_iter().collect();
+    let prefill_limits = if disaggregated {
+        let (prefill, note) =
+            server_limits(&args, &recorded, &runs, Some("prefill"), &mut missing).await?;
+        limits_notes.extend(note);
+        prefill
+    } else {
+        None
+    };
     if !missing.is_empty() {
         bail!(
             "the fit needs what the run(s) did not record (a run recorded by this version \
@@ -202,6 +253,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let settings = FitSettings {
         limits,
+        prefill: prefill_limits,
         noise: TimeModel {
             step_overhead: 0.0,
             prefill_per_token: 0.0,
@@ -211,9 +263,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             jitter: args.jitter,
             drift: args.drift,
             drift_time: args.drift_time_ms / 1e3,
-            // Aggregate recordings cannot show a KV transfer: the defaults.
-            kv_transfer: DEFAULT_KV_TRANSFER,
-            kv_transfer_per_token: DEFAULT_KV_TRANSFER_PER_TOKEN,
+            // Given: a recording cannot tell it from the request overhead
+            // (and an aggregate one has none).
+            kv_transfer: args.kv_transfer_us / 1e6,
+            kv_transfer_per_token: args.kv_transfer_per_token_us / 1e6,
         },
         seed: args.seed,
         max_evaluations: args.max_evaluations,
@@ -225,6 +278,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.max_evaluations
     );
     let fitted = tokio::task::spawn_blocking(move || fit::fit(&runs, &settings)).await??;
+    let engine = EngineSpec {
+        limits,
+        time: fitted.time,
+    };
 
     let profile = ServerProfile {
         name: args.name.clone(),
@@ -238,15 +295,17 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ),
         chat_template_tokens: template,
         default_max_tokens: 256,
-        engine: EngineSpec {
-            limits,
-            time: fitted.time,
-        },
-        prefill: None,
-        decode: None,
+        engine,
+        // Disaggregated, the decode engine is the base the prefill engine's
+        // section differs from.
+        prefill: prefill_limits
+            .zip(fitted.prefill)
+            .map(|(limits, time)| EngineSpec { limits, time }),
+        decode: disaggregated.then_some(engine),
+        disaggregated,
     };
     let mut notes = fitted.notes.clone();
-    notes.extend(limits_note);
+    notes.extend(limits_notes);
     print!("{}", report(&fitted, &profile, &notes));
     let comment = format!(
         "nyann-bench simulator profile (sim --profile-file FILE)\nrms log-ratio of the fit: {:.3}\n{}",
@@ -260,8 +319,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.output.display(),
         args.output.display()
     );
+    let serving = fit::Serving::of(&profile);
     for dir in &args.check {
-        let (dir, time, seed) = (dir.clone(), profile.engine.time, args.seed);
+        let (dir, seed) = (dir.clone(), args.seed);
         let held_out = fit::read_server(&dir)?;
         let count = fit::PromptCount {
             chars_per_token: args
@@ -274,7 +334,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .unwrap_or(template),
         };
         let text = tokio::task::spawn_blocking(move || {
-            super::predict::check_run(&dir, count, limits, time, seed)
+            super::predict::check_run(&dir, count, &serving, seed)
         })
         .await??;
         print!("{text}");
@@ -282,18 +342,30 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The limits: flags first, then the saved server answers, then what the
-/// run directories recorded; with a note when `max_num_seqs` was inferred.
-/// `None` (and `missing` told why) when the KV cache is not known.
+/// The limits of one engine (`role`: a disaggregated server's `prefill` or
+/// `decode` engine; `None`, the single one): flags first (for every
+/// engine), then the saved server answers (the role's own `/metrics` text,
+/// else the run's), then what the run directories recorded; with a note
+/// when `max_num_seqs` was inferred. `None` (and `missing` told why) when
+/// the KV cache is not known.
 async fn server_limits(
     args: &Args,
     recorded: &[fit::RecordedServer],
     runs: &[fit::RecordedRun],
+    role: Option<&str>,
     missing: &mut Vec<String>,
 ) -> anyhow::Result<(Option<Limits>, Option<String>)> {
+    let role_text = |r: &fit::RecordedServer| {
+        let (_, path) = r
+            .role_metrics_texts
+            .iter()
+            .find(|(name, _)| Some(name.as_str()) == role)?;
+        Some(path.clone())
+    };
     let metrics_file = args
         .metrics_file
         .clone()
+        .or_else(|| recorded.iter().find_map(role_text))
         .or_else(|| recorded.iter().find_map(|r| r.metrics_text.clone()));
     let cache = match &metrics_file {
         Some(path) => Some(cache_config(path).await?),
@@ -305,11 +377,17 @@ async fn server_limits(
         (Some(k), Some(b), _) => (k, b),
         (k, b, Some(c)) => (k.unwrap_or(c.kv_blocks), b.unwrap_or(c.block_size)),
         _ => {
-            missing.push(
-                "the server's KV cache: give --metrics-file FILE (a saved `curl \
-                 http://HOST:8000/metrics`), or --kv-blocks N and --block-size N"
-                    .to_string(),
-            );
+            let whose = match role {
+                Some(role) => format!(
+                    "the {role} engine's KV cache: record with --scrape {role}=URL (the run \
+                     saves its /metrics text), or give"
+                ),
+                None => "the server's KV cache: give".to_string(),
+            };
+            missing.push(format!(
+                "{whose} --metrics-file FILE (a saved `curl http://HOST:8000/metrics`), or \
+                 --kv-blocks N and --block-size N"
+            ));
             return Ok((None, None));
         }
     };
@@ -324,10 +402,17 @@ async fn server_limits(
     let (max_num_seqs, note) = match args.max_num_seqs {
         Some(n) => (n, None),
         None => {
-            let (n, why) = fit::max_num_seqs(runs);
+            let (n, why) = if role == Some("prefill") {
+                fit::prefill_max_num_seqs(runs, args.max_num_batched_tokens)
+            } else {
+                fit::max_num_seqs(runs)
+            };
+            let whose = role.map_or(String::new(), |r| format!("{r} engine's "));
             (
                 n,
-                Some(format!("max_num_seqs {n} ({why}; --max-num-seqs sets it)")),
+                Some(format!(
+                    "{whose}max_num_seqs {n} ({why}; --max-num-seqs sets it)"
+                )),
             )
         }
     };
@@ -409,23 +494,47 @@ async fn model_len(path: &Path) -> anyhow::Result<u32> {
 fn report(fitted: &Fit, profile: &ServerProfile, notes: &[String]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let t = &profile.engine.time;
     let _ = writeln!(
         out,
         "time model fitted over {} simulated sweeps (rms log-ratio {:.3}):",
         fitted.evaluations, fitted.rms
     );
-    for (name, value) in [
-        ("step_overhead_us", t.step_overhead * 1e6),
-        ("prefill_per_token_us", t.prefill_per_token * 1e6),
-        ("decode_per_seq_us", t.decode_per_seq * 1e6),
-        (
-            "decode_per_context_token_us",
-            t.decode_per_context_token * 1e6,
-        ),
-        ("request_overhead_us", t.request_overhead * 1e6),
-    ] {
-        let _ = writeln!(out, "  {name:<28} {value:>10.3}");
+    // A disaggregated server's engines side by side.
+    let engines: Vec<(&str, TimeModel)> = match profile.prefill.filter(|_| profile.disaggregated) {
+        Some(prefill) => vec![("prefill", prefill.time), ("decode", profile.engine.time)],
+        None => vec![("", profile.engine.time)],
+    };
+    if engines.len() > 1 {
+        let _ = write!(out, "  {:<28}", "");
+        for (role, _) in &engines {
+            let _ = write!(out, " {role:>10}");
+        }
+        let _ = writeln!(out);
+    }
+    let costs = |t: &TimeModel| {
+        [
+            t.step_overhead,
+            t.prefill_per_token,
+            t.decode_per_seq,
+            t.decode_per_context_token,
+            t.request_overhead,
+        ]
+    };
+    for (i, name) in [
+        "step_overhead_us",
+        "prefill_per_token_us",
+        "decode_per_seq_us",
+        "decode_per_context_token_us",
+        "request_overhead_us",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let _ = write!(out, "  {name:<28}");
+        for (_, t) in &engines {
+            let _ = write!(out, " {:>10.3}", costs(t)[i] * 1e6);
+        }
+        let _ = writeln!(out);
     }
     let _ = writeln!(
         out,

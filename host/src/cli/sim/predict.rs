@@ -3,15 +3,17 @@
 //! printed beside the recording (output tok/s, client TTFT p99, waiting
 //! p50, KV usage, preemptions), then the stage where each standard rule
 //! (queueing; KV-cache pressure) would stop the sweep, predicted and
-//! recorded, with the thresholds the held-out run was judged by.
+//! recorded, with the thresholds the held-out run was judged by. A
+//! disaggregated twin's stages show each engine's server figures (the
+//! decode engine's on the stage's line, the prefill engine's below), and a
+//! rule stops at the first stage where it fires on either, as the built-in
+//! policy judges every role.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use nyann_model::RoleSignals;
-use nyann_sim::engine::TimeModel;
-use nyann_sim::fit::{self, Prediction, PromptCount};
-use nyann_sim::profile::Limits;
+use nyann_sim::fit::{self, Prediction, PromptCount, Serving};
 
 /// The standard rules' thresholds, as the held-out run was judged (the
 /// built-in's defaults for the KV rule when the run did not write them).
@@ -50,17 +52,16 @@ impl Thresholds {
     }
 }
 
-/// The held-out run in `dir` predicted with `limits` and `time`, as text.
+/// The held-out run in `dir` predicted with `serving`, as text.
 pub fn check_run(
     dir: &Path,
     count: PromptCount,
-    limits: Limits,
-    time: TimeModel,
+    serving: &Serving,
     seed: u64,
 ) -> anyhow::Result<String> {
     let recording = fit::read_recording(dir, count)?;
     let thresholds = Thresholds::of_run(dir)?;
-    let predictions = fit::predict(&recording.run, limits, time, seed);
+    let predictions = fit::predict(&recording.run, serving, seed);
     Ok(table(&dir.display().to_string(), &predictions, &thresholds))
 }
 
@@ -75,20 +76,36 @@ fn table(name: &str, predictions: &[Prediction], thresholds: &Thresholds) -> Str
         "  {:<10} {:>26} {:>26} {:>14} {:>14} {:>16}",
         "stage", "output tok/s", "TTFT p99 s", "waiting p50", "KV max", "preemptions"
     );
+    let pair = |predicted: f64, recorded: Option<f64>, digits: usize| match recorded {
+        None => format!("{predicted:.digits$} / -"),
+        Some(r) if r > 0.0 => format!(
+            "{predicted:.digits$} / {r:.digits$} ({:+.0}%)",
+            100.0 * (predicted / r - 1.0)
+        ),
+        Some(r) => format!("{predicted:.digits$} / {r:.digits$}"),
+    };
+    // The server's columns of one role, predicted and recorded.
+    let server = |pred: &RoleSignals, rec: Option<&RoleSignals>| {
+        format!(
+            "{:>14} {:>14} {:>16}",
+            pair(
+                pred.waiting_requests_p50,
+                rec.map(|s| s.waiting_requests_p50),
+                1
+            ),
+            pair(
+                pred.kv_cache_usage_max,
+                rec.map(|s| s.kv_cache_usage_max),
+                2
+            ),
+            pair(pred.preemptions, rec.map(|s| s.preemptions), 0),
+        )
+    };
     for p in predictions {
         let (pred, rec) = (&p.predicted, &p.recorded);
-        let server = rec.server.as_ref();
-        let pair = |predicted: f64, recorded: Option<f64>, digits: usize| match recorded {
-            None => format!("{predicted:.digits$} / -"),
-            Some(r) if r > 0.0 => format!(
-                "{predicted:.digits$} / {r:.digits$} ({:+.0}%)",
-                100.0 * (predicted / r - 1.0)
-            ),
-            Some(r) => format!("{predicted:.digits$} / {r:.digits$}"),
-        };
         let _ = writeln!(
             out,
-            "  {:<10} {:>26} {:>26} {:>14} {:>14} {:>16}",
+            "  {:<10} {:>26} {:>26} {}",
             rec.label,
             pair(
                 pred.client.output_tokens_per_second,
@@ -100,30 +117,29 @@ fn table(name: &str, predictions: &[Prediction], thresholds: &Thresholds) -> Str
                 Some(rec.client.ttft_p99_seconds),
                 3
             ),
-            pair(
-                pred.server.waiting_requests_p50,
-                server.map(|s| s.waiting_requests_p50),
-                1
-            ),
-            pair(
-                pred.server.kv_cache_usage_max,
-                server.map(|s| s.kv_cache_usage_max),
-                2
-            ),
-            pair(pred.server.preemptions, server.map(|s| s.preemptions), 0),
+            server(&pred.server, rec.server.as_ref()),
         );
+        if let Some(prefill) = &pred.prefill {
+            let _ = writeln!(
+                out,
+                "  {:<10} {:>53} {}",
+                "",
+                "prefill engine:",
+                server(prefill, rec.prefill.as_ref())
+            );
+        }
     }
     // The first stage whose signals (predicted or recorded) fire a rule.
     let stop = |fires: &dyn Fn(&RoleSignals) -> bool, predicted: bool| {
         predictions
             .iter()
             .find(|p| {
-                let signals = if predicted {
-                    Some(&p.predicted.server)
+                let roles = if predicted {
+                    [Some(&p.predicted.server), p.predicted.prefill.as_ref()]
                 } else {
-                    p.recorded.server.as_ref()
+                    [p.recorded.server.as_ref(), p.recorded.prefill.as_ref()]
                 };
-                signals.is_some_and(fires)
+                roles.into_iter().flatten().any(fires)
             })
             .map_or("none".to_string(), |p| p.recorded.label.clone())
     };
