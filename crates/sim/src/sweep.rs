@@ -79,13 +79,18 @@ struct Request {
     last_token: f64,
     end: Option<f64>,
     tokens: u32,
+    /// Its prompt and output lengths (a request sent while holding may be
+    /// handed to the decode engine after the next stage, of other lengths,
+    /// began).
+    shape: (u32, u32),
 }
 
 impl Request {
-    fn new(stage: Option<usize>, arrival: f64) -> Request {
+    fn new(stage: Option<usize>, arrival: f64, shape: (u32, u32)) -> Request {
         Request {
             stage,
             arrival,
+            shape,
             at_engine: arrival,
             first_token: None,
             last_token: arrival,
@@ -130,7 +135,7 @@ impl Stepper {
         }
     }
 
-    /// The figures of the stage that just ended, and a fresh record for the next one.
+    /// The figures of the stage that just ended.
     fn signals(&mut self) -> RoleSignals {
         let now = self.engine.metrics().preemptions();
         let o = &mut self.observed;
@@ -179,26 +184,27 @@ impl Load {
             None,
         );
         if first.submit_with_prefix(new, key, at).is_ok() {
-            self.requests.insert(id, Request::new(tag, at));
+            let shape = (stage.prompt_tokens, stage.output_tokens);
+            self.requests.insert(id, Request::new(tag, at, shape));
             self.pending += usize::from(tag.is_some());
         }
     }
 
     /// The prefill engine is done with `id` at `now`: hand it to the decode
-    /// engine for the output of `stage`. `false` if it refused it.
-    fn hand_over(&mut self, id: SeqId, stage: &SweepStage, now: f64) -> bool {
-        let new = NewSeq {
-            kv_transferred: true,
-            ..NewSeq::new(id, stage.prompt_tokens, stage.output_tokens)
-        };
-        if let Some(r) = self.requests.get_mut(&id) {
-            r.at_engine = now;
-        }
-        let Some(decode) = self.engines.last_mut() else {
+    /// engine for its output. `false` if it refused it.
+    fn hand_over(&mut self, id: SeqId, now: f64) -> bool {
+        let Some(r) = self.requests.get_mut(&id) else {
             return false;
         };
+        r.at_engine = now;
+        let (prompt, output) = r.shape;
+        let new = NewSeq {
+            kv_transferred: true,
+            ..NewSeq::new(id, prompt, output)
+        };
+        let last = self.engines.len() - 1;
+        let decode = &mut self.engines[last].engine;
         decode
-            .engine
             .submit_with_prefix(new, PrefixKey::none(), now)
             .is_ok()
     }
@@ -340,7 +346,7 @@ fn serve(engines: Vec<Stepper>, stages: &[SweepStage]) -> Vec<StageFigures> {
                         Some(_) if r.stage == Some(index) => gaps.push(now - r.last_token),
                         _ => {}
                     }
-                    if handed && load.hand_over(event.id, stage, now) {
+                    if handed && load.hand_over(event.id, now) {
                         continue;
                     }
                     let Some(r) = load.requests.get_mut(&event.id) else {

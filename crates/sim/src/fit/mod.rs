@@ -833,7 +833,7 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
     }
     let n = settings.noise;
     if disaggregated {
-        notes.extend(disaggregated_notes(&n));
+        notes.extend(disaggregated_notes(&n, varied));
     }
     notes.push(format!(
         "noise held (not fitted): jitter {}, drift {} over {} ms",
@@ -922,13 +922,19 @@ pub fn fit(runs: &[RecordedRun], settings: &FitSettings) -> Result<Fit, FitError
 }
 
 /// What a disaggregated fit takes from where, and what it holds.
-fn disaggregated_notes(held: &TimeModel) -> [String; 3] {
+fn disaggregated_notes(held: &TimeModel, varied: bool) -> [String; 3] {
     [
-        "disaggregated: the prefill engine's step_overhead and prefill_per_token fitted to the \
-         prefill role's waiting and TTFT and the client's TTFT; the decode engine's \
-         step_overhead, decode_per_seq and decode_per_context_token to the ITL, E2E, output \
-         tok/s and the decode role's waiting, TTFT and preemptions"
-            .into(),
+        format!(
+            "disaggregated: the prefill engine's step_overhead and prefill_per_token fitted to \
+             the prefill role's waiting and TTFT and the client's TTFT; the decode engine's \
+             step_overhead, decode_per_seq{} to the ITL, E2E, output tok/s and the decode \
+             role's waiting, TTFT and preemptions",
+            if varied {
+                " and decode_per_context_token"
+            } else {
+                ""
+            }
+        ),
         "request_overhead: one value for both engines, fitted to the client's TTFT (which \
          shows their sum; the engines' TTFT histograms, in buckets of 5 ms and more, cannot \
          split it); the decode engine's prefill_per_token is the prefill engine's (it computes \

@@ -281,6 +281,8 @@ fn server_signals(annotation: Option<&Annotation>) -> (Option<RoleSignals>, Opti
     let roles = &congestion.roles;
     let role = |name: &str| roles.iter().find(|r| r.role == name).cloned();
     match roles.as_slice() {
+        // A stage that read only the prefill role still is the prefill engine's.
+        [only] if only.role == "prefill" => (None, Some(only.clone())),
         [only] => (Some(only.clone()), None),
         _ if role("aggregate").is_none()
             && role("prefill").is_some()
