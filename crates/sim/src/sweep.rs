@@ -550,6 +550,48 @@ mod tests {
     }
 
     #[test]
+    fn a_held_request_decodes_its_own_output_after_the_next_stage_began() {
+        // Prompts of 100 tokens take the prefill engine 100 ms, one at a
+        // time; the decode engine makes a token every 2 ms with 1600
+        // tokens of KV cache.
+        let prefill = EngineConfig {
+            time: TimeModel {
+                prefill_per_token: 0.001,
+                ..one_at_a_time().time
+            },
+            ..one_at_a_time()
+        };
+        let decode = EngineConfig {
+            max_num_seqs: 64,
+            kv_blocks: 100,
+            time: TimeModel {
+                step_overhead: 0.002,
+                ..one_at_a_time().time
+            },
+            ..one_at_a_time()
+        };
+        let long = SweepStage {
+            concurrency: 1,
+            duration_s: 0.05,
+            prompt_tokens: 100,
+            output_tokens: 500,
+        };
+        let short = SweepStage {
+            duration_s: 2.0,
+            output_tokens: 1,
+            concurrency: 1,
+            ..long
+        };
+        let f = run_disaggregated(&prefill, &decode, &[long, short]);
+        // The first stage's one request decodes until 1.1 s; the stream then
+        // sends a held request, the second stage begins, and the held
+        // request is prefilled by 1.2 s: it still decodes its 500 tokens
+        // (600 in the cache, until 2.2 s), not the second stage's one.
+        let kv = f[1].server.kv_cache_usage_max;
+        assert!(kv >= 0.3, "decode KV max {kv} in {:?}", f[1].server);
+    }
+
+    #[test]
     fn a_stream_measures_the_steps_and_a_second_one_waits_for_it() {
         let f = run(&one_at_a_time(), &[stage(1), stage(2)]);
         // A request is 10 steps of 1 ms: the prefill gives the first token.
