@@ -167,13 +167,37 @@ impl Drop for RunningSim {
     }
 }
 
+/// Connections the kernel may hold ready before the server accepts them
+/// (capped by `net.core.somaxconn`, 4096 by default). tokio's `bind` asks
+/// for 1024: a load generator opening 16,384 connections at once then has
+/// connects dropped and retried after 1, 3, 7... seconds.
+const BACKLOG: u32 = 65_535;
+
 async fn bind(host: &str, port: u16) -> Result<TcpListener, SimError> {
-    TcpListener::bind((host, port))
-        .await
-        .map_err(|source| SimError::Bind {
-            addr: format!("{host}:{port}"),
-            source,
-        })
+    let error = |source| SimError::Bind {
+        addr: format!("{host}:{port}"),
+        source,
+    };
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await.map_err(error)? {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        };
+        let listener = socket.and_then(|socket| {
+            socket.set_reuseaddr(true)?;
+            socket.bind(addr)?;
+            socket.listen(BACKLOG)
+        });
+        match listener {
+            Ok(listener) => return Ok(listener),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(error(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "the host has no address")
+    })))
 }
 
 fn serve(
