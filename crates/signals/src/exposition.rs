@@ -236,6 +236,8 @@ impl Cursor<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn rendered_series_parse_back() {
         let series = crate::prometheus::Series {
@@ -249,7 +251,7 @@ mod tests {
             .collect(),
             points: vec![(1.0, 1.0)],
         };
-        let parsed = super::parse(&super::render(&[series]));
+        let parsed = parse(&render(&[series]));
         assert_eq!(parsed.skipped_lines, 0);
         let sample = &parsed.samples[0];
         assert_eq!(sample.name, "vllm:cache_config_info");
@@ -257,8 +259,6 @@ mod tests {
         assert_eq!(sample.label("odd"), Some("a \"b\" \\ c\nd"));
         assert_eq!(sample.value, 1.0);
     }
-
-    use super::*;
 
     #[test]
     fn parses_labels_values_and_specials() {

@@ -591,29 +591,31 @@ fn compared(rec: &RecordedStage, sim: &StageFigures) -> Vec<Compared> {
     };
     let recorded = figures(&rec.client, rec.server.as_ref());
     let simulated = figures(&sim.client, Some(&sim.server));
-    let Some(sim_prefill) = &sim.prefill else {
-        return WEIGHTS
-            .iter()
-            .zip(recorded.into_iter().zip(simulated))
-            .filter_map(|(w, (r, s))| pair(w, "", r, s))
-            .collect();
+    // One engine: every figure of WEIGHTS. Disaggregated: the client's,
+    // then each role's own.
+    let shared = if sim.prefill.is_some() {
+        CLIENT_FIGURES
+    } else {
+        WEIGHTS.len()
     };
-    let client = WEIGHTS[..CLIENT_FIGURES]
+    let engine = WEIGHTS[..shared]
         .iter()
         .zip(recorded.into_iter().zip(simulated))
         .filter_map(|(w, (r, s))| pair(w, "", r, s));
-    let roles = [
-        ("decode", rec.server.as_ref(), &sim.server),
-        ("prefill", rec.prefill.as_ref(), sim_prefill),
-    ]
-    .into_iter()
-    .flat_map(|(role, r, s)| {
-        ROLE_WEIGHTS
-            .iter()
-            .zip(role_figures(r).into_iter().zip(role_figures(Some(s))))
-            .filter_map(move |(w, (r, s))| pair(w, role, r, s))
+    let roles = sim.prefill.iter().flat_map(|sim_prefill| {
+        [
+            ("decode", rec.server.as_ref(), &sim.server),
+            ("prefill", rec.prefill.as_ref(), sim_prefill),
+        ]
+        .into_iter()
+        .flat_map(move |(role, r, s)| {
+            ROLE_WEIGHTS
+                .iter()
+                .zip(role_figures(r).into_iter().zip(role_figures(Some(s))))
+                .filter_map(move |(w, (r, s))| pair(w, role, r, s))
+        })
     });
-    client.chain(roles).collect()
+    engine.chain(roles).collect()
 }
 
 /// The weighted sum of squared log-ratios of every compared figure, and the
