@@ -344,8 +344,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The limits of one engine (`role`: a disaggregated server's `prefill` or
 /// `decode` engine; `None`, the single one): flags first (for every
-/// engine), then the saved server answers (the role's own `/metrics` text,
-/// else the run's), then what the run directories recorded; with a note
+/// engine), then the saved server answers (the role's own `/metrics` text;
+/// for a single engine, the run's), then what the run directories recorded; with a note
 /// when `max_num_seqs` was inferred. `None` (and `missing` told why) when
 /// the KV cache is not known.
 async fn server_limits(
@@ -366,7 +366,13 @@ async fn server_limits(
         .metrics_file
         .clone()
         .or_else(|| recorded.iter().find_map(role_text))
-        .or_else(|| recorded.iter().find_map(|r| r.metrics_text.clone()));
+        // An engine of a disaggregated server is never sized from another
+        // engine's text: the run's is the first role's.
+        .or_else(|| {
+            role.is_none()
+                .then(|| recorded.iter().find_map(|r| r.metrics_text.clone()))
+                .flatten()
+        });
     let cache = match &metrics_file {
         Some(path) => Some(cache_config(path).await?),
         None => None,
@@ -561,4 +567,51 @@ fn with_flags(err: fit::RecordingError) -> anyhow::Error {
         _ => return err.into(),
     };
     anyhow::anyhow!("{err} ({hint})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// A disaggregated run that saved only the decode engine's `/metrics`:
+    /// the prefill engine's KV cache is missing, and said so, not taken from
+    /// the decode engine's text.
+    #[tokio::test]
+    async fn an_engine_is_not_sized_from_another_engines_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let decode = dir.path().join("decode-0-end.txt");
+        std::fs::write(
+            &decode,
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1024\"} 1\n",
+        )
+        .unwrap();
+        let recorded = [fit::RecordedServer {
+            metrics_text: Some(decode.clone()),
+            role_metrics_texts: vec![("decode".to_string(), decode)],
+            ..fit::RecordedServer::default()
+        }];
+        let args = Cli::parse_from(["fit", "RUN"]).args;
+        let mut missing = Vec::new();
+        let (decode_limits, _) = server_limits(&args, &recorded, &[], Some("decode"), &mut missing)
+            .await
+            .unwrap();
+        assert_eq!(decode_limits.map(|l| l.kv_blocks), Some(1023));
+        let (prefill_limits, _) =
+            server_limits(&args, &recorded, &[], Some("prefill"), &mut missing)
+                .await
+                .unwrap();
+        assert_eq!(prefill_limits, None);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(
+            missing[0].contains("the prefill engine's KV cache: record with --scrape prefill="),
+            "{missing:?}"
+        );
+    }
 }
