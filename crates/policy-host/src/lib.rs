@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use nyann_model::observation::{FiredRule, PolicyInfo, StageObservation, Verdict};
 use nyann_model::scenario::{Param, StopCondition};
 use wasmtime::component::Linker;
-use wasmtime::{Config, Engine, Store};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, Store};
 
 pub use cache::default_cache_dir;
 pub use error::{CallFailure, PolicyError, printable};
@@ -167,7 +167,11 @@ impl PolicyHost {
                 "the policy call budgets (fuel, time limit, load factor) must be > 0".into(),
             ));
         }
-        let engine = Engine::new(&engine_config())
+        let mut engine_config = engine_config();
+        engine_config.allocation_strategy(InstanceAllocationStrategy::Pooling(
+            sandbox::instance_pool(config.memory_limit_bytes),
+        ));
+        let engine = Engine::new(&engine_config)
             .map_err(|e| PolicyError::Host(format!("cannot create the engine: {e:#}")))?;
         let linker = sandbox::linker(&engine)
             .map_err(|e| PolicyError::Host(format!("cannot link WASI: {e:#}")))?;
@@ -181,6 +185,7 @@ impl PolicyHost {
             memory_bytes: config.memory_limit_bytes,
             stderr_bytes: config.max_stderr_bytes,
             log_bytes: config.max_log_bytes,
+            slots: sandbox::CallSlots::new(),
         };
         Ok(PolicyHost {
             inner: Arc::new(HostInner {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nyann_guests::assembled::Assembled;
 use nyann_model::observation::{RoleSignals, StageObservation};
 use nyann_model::scenario::{Param, StopCondition, Value};
-use nyann_policy_host::{CallFailure, HostConfig, Interface, PolicyError};
+use nyann_policy_host::{CallFailure, HostConfig, Interface, PolicyError, PolicyHost};
 
 use crate::common;
 
@@ -756,6 +756,52 @@ fn validate_panic_and_loop_become_parameter_errors() {
         "{}",
         checked[1].name
     );
+}
+
+/// Instances live in reused slots of a pool: a call finds none of the
+/// memory the calls before it wrote (statics, heap), on either path.
+#[tokio::test]
+async fn a_call_starts_from_the_components_image_again() {
+    let hostile = common::guest("hostile-policy");
+    for i in 0..4u32 {
+        let verdict = if i % 2 == 0 {
+            hostile.judge(&mode("remember"), &stage(i), &[]).await
+        } else {
+            hostile.judge_blocking(&mode("remember"), &stage(i), &[])
+        };
+        assert_eq!(
+            verdict.unwrap().reasons,
+            [format!("call 1, stages seen [{i}]")]
+        );
+    }
+}
+
+/// More calls at once than the host's instance pool has slots (16): the
+/// calls past it wait for a slot, and each ends as its own work says (here:
+/// out of fuel), none for want of a slot.
+#[tokio::test]
+async fn more_calls_at_once_than_slots_each_end_on_their_own() {
+    // A tenth of the default fuel: each loop still runs for tens of ms,
+    // long after the last of the calls has started.
+    let host = PolicyHost::new(HostConfig {
+        judge_fuel: 50_000_000,
+        cache_dir: None,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let hostile = host
+        .load_file(&common::guest_wasm("hostile-policy"))
+        .unwrap();
+    let calls: Vec<_> = (0..24u32)
+        .map(|i| {
+            let h = hostile.clone();
+            tokio::spawn(async move { h.judge(&mode("loop"), &stage(i), &[]).await })
+        })
+        .collect();
+    for call in calls {
+        let err = call.await.unwrap().unwrap_err();
+        assert_eq!(err.failure().map(CallFailure::kind), Some("fuel"), "{err}");
+    }
 }
 
 #[tokio::test]

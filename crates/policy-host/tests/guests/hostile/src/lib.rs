@@ -1,6 +1,9 @@
 //! A policy that misbehaves on request: the `mode` parameter picks how, so
 //! that one component exercises every sandbox bound of the host.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
+
 use nyann_policy::{Params, Policy, PolicyInfo, StageObservation, Verdict, spec};
 
 struct Hostile;
@@ -19,7 +22,8 @@ impl Policy for Hostile {
             spec::text(
                 "mode",
                 "ok, congested, loop, grow, panic, huge-reason, many-reasons, log-flood, stderr-flood, err, \
-                 sleep, recurse, clock, random, validate-panic, validate-loop, exit, escape, escape-err",
+                 sleep, recurse, clock, random, remember, validate-panic, validate-loop, exit, escape, \
+                 escape-err",
             )
             .default_text("ok"),
         )
@@ -38,7 +42,7 @@ impl Policy for Hostile {
 
     fn judge(
         params: &Params,
-        _stage: &StageObservation,
+        stage: &StageObservation,
         _history: &[StageObservation],
     ) -> Result<Verdict, String> {
         match params.text("mode")? {
@@ -114,6 +118,18 @@ impl Policy for Hostile {
                 use std::hash::BuildHasher;
                 let seeded = std::collections::hash_map::RandomState::new().hash_one(42u64);
                 Ok(Verdict::from_reasons(vec![format!("random {seeded}")]))
+            }
+            "remember" => {
+                // State a call leaves in its instance's memory: a static and
+                // the heap. A fresh instance starts from the image again.
+                static CALLS: AtomicU32 = AtomicU32::new(0);
+                static SEEN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+                let calls = CALLS.fetch_add(1, Ordering::Relaxed) + 1;
+                let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+                seen.push(stage.index);
+                Ok(Verdict::from_reasons(vec![format!(
+                    "call {calls}, stages seen {seen:?}"
+                )]))
             }
             _ => Ok(Verdict::when(true, || "hostile says congested".into())),
         }
