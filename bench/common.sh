@@ -28,6 +28,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# cpu_ticks FIRST-LAST: the steal and total jiffies of those cores, summed
+# (/proc/stat). Two readings around a run give the share of its time the
+# hypervisor gave the cores' time to another guest: a delay no program can
+# avoid, which shows in latency tails.
+cpu_ticks() {
+    awk -v first="${1%-*}" -v last="${1#*-}" '
+        $1 ~ /^cpu[0-9]+$/ && substr($1, 4) + 0 >= first && substr($1, 4) + 0 <= last {
+            for (i = 2; i <= NF; i++) total += $i
+            steal += $9
+        }
+        END { print steal + 0, total + 0 }' /proc/stat
+}
+
 # The load tools and the simulator hold thousands of connections.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 

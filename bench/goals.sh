@@ -101,10 +101,10 @@ rows = []
 def row(figure, measured, goal, met, peer=""):
     rows.append((figure, measured, peer, goal, "yes" if met else "NO"))
 
-for m in re.finditer(r"^ +(\d+) +\d+ +([\d.]+) +([\d.]+) +[\d.]+ +([\d.]+)$", text("open-loop"), re.M):
-    rate, p50, p99, cpu = m[1], float(m[2]), float(m[3]), m[4]
+for m in re.finditer(r"^ +(\d+) +\d+ +([\d.]+) +([\d.]+) +[\d.]+ +([\d.]+) +([\d.]+)$", text("open-loop"), re.M):
+    rate, p50, p99, cpu, steal = m[1], float(m[2]), float(m[3]), m[4], m[5]
     row(f"open-loop lateness p50, {rate} req/s", f"{p50:.3f} ms", "<= 0.1 ms", p50 <= 0.1, f"client cpu {cpu}%")
-    row(f"open-loop lateness p99, {rate} req/s", f"{p99:.3f} ms", "<= 0.5 ms", p99 <= 0.5)
+    row(f"open-loop lateness p99, {rate} req/s", f"{p99:.3f} ms", "<= 0.5 ms", p99 <= 0.5, f"steal {steal}%")
 for m in re.finditer(r"^ +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", text("shared-cores"), re.M):
     c, oha, ours, ratio, rss = m[1], float(m[2]), float(m[3]), float(m[4]), m[5]
     row(f"shared cores c={c}: req/s", f"{ours:.0f} ({ratio:.2f}x oha)", ">= 0.95x oha", ratio >= 0.95, f"oha {oha:.0f}")
