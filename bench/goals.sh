@@ -8,7 +8,9 @@
 #   memory at c=16,384   generate and oha, 5 s each, peak RSS
 #   shared cores         bench/load.sh at c=1024 and 4096: req/s against oha
 #   split cores          bench/cpu.sh-style CPU per request, client on its
-#                        own half of the cores, against oha's
+#                        own half of the cores, against oha's; with the
+#                        simulator's CPU per request, the shared-core ratio
+#                        that these predict
 #   first judgment       bench/policy-cold.sh: `policy describe builtin`, cold
 #   judge latency        bench/policy-host.sh: p50 through the async path
 #   fleet merge          bench/fleet-merge.sh: 2 workers x 50k records
@@ -54,24 +56,33 @@ CLIENT_CPUS="$((CPUS > 1 ? CPUS / 2 : 0))-$((CPUS - 1))"
 start_fast_sim goals "$SIM_BIN" taskset -c "$SIM_CPUS"
 BODY=$(jq -cn --arg p "$(printf 'word %.0s' $(seq 25) | head -c 128)" \
     '{model:"nyann-sim",messages:[{role:"user",content:$p}],max_tokens:32,stream:true,ignore_eos:true,min_tokens:32}')
+# The simulator's CPU time so far, in clock ticks (/proc/PID/stat utime + stime).
+sim_ticks() { awk '{ print $14 + $15 }' "/proc/$SIM_PID/stat"; }
 # client NAME C: peak RSS (MB), CPU us per request and requests, of generate
-# and of oha at concurrency C.
+# and of oha at concurrency C, and the simulator's CPU us per request of each.
 client() {
     local name=$1 c=$2
+    sim_ticks >"$WORK/sim-ticks-$name"
     /usr/bin/time -f '%M %U %S' -o "$WORK/time-nyann" taskset -c "$CLIENT_CPUS" "$BIN" generate \
         --target "$BASE" --concurrency "$c" --duration "${SECONDS_PER_POINT}s" --workload synthetic \
         --isl 32 --osl 32 --max-consecutive-errors 0 --seed 1 --output-dir "$WORK/gen-$name" \
         >"$WORK/gen-$name.json" 2>"$WORK/gen-$name.err" || true
+    sim_ticks >>"$WORK/sim-ticks-$name"
     /usr/bin/time -f '%M %U %S' -o "$WORK/time-oha" taskset -c "$CLIENT_CPUS" oha -z "${SECONDS_PER_POINT}s" \
         -c "$c" --no-tui --output-format json -m POST -H 'content-type: application/json' -d "$BODY" \
         "$BASE/chat/completions" >"$WORK/oha-$name.json" 2>"$WORK/oha-$name.err" || true
-    python3 - "$name" "$c" "$WORK" <<'PY'
+    sim_ticks >>"$WORK/sim-ticks-$name"
+    python3 - "$name" "$c" "$WORK" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
-name, c, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+name, c, work, tick = sys.argv[1], int(sys.argv[2]), sys.argv[3], 1e6 / int(sys.argv[4])
+ticks = [int(t) for t in open(f"{work}/sim-ticks-{name}").read().split()]
+sim_ticks = {"nyann": ticks[1] - ticks[0], "oha": ticks[2] - ticks[1]}
 def line(tool, requests):
     rss, user, system = open(f"{work}/time-{tool}").read().split()[-3:]
     cpu = (float(user) + float(system)) / max(requests, 1) * 1e6
-    print(f"{name} {tool} c={c} requests={requests} rss_mb={int(rss) / 1024:.1f} cpu_us_per_request={cpu:.1f}")
+    sim = sim_ticks[tool] * tick / max(requests, 1)
+    print(f"{name} {tool} c={c} requests={requests} rss_mb={int(rss) / 1024:.1f} cpu_us_per_request={cpu:.1f}"
+          f" sim_cpu_us_per_request={sim:.1f}")
 try:
     result = json.load(open(f"{work}/gen-{name}.json"))
     # Every request the process handled, those finishing after the stage too.
@@ -109,12 +120,20 @@ for m in re.finditer(r"^ +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", text(
     c, oha, ours, ratio, rss = m[1], float(m[2]), float(m[3]), float(m[4]), m[5]
     row(f"shared cores c={c}: req/s", f"{ours:.0f} ({ratio:.2f}x oha)", ">= 0.95x oha", ratio >= 0.95, f"oha {oha:.0f}")
 clients = {}
-for m in re.finditer(r"^(\w+) (nyann|oha) c=(\d+) requests=(\d+) rss_mb=([\d.]+) cpu_us_per_request=([\d.]+)$",
-                     text("split-cores") + text("memory"), re.M):
-    clients[(m[1], m[2])] = (float(m[5]), float(m[6]))
+for m in re.finditer(r"^(\w+) (nyann|oha) c=(\d+) requests=(\d+) rss_mb=([\d.]+) cpu_us_per_request=([\d.]+)"
+                     r" sim_cpu_us_per_request=([\d.]+)$", text("split-cores") + text("memory"), re.M):
+    clients[(m[1], m[2])] = (float(m[5]), float(m[6]), float(m[7]))
 if ("split", "nyann") in clients:
-    ours, oha = clients[("split", "nyann")][1], clients.get(("split", "oha"), (0, 0))[1]
+    ours, sim_ours = clients[("split", "nyann")][1:]
+    oha, sim_oha = clients.get(("split", "oha"), (0, 0, 0))[1:]
     row("split cores c=1024: CPU per request", f"{ours:.1f} us", "< oha's", oha == 0 or ours < oha, f"oha {oha:.1f} us")
+    # On shared cores, throughput goes as 1 / (the simulator's CPU per
+    # request + the client's): the ratio to oha those figures predict.
+    if oha:
+        sim = (sim_ours + sim_oha) / 2
+        predicted = (sim + oha) / (sim + ours)
+        row("shared cores, ratio the CPU per request predicts", f"{predicted:.2f}x oha", ">= 0.95x oha",
+            predicted >= 0.95, f"simulator {sim:.1f} us/request")
 if ("memory", "nyann") in clients:
     ours, oha = clients[("memory", "nyann")][0], clients.get(("memory", "oha"), (0, 0))[0]
     row("peak RSS at c=16,384", f"{ours:.0f} MB", "<= 128 MB", ours <= 128, f"oha {oha:.0f} MB")

@@ -15,7 +15,8 @@
 //!
 //! The work returns its result and what it leaves behind (a call's store
 //! and instance): the latter is dropped after the caller has the result, so
-//! that unmapping the instance's memory is not part of the caller's wait.
+//! that resetting the instance's memory for the next call is not part of
+//! the caller's wait.
 //!
 //! Threads of their own also keep wasmtime-wasi's synchronous shims off the
 //! async runtime's worker threads (they would panic there).

@@ -52,7 +52,8 @@ const KEEP_RESIDENT_BYTES: usize = 4 << 20;
 /// Where every call's instance lives: a pool of slots reused call after
 /// call. A fresh instance per call would otherwise map its memory anew and
 /// fault in every page it touches, then unmap it (shooting down the TLB of
-/// the other cores, the load generator's included): a third of a judgment.
+/// the other cores, the load generator's included): a quarter to a third
+/// of a judgment.
 ///
 /// The pool refuses nothing the limiter allows: the limiter's cap on
 /// memories and tables together is what stops a policy, with the error
