@@ -458,7 +458,7 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        let call = JudgeCall::new(params, stage, history);
+        let args = self.inner.pre.judge_args(params, stage, history);
         let (index, world) = (stage.index, CallWorld::of_stage(stage));
         let result = self
             .inner
@@ -468,7 +468,7 @@ impl Policy {
                 Some(index),
                 self.inner.judge,
                 world,
-                move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+                move |s, p| p.judge(s, &args),
             )
             .await;
         self.judged(index, result)
@@ -482,7 +482,7 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
-        let call = JudgeCall::new(params, stage, history);
+        let args = self.inner.pre.judge_args(params, stage, history);
         let (index, world) = (stage.index, CallWorld::of_stage(stage));
         let result = self.inner.call(
             &self.name,
@@ -490,7 +490,7 @@ impl Policy {
             Some(index),
             self.inner.judge,
             world,
-            move |s, p| p.judge(s, &call.params, &call.stage, &call.history),
+            move |s, p| p.judge(s, &args),
         );
         self.judged(index, result)
     }
@@ -574,23 +574,6 @@ impl Policy {
             function: "judge",
             stage: Some(stage),
             failure,
-        }
-    }
-}
-
-/// The arguments of one `judge`, owned: the call runs on another thread.
-struct JudgeCall {
-    params: Vec<Param>,
-    stage: StageObservation,
-    history: Vec<StageObservation>,
-}
-
-impl JudgeCall {
-    fn new(params: &[Param], stage: &StageObservation, history: &[StageObservation]) -> Self {
-        JudgeCall {
-            params: params.to_vec(),
-            stage: stage.clone(),
-            history: history.to_vec(),
         }
     }
 }

@@ -73,21 +73,37 @@ macro_rules! version_glue {
                 .call_validate(&mut *store, &params_to_wit(params))
         }
 
-        pub(super) fn judge(
-            pre: &CongestionPolicyPre<HostState>,
-            store: &mut Store<HostState>,
+        /// The arguments of `judge` in this line's own records.
+        pub(crate) struct JudgeArgs {
+            params: Vec<wit::Param>,
+            stage: wit::StageObservation,
+            history: Vec<wit::StageObservation>,
+        }
+
+        pub(super) fn judge_args(
             params: &[Param],
             stage: &StageObservation,
             history: &[StageObservation],
+        ) -> JudgeArgs {
+            JudgeArgs {
+                params: params_to_wit(params),
+                stage: stage.into(),
+                history: history.iter().map(wit::StageObservation::from).collect(),
+            }
+        }
+
+        pub(super) fn judge(
+            pre: &CongestionPolicyPre<HostState>,
+            store: &mut Store<HostState>,
+            args: &JudgeArgs,
         ) -> wasmtime::Result<Result<Verdict, String>> {
-            let params = params_to_wit(params);
-            let stage = stage.into();
-            let history: Vec<_> = history.iter().map(wit::StageObservation::from).collect();
             let policy = pre.instantiate(&mut *store)?;
-            let verdict =
-                policy
-                    .nyann_policy_policy()
-                    .call_judge(&mut *store, &params, &stage, &history)?;
+            let verdict = policy.nyann_policy_policy().call_judge(
+                &mut *store,
+                &args.params,
+                &args.stage,
+                &args.history,
+            )?;
             Ok(verdict.map(Verdict::from))
         }
 
@@ -337,16 +353,17 @@ impl Pre {
         }
     }
 
-    /// Instantiate in `store` and call `judge`. A line before 0.4 does
-    /// not know capacity-search stages: it is shown one as a stage of the
-    /// sweep, after the stages of lower level ([`below`]).
-    pub fn judge(
+    /// The arguments of `judge` in the records of this component's line,
+    /// made on the caller's thread (the call runs on another, which then
+    /// needs no copy of the model's). A line before 0.4 does not know
+    /// capacity-search stages: it is shown one as a stage of the sweep,
+    /// after the stages of lower level ([`below`]).
+    pub fn judge_args(
         &self,
-        store: &mut Store<HostState>,
         params: &[Param],
         stage: &StageObservation,
         history: &[StageObservation],
-    ) -> wasmtime::Result<Result<Verdict, String>> {
+    ) -> JudgeArgs {
         let below_it;
         let history = if self.interface() < Interface::V0_4 && stage.refines.is_some() {
             below_it = below(stage, history);
@@ -355,12 +372,36 @@ impl Pre {
             history
         };
         match self {
-            Pre::V0_1(pre) => v0_1::judge(pre, store, params, stage, history),
-            Pre::V0_2(pre) => v0_2::judge(pre, store, params, stage, history),
-            Pre::V0_3(pre) => v0_3::judge(pre, store, params, stage, history),
-            Pre::V0_4(pre) => v0_4::judge(pre, store, params, stage, history),
+            Pre::V0_1(_) => JudgeArgs::V0_1(v0_1::judge_args(params, stage, history)),
+            Pre::V0_2(_) => JudgeArgs::V0_2(v0_2::judge_args(params, stage, history)),
+            Pre::V0_3(_) => JudgeArgs::V0_3(v0_3::judge_args(params, stage, history)),
+            Pre::V0_4(_) => JudgeArgs::V0_4(v0_4::judge_args(params, stage, history)),
         }
     }
+
+    /// Instantiate in `store` and call `judge` with `args` from
+    /// [`Pre::judge_args`].
+    pub fn judge(
+        &self,
+        store: &mut Store<HostState>,
+        args: &JudgeArgs,
+    ) -> wasmtime::Result<Result<Verdict, String>> {
+        match (self, args) {
+            (Pre::V0_1(pre), JudgeArgs::V0_1(args)) => v0_1::judge(pre, store, args),
+            (Pre::V0_2(pre), JudgeArgs::V0_2(args)) => v0_2::judge(pre, store, args),
+            (Pre::V0_3(pre), JudgeArgs::V0_3(args)) => v0_3::judge(pre, store, args),
+            (Pre::V0_4(pre), JudgeArgs::V0_4(args)) => v0_4::judge(pre, store, args),
+            _ => wasmtime::bail!("judge arguments made for another interface line"),
+        }
+    }
+}
+
+/// [`Pre::judge_args`]: the arguments in the records of one line.
+pub(crate) enum JudgeArgs {
+    V0_1(v0_1::JudgeArgs),
+    V0_2(v0_2::JudgeArgs),
+    V0_3(v0_3::JudgeArgs),
+    V0_4(v0_4::JudgeArgs),
 }
 
 /// The stages of `history` at a lower level than `stage`, in level order
