@@ -8,6 +8,7 @@
 
 mod abuse;
 mod browser;
+mod cache;
 mod cli;
 mod evals;
 mod fleet;

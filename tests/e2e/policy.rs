@@ -95,6 +95,23 @@ async fn a_new_policy_builds_outside_the_repository_and_stops_a_sweep() {
     let run = generate(&sim, &sweep(&LEVELS, r#"ttft_p99="200ms""#), &args).await;
     assert_eq!(run.stopped_at(), Some(2), "{}", run.stderr());
     assert_eq!(run.congestion(2)["policy"]["name"], "my-policy");
+    // What judged is named by the digest of its bytes, whatever its name.
+    let sha256sum = std::process::Command::new("sha256sum")
+        .arg(&wasm)
+        .output()
+        .unwrap();
+    let hex = text(&sha256sum.stdout);
+    let hex = hex.split_whitespace().next().unwrap();
+    for stage in 0..3 {
+        assert_eq!(
+            run.congestion(stage)["policy"]["digest"],
+            format!("sha256:{hex}").as_str()
+        );
+        assert_eq!(
+            run.congestion(stage)["policy"]["interface"],
+            "nyann:policy@0.4"
+        );
+    }
     assert_eq!(run.congestion(2)["roles"], serde_json::json!([]));
     assert!(
         run.stderr()

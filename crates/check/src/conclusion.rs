@@ -494,6 +494,8 @@ mod tests {
                         name: "builtin".into(),
                         version: "0".into(),
                         origin: "builtin".into(),
+                        digest: String::new(),
+                        interface: String::new(),
                     },
                     mode: PolicyMode::Enforce,
                     sweep: SweepRef {

@@ -209,6 +209,8 @@ impl CongestionCheck {
                 name: info.name.clone(),
                 version: info.version.clone(),
                 origin: self.policy.origin().to_string(),
+                digest: self.policy.digest().to_string(),
+                interface: self.policy.interface().to_string(),
             },
             mode: self.mode,
             sweep: stop.sweep.clone(),

@@ -68,6 +68,15 @@ pub struct PolicyRef {
     pub version: String,
     /// `builtin` or the component file.
     pub origin: String,
+    /// `sha256:<hex>` of the component's bytes: what judged, whatever its
+    /// name, version or file say. Absent from records written before it
+    /// existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    /// The interface line it implements (`nyann:policy@0.4`). Absent from
+    /// records written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub interface: String,
 }
 
 /// What the congestion check stores with a judged stage: its annotation

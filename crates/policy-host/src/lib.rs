@@ -34,6 +34,7 @@
 
 mod bounded;
 mod cache;
+mod digest;
 pub mod error;
 mod inspect;
 pub mod params;
@@ -44,7 +45,7 @@ mod versions;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use nyann_model::observation::{FiredRule, PolicyInfo, StageObservation, Verdict};
@@ -52,7 +53,8 @@ use nyann_model::scenario::{Param, StopCondition};
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, Store};
 
-pub use cache::default_cache_dir;
+pub use cache::{default_cache_dir, default_key_file};
+pub use digest::ComponentDigest;
 pub use error::{CallFailure, PolicyError, printable};
 pub use inspect::CodeLimits;
 pub use versions::{Interface, supported_versions};
@@ -112,8 +114,13 @@ pub struct HostConfig {
     /// backstop: the code limits bound what compiling costs). Default 2 min.
     pub compile_timeout: Duration,
     /// Where compiled code is cached; `None` compiles on every load.
-    /// Default: [`default_cache_dir`].
+    /// Default: [`default_cache_dir`]. It must be the user's own and
+    /// writable by nobody else, or the cache is not used.
     pub cache_dir: Option<PathBuf>,
+    /// The secret that keys the MAC of every cache entry: created on first
+    /// use (mode 0600), outside the cache directory. Default:
+    /// [`default_key_file`]; `None` leaves the cache unused.
+    pub cache_key_file: Option<PathBuf>,
     /// Total size of the cache's entries; the oldest go first. Default 512 MiB.
     pub cache_max_bytes: u64,
 }
@@ -136,6 +143,7 @@ impl Default for HostConfig {
             },
             compile_timeout: Duration::from_secs(120),
             cache_dir: default_cache_dir(),
+            cache_key_file: default_key_file(),
             cache_max_bytes: 512 << 20,
         }
     }
@@ -157,6 +165,9 @@ struct HostInner {
     linker: Linker<HostState>,
     config: HostConfig,
     limits: Limits,
+    /// Opened at the first load that needs it; `None` when there is none
+    /// or it cannot be trusted (said once).
+    disk_cache: OnceLock<Option<cache::DiskCache>>,
 }
 
 impl PolicyHost {
@@ -193,6 +204,7 @@ impl PolicyHost {
                 linker,
                 config,
                 limits,
+                disk_cache: OnceLock::new(),
             }),
         })
     }
@@ -266,11 +278,7 @@ impl PolicyHost {
         }
         let inspected = inspect::inspect(bytes, config.code_limits).map_err(load_err)?;
         let interface = inspected.interface;
-        let cache = cache::CacheConfig {
-            dir: config.cache_dir.clone(),
-            max_bytes: config.cache_max_bytes,
-            compile_timeout: config.compile_timeout,
-        };
+        let digest = ComponentDigest::of(bytes);
         let precompiled = artifact.and_then(|artifact| {
             precompiled::load(&inner.engine, artifact, bytes)
                 .inspect_err(|e| {
@@ -280,7 +288,14 @@ impl PolicyHost {
         });
         let (component, code_source) = match precompiled {
             Some(component) => (component, CodeSource::Precompiled),
-            None => cache::load_or_compile(&inner.engine, &cache, bytes).map_err(load_err)?,
+            None => cache::load_or_compile(
+                &inner.engine,
+                inner.disk_cache(),
+                config.compile_timeout,
+                bytes,
+                &digest,
+            )
+            .map_err(load_err)?,
         };
         shape::check(&inner.engine, &component, interface).map_err(load_err)?;
         let instance_pre = inner
@@ -336,7 +351,30 @@ impl PolicyHost {
             info: Arc::new(info),
             inner: policy,
             code_source,
+            digest,
         })
+    }
+}
+
+impl HostInner {
+    /// The disk cache, opened on first use; a cache that cannot be trusted
+    /// is said once and not used.
+    fn disk_cache(&self) -> Option<&cache::DiskCache> {
+        self.disk_cache
+            .get_or_init(|| {
+                let dir = self.config.cache_dir.as_deref()?;
+                let key_file = self.config.cache_key_file.as_deref();
+                cache::DiskCache::open(dir, key_file, self.config.cache_max_bytes)
+                    .inspect_err(|why| {
+                        tracing::warn!(
+                            "not using the policy code cache {}: {why}; each load compiles \
+                             the policy instead",
+                            dir.display()
+                        )
+                    })
+                    .ok()
+            })
+            .as_ref()
     }
 }
 
@@ -348,6 +386,7 @@ pub struct Policy {
     /// `info.name`, shared with every call's log sink.
     name: Arc<str>,
     code_source: CodeSource,
+    digest: ComponentDigest,
 }
 
 /// Where a loaded policy's machine code came from.
@@ -405,6 +444,12 @@ impl Policy {
     /// Where its machine code came from.
     pub fn code_source(&self) -> CodeSource {
         self.code_source
+    }
+
+    /// The SHA-256 of the component's bytes: what judged, whatever its
+    /// name, version or file.
+    pub fn digest(&self) -> ComponentDigest {
+        self.digest
     }
 
     /// Check one `until_congested(...)` call's parameters: against

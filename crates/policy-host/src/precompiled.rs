@@ -15,7 +15,6 @@
 //! source gives the same bytes on any x86-64 machine, and any x86-64 Linux
 //! host from the last fifteen years can run it.
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
 
@@ -76,12 +75,7 @@ pub(crate) fn precompile_with(config: &Config, wasm: &[u8]) -> Result<(Vec<u8>, 
 
 /// The artifact's companion file: `<sha256 hex>  builtin.wasm`.
 pub fn digest_line(wasm: &[u8]) -> String {
-    let mut line = String::with_capacity(80);
-    for b in Sha256::digest(wasm) {
-        line.push_str(&format!("{b:02x}"));
-    }
-    line.push_str("  builtin.wasm\n");
-    line
+    format!("{}  builtin.wasm\n", crate::ComponentDigest::of(wasm).hex())
 }
 
 /// The built-in's code from the shipped artifact when it is the compilation

@@ -501,6 +501,8 @@ mod tests {
                 name: "builtin".into(),
                 version: "0.1.0".into(),
                 origin: "builtin".into(),
+                digest: String::new(),
+                interface: String::new(),
             },
             mode: PolicyMode::Enforce,
             sweep: Default::default(),

@@ -88,6 +88,20 @@ pub struct SandboxArgs {
     /// before it is read or compiled.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     pub policy_max_size: u64,
+
+    /// `off` compiles the policy at every load instead of keeping its
+    /// compiled code on disk (in $NYANN_BENCH_CACHE_DIR, else
+    /// ~/.cache/nyann-bench; each entry checked against a key of yours in
+    /// ~/.local/state/nyann-bench before its code is run).
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = CacheArg::On, env = "NYANN_BENCH_POLICY_CACHE")]
+    pub policy_cache: CacheArg,
+}
+
+/// `--policy-cache`: whether compiled policy code is kept on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheArg {
+    On,
+    Off,
 }
 
 impl SandboxArgs {
@@ -98,6 +112,13 @@ impl SandboxArgs {
             call_timeout: self.policy_timeout,
             max_component_bytes: self.policy_max_size,
             ..HostConfig::default()
+        };
+        let config = match self.policy_cache {
+            CacheArg::On => config,
+            CacheArg::Off => HostConfig {
+                cache_dir: None,
+                ..config
+            },
         };
         let host = PolicyHost::new(config)?;
         let loaded = if policy == nyann_policy_host::BUILTIN {

@@ -49,6 +49,8 @@ fn judged(mut stage: StageResult, congested: bool, roles: Vec<RoleSignals>) -> S
             name: "builtin".into(),
             version: "0.1.0".into(),
             origin: "builtin".into(),
+            digest: String::new(),
+            interface: String::new(),
         },
         mode: PolicyMode::Enforce,
         sweep: Default::default(),
