@@ -410,6 +410,47 @@ async fn search_against_22_slots(levels: &[u32], refine: u32) -> crate::support:
     crate::support::generate_at(&server.base_url(), &scenario, &args).await
 }
 
+/// A search whose bounds the sweep set already (c=16 clean, c=32
+/// congested, `resolution=16`) runs no stage, and its capacity is said all
+/// the same, in `summary.json` and on the terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_that_needs_no_stage_says_the_capacity() {
+    use nyann_testkit::queue::{Queue, QueueServer};
+    let _serial = serial().await;
+    let server = QueueServer::start(Queue {
+        slots: 22,
+        service: Duration::from_millis(500),
+        serves_abandoned: false,
+    })
+    .await;
+    let scenario = "scenario(\n    workload = workload(\"faker\", isl=16, osl=1),\n    \
+                    stages = until_congested([stage(\"2s\", concurrency=c) for c in [16, 32]],\n        \
+                    waiting_requests_p50=1, ttft_p99=\"5ms\", refine=4, resolution=16),\n)\n";
+    let args = [
+        "--scrape".to_string(),
+        format!("aggregate={}", server.metrics_url()),
+        "--scrape-interval".into(),
+        "200ms".into(),
+    ];
+    let run = crate::support::generate_at(&server.base_url(), scenario, &args).await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stopped_at(), Some(1), "{}", run.stderr());
+    assert_eq!(searched(&run), (vec![], 16, 32), "{}", run.stderr());
+    let capacity = &run.summary["conclusion"]["sweeps"][0]["capacity"];
+    assert_eq!(capacity["gap"], 16.0, "{capacity}");
+    assert_eq!(capacity["resolution"], 16.0, "{capacity}");
+    assert_eq!(run.congestion(1)["refine"]["stages"], 4);
+    assert!(
+        run.stderr().contains(
+            "capacity: concurrency=16 not congested, concurrency=32 congested (no search stage \
+             needed: the sweep's levels are within the resolution)"
+        ),
+        "{}",
+        run.stderr()
+    );
+    crate::support::validate_against_schema(run.dir());
+}
+
 /// The levels a run's search stages tried, and its capacity's bounds.
 fn searched(run: &crate::support::Run) -> (Vec<u64>, u64, u64) {
     let tried = run

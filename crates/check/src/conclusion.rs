@@ -10,7 +10,7 @@ use std::fmt::Write;
 use nyann_load::StageStatus;
 use serde::{Deserialize, Serialize};
 
-use crate::record::{CongestionRecord, RunResult, StageResult};
+use crate::record::{CongestionRecord, Refine, RunResult, StageResult};
 
 /// The run's conclusion (`summary.json`: `conclusion`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -33,7 +33,8 @@ pub struct SweepConclusion {
     /// the first stage was congested (or none was judged).
     pub knee: Option<Knee>,
     /// When the sweep's first stage was congested: a level to start from
-    /// instead (a quarter of that stage's).
+    /// instead (a quarter of that stage's); absent when that stage ran at
+    /// one stream, below which there is nothing.
     pub suggested_start: Option<Level>,
     /// What the capacity search after the stop found (`refine=`); absent
     /// without one.
@@ -52,6 +53,10 @@ pub struct Capacity {
     /// How far apart the two levels are (streams, or requests/s): the
     /// resolution the search reached.
     pub gap: Option<f64>,
+    /// The gap at which the search ends (`resolution=`, else one stream or
+    /// 5% of the congested rate); absent from summaries written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<f64>,
     /// The search's stages, in the order they ran.
     pub stages: Vec<SearchedLevel>,
     /// Seconds of load the search sent.
@@ -130,12 +135,16 @@ impl Level {
     }
 
     /// A quarter of this level (at least one stream): where to start a
-    /// sweep whose first stage was already congested.
-    fn quarter(self) -> Level {
-        Level {
+    /// sweep whose first stage was already congested; `None` at one
+    /// stream, which has nothing below it.
+    fn quarter(self) -> Option<Level> {
+        if self.rate.is_none() && self.concurrency == Some(1) {
+            return None;
+        }
+        Some(Level {
             concurrency: self.concurrency.map(|c| (c / 4).max(1)),
             rate: self.rate.map(|r| r / 4.0),
-        }
+        })
     }
 }
 
@@ -188,17 +197,62 @@ impl StageRef {
 }
 
 impl Capacity {
+    /// The bounds a sweep's own stages set, before any search stage: the
+    /// knee (if any) and the first congested stage, the search asked for
+    /// with `refine`.
+    fn of_sweep(clean: Option<StageRef>, congested: StageRef, refine: Refine) -> Capacity {
+        let streams = congested.level.rate.is_none();
+        let bounds = nyann_load::Bounds::new(
+            clean.as_ref().map(|c| c.level.value()),
+            congested.level.value(),
+            streams,
+            refine.resolution,
+        );
+        let mut capacity = Capacity {
+            clean,
+            congested,
+            gap: None,
+            resolution: Some(bounds.resolution),
+            stages: Vec::new(),
+            seconds: 0.0,
+        };
+        capacity.measure_gap();
+        capacity
+    }
+
+    fn measure_gap(&mut self) {
+        self.gap = self
+            .clean
+            .as_ref()
+            .map(|clean| self.congested.level.value() - clean.level.value());
+    }
+
     /// What the search found, in words: "concurrency=22 not congested,
     /// concurrency=23 congested (5 search stages, 10s of load)".
     pub fn answer(&self) -> String {
-        let searched = format!(
-            "{} search stage{}, {} of load",
-            self.stages.len(),
-            if self.stages.len() == 1 { "" } else { "s" },
-            humantime::format_duration(std::time::Duration::from_secs_f64(
-                self.seconds.max(0.0).round()
-            ))
-        );
+        let searched = if self.stages.is_empty() {
+            // No stage was needed, or none could run.
+            let within = self
+                .gap
+                .zip(self.resolution)
+                .is_some_and(|(gap, resolution)| gap <= resolution);
+            if within {
+                "no search stage needed: the sweep's levels are within the resolution".to_string()
+            } else if self.clean.is_none() && self.congested.level.concurrency == Some(1) {
+                "no search stage: nothing below one stream to try".to_string()
+            } else {
+                "no search stage ran".to_string()
+            }
+        } else {
+            format!(
+                "{} search stage{}, {} of load",
+                self.stages.len(),
+                if self.stages.len() == 1 { "" } else { "s" },
+                humantime::format_duration(std::time::Duration::from_secs_f64(
+                    self.seconds.max(0.0).round()
+                ))
+            )
+        };
         match &self.clean {
             Some(clean) => format!(
                 "{} not congested, {} congested ({searched})",
@@ -223,6 +277,8 @@ impl SweepConclusion {
             clean: knee.as_ref().map(|k| k.stage.clone()),
             congested: first.clone(),
             gap: None,
+            // A record from before `refine` was kept: the default.
+            resolution: None,
             stages: Vec::new(),
             seconds: 0.0,
         });
@@ -239,10 +295,7 @@ impl SweepConclusion {
         {
             capacity.clean = Some(at.clone());
         }
-        capacity.gap = capacity
-            .clean
-            .as_ref()
-            .map(|clean| capacity.congested.level.value() - clean.level.value());
+        capacity.measure_gap();
         if let (Some(start), Some(end)) = (stage.start_unix, stage.end_unix) {
             capacity.seconds += end - start;
         }
@@ -308,10 +361,20 @@ impl Conclusion {
                 continue;
             }
             if record.congested() {
-                sweep.congested = Some(StageRef::of(stage, record));
+                let congested = StageRef::of(stage, record);
                 if sweep.knee.is_none() {
-                    sweep.suggested_start = Some(Level::of(stage).quarter());
+                    sweep.suggested_start = Level::of(stage).quarter();
                 }
+                // Its bounds are known before any search stage runs, and
+                // stand when none needs to (the levels are close enough).
+                if let Some(refine) = record.refine.filter(|_| record.stopped) {
+                    sweep.capacity = Some(Capacity::of_sweep(
+                        sweep.knee.as_ref().map(|k| k.stage.clone()),
+                        congested.clone(),
+                        refine,
+                    ));
+                }
+                sweep.congested = Some(congested);
             } else if record.verdict.is_some()
                 && let Some(client) = &stage.client
             {
@@ -376,6 +439,13 @@ impl Conclusion {
                     let _ = writeln!(
                         out,
                         "{prefix}the first stage ({}) was already congested: no knee in this sweep; start lower, e.g. at {start}",
+                        congested.label
+                    );
+                }
+                (None, Some(congested), None) => {
+                    let _ = writeln!(
+                        out,
+                        "{prefix}the first stage ({}) was already congested, at one stream: no knee in this sweep and no lower level to start from; the server does not meet these thresholds even at one stream (check the thresholds, then the server)",
                         congested.label
                     );
                 }
@@ -514,6 +584,7 @@ mod tests {
                     }),
                     policy_error: None,
                     stopped: congested,
+                    refine: None,
                     check_seconds: 0.0,
                 },
             }),
@@ -659,6 +730,99 @@ mod tests {
             judged(stage(1, 32, Some(true)), 30.0, 2.0, 0.1, 0.0),
         ]);
         assert!(!Conclusion::of(&result, 1).lines().contains("close call"));
+    }
+
+    /// `stage` of a sweep that searches its capacity with `refine=4,
+    /// resolution=`resolution`.
+    fn refined(mut stage: StageResult, resolution: Option<f64>) -> StageResult {
+        let record = &mut stage.annotation.as_mut().unwrap().congestion;
+        record.refine = Some(Refine {
+            stages: 4,
+            resolution,
+        });
+        stage
+    }
+
+    /// A search that needs no stage (the sweep's clean and congested levels
+    /// are within the resolution already) still has its bounds: they are
+    /// the capacity, said as such.
+    #[test]
+    fn a_search_that_needs_no_stage_still_says_the_capacity() {
+        let result = run(vec![
+            refined(stage(0, 10, Some(false)), Some(10.0)),
+            refined(stage(1, 20, Some(true)), Some(10.0)),
+            stage(2, 40, None),
+        ]);
+        let conclusion = Conclusion::of(&result, 1);
+        let capacity = conclusion.sweeps[0].capacity.as_ref().unwrap();
+        assert_eq!(capacity.clean.as_ref().unwrap().level.concurrency, Some(10));
+        assert_eq!(capacity.congested.level.concurrency, Some(20));
+        assert_eq!(
+            (capacity.gap, capacity.resolution),
+            (Some(10.0), Some(10.0))
+        );
+        assert!(capacity.stages.is_empty());
+        assert!(
+            conclusion.lines().contains(
+                "capacity: concurrency=10 not congested, concurrency=20 congested (no search \
+                 stage needed: the sweep's levels are within the resolution)\n"
+            ),
+            "{}",
+            conclusion.lines()
+        );
+        let json = serde_json::to_value(&conclusion).unwrap();
+        assert_eq!(json["sweeps"][0]["capacity"]["clean"]["concurrency"], 10);
+        // Adjacent levels at the default resolution (one stream) alike.
+        let result = run(vec![
+            refined(stage(0, 7, Some(false)), None),
+            refined(stage(1, 8, Some(true)), None),
+        ]);
+        let capacity = Conclusion::of(&result, 1).sweeps[0]
+            .capacity
+            .clone()
+            .unwrap();
+        assert_eq!((capacity.gap, capacity.resolution), (Some(1.0), Some(1.0)));
+        // Congested at one stream: nothing lower to search.
+        let result = run(vec![refined(stage(0, 1, Some(true)), None)]);
+        let lines = Conclusion::of(&result, 1).lines();
+        assert!(
+            lines.contains(
+                "capacity: not found: congested down to concurrency=1 (no search stage: nothing \
+                 below one stream to try)"
+            ),
+            "{lines}"
+        );
+        // Without `refine=` there is no capacity to say.
+        let result = run(vec![stage(0, 10, Some(false)), stage(1, 20, Some(true))]);
+        assert_eq!(Conclusion::of(&result, 1).sweeps[0].capacity, None);
+    }
+
+    /// A first stage congested at one stream has nothing below it to start
+    /// from: the advice says so instead of "start lower, at concurrency=1".
+    #[test]
+    fn a_first_stage_congested_at_one_stream_suggests_no_lower_start() {
+        let result = run(vec![stage(0, 1, Some(true)), stage(1, 2, None)]);
+        let conclusion = Conclusion::of(&result, 1);
+        assert_eq!(conclusion.sweeps[0].suggested_start, None);
+        let lines = conclusion.lines();
+        assert!(
+            lines.starts_with(
+                "the first stage (#0 c=1) was already congested, at one stream: no knee in this \
+                 sweep and no lower level to start from; the server does not meet these \
+                 thresholds even at one stream"
+            ),
+            "{lines}"
+        );
+        assert!(!lines.contains("start lower"), "{lines}");
+        // Two streams still have one below them.
+        let result = run(vec![stage(0, 2, Some(true))]);
+        assert_eq!(
+            Conclusion::of(&result, 1).sweeps[0].suggested_start,
+            Some(Level {
+                concurrency: Some(1),
+                rate: None
+            })
+        );
     }
 
     /// A sweep congested from its first stage has no knee: it says so and

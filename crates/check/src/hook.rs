@@ -222,6 +222,7 @@ impl CongestionCheck {
             verdict: None,
             policy_error: None,
             stopped: false,
+            refine: stop.condition.search.map(Into::into),
             check_seconds: 0.0,
         };
         history.push(observation);

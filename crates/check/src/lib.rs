@@ -16,5 +16,5 @@ pub use hook::{
     CheckError, CheckSettings, CongestionCheck, check_stop_conditions, judges_any_stage,
 };
 pub use record::{
-    CongestionRecord, Judged, OnPolicyError, PolicyMode, PolicyRef, RunResult, StageResult,
+    CongestionRecord, Judged, OnPolicyError, PolicyMode, PolicyRef, Refine, RunResult, StageResult,
 };

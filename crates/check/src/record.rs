@@ -57,8 +57,32 @@ pub struct CongestionRecord {
     /// verdict in enforce mode, or a failed call with `--on-policy-error stop`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stopped: bool,
+    /// The capacity search the sweep runs after it stops (`refine=`,
+    /// `resolution=` of `until_congested(...)`); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refine: Option<Refine>,
     /// Time taken by the whole check: signals (including the settle wait) and judge.
     pub check_seconds: f64,
+}
+
+/// A sweep's capacity search as `until_congested(...)` asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Refine {
+    /// Most search stages (`refine=N`).
+    pub stages: u32,
+    /// How close the bounds must come (`resolution=`); absent: the default
+    /// (one stream, or 5% of the congested rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<f64>,
+}
+
+impl From<nyann_model::CapacitySearch> for Refine {
+    fn from(search: nyann_model::CapacitySearch) -> Refine {
+        Refine {
+            stages: search.stages,
+            resolution: search.resolution,
+        }
+    }
 }
 
 /// Which policy judged.

@@ -90,7 +90,19 @@ impl RecordedRun {
     /// Read `dir/stages.json` (else `dir/summary.json`).
     pub fn read(dir: &Path) -> anyhow::Result<RecordedRun> {
         let stages: Vec<RecordedStage> = nyann_results::RunDir::open(dir)?.stages()?;
-        let stages: Vec<JudgedStage> = stages.into_iter().filter_map(judged).collect();
+        let mut judged_stages = Vec::new();
+        for stage in stages {
+            let label = stage.label.clone();
+            match judged(stage) {
+                Ok(Some(stage)) => judged_stages.push(stage),
+                Ok(None) => {}
+                Err(why) => bail!(
+                    "{}: stage {label}: {why}: the file was changed or is corrupt",
+                    dir.display()
+                ),
+            }
+        }
+        let stages = judged_stages;
         if stages.is_empty() {
             bail!(
                 "{} records no judged stage: the run had no until_congested(...) stage that \
@@ -110,12 +122,16 @@ impl RecordedRun {
     }
 }
 
-/// The judged stage a recorded stage is, if it was judged.
-fn judged(stage: RecordedStage) -> Option<JudgedStage> {
+/// The judged stage a recorded stage is, if it was judged; an error when
+/// its figures cannot be (they would reach the policy as they are).
+fn judged(stage: RecordedStage) -> Result<Option<JudgedStage>, String> {
     if stage.status != "measured" {
-        return None;
+        return Ok(None);
     }
-    let record = stage.annotation?.congestion;
+    let Some(judged) = stage.annotation else {
+        return Ok(None);
+    };
+    let record = judged.congestion;
     let recorded = match (record.verdict, record.policy_error) {
         (Some(verdict), _) => Ok(verdict),
         (None, error) => Err(error.unwrap_or_else(|| "no verdict recorded".to_string())),
@@ -125,7 +141,23 @@ fn judged(stage: RecordedStage) -> Option<JudgedStage> {
         // Recorded before the client statistics carried it.
         client.dropped = stage.detail.unwrap_or_default().dropped;
     }
-    Some(JudgedStage {
+    if let Some(eval) = &mut client.eval {
+        let (answered, correct, unanswerable) = (eval.answered, eval.correct, eval.unanswerable);
+        // Unanswerable replies are scored wrong: they and the right ones
+        // are among the answered.
+        if correct
+            .checked_add(unanswerable)
+            .is_none_or(|n| n > answered)
+        {
+            return Err(format!(
+                "client.eval has {correct} correct and {unanswerable} unanswerable of \
+                 {answered} answered, which cannot be"
+            ));
+        }
+        // The accuracy and its interval follow from the counts.
+        *eval = nyann_model::EvalStats::of(answered, correct, unanswerable);
+    }
+    Ok(Some(JudgedStage {
         observation: StageObservation {
             index: u32::try_from(stage.index).unwrap_or(u32::MAX),
             name: stage.label,
@@ -143,7 +175,7 @@ fn judged(stage: RecordedStage) -> Option<JudgedStage> {
         recorded,
         mode: record.mode,
         policy: (record.policy.name, record.policy.version),
-    })
+    }))
 }
 
 /// One stage judged again.
@@ -373,28 +405,58 @@ mod tests {
     ]"##;
 
     fn run_from(stages_json: &str) -> RecordedRun {
-        let dir = std::env::temp_dir().join(format!(
-            "nyann-replay-{}-{}",
-            std::process::id(),
-            stages_json.len()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("stages.json"), stages_json).unwrap();
-        let run = RecordedRun::read(&dir).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        run
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stages.json"), stages_json).unwrap();
+        RecordedRun::read(dir.path()).unwrap()
     }
 
     #[test]
     fn a_directory_without_a_run_is_named() {
-        let missing = std::env::temp_dir().join(format!("nyann-no-run-{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-run");
         let err = RecordedRun::read(&missing).unwrap_err().to_string();
         assert!(err.ends_with("is not a directory: give the directory a run wrote with `nyann-bench generate --output-dir DIR`"), "{err}");
         std::fs::create_dir_all(&missing).unwrap();
         let err = RecordedRun::read(&missing).unwrap_err().to_string();
-        std::fs::remove_dir_all(&missing).unwrap();
         assert!(
             err.contains("holds no stages.json or summary.json"),
+            "{err}"
+        );
+    }
+
+    /// Eval counts that cannot be (more right than answered) are refused
+    /// before a policy sees them; a value of the wrong type is named once.
+    #[test]
+    fn recorded_figures_that_cannot_be_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let eval = r#""eval": {"answered": 3, "correct": 5, "unanswerable": 0,
+                               "accuracy": 1.0, "accuracy_low": 0.5, "accuracy_high": 1.0}"#;
+        let forged =
+            WRITTEN_AFTER.replace(r#""dropped": 2,"#, &format!(r#""dropped": 2, {eval},"#));
+        assert_ne!(forged, WRITTEN_AFTER);
+        std::fs::write(dir.path().join("stages.json"), &forged).unwrap();
+        let err = format!("{:#}", RecordedRun::read(dir.path()).unwrap_err());
+        assert!(
+            err.ends_with(
+                "stage #0 c=4: client.eval has 5 correct and 0 unanswerable of 3 answered, \
+                 which cannot be: the file was changed or is corrupt"
+            ),
+            "{err}"
+        );
+        // Possible counts pass, with the accuracy they give (not the one
+        // written).
+        let fine = forged.replace(r#""answered": 3"#, r#""answered": 10"#);
+        std::fs::write(dir.path().join("stages.json"), &fine).unwrap();
+        let run = RecordedRun::read(dir.path()).unwrap();
+        let eval = run.stages[0].observation.client.eval.unwrap();
+        assert_eq!((eval.correct, eval.answered, eval.accuracy), (5, 10, 0.5));
+        // serde's text, once.
+        let wrong = WRITTEN_AFTER.replace(r#""requests_ok": 40"#, r#""requests_ok": -40"#);
+        std::fs::write(dir.path().join("stages.json"), &wrong).unwrap();
+        let err = format!("{:#}", RecordedRun::read(dir.path()).unwrap_err());
+        assert_eq!(
+            err.matches("invalid value: integer `-40`").count(),
+            1,
             "{err}"
         );
     }

@@ -45,6 +45,10 @@ fn rows(path: &Path) -> Result<Vec<[String; 5]>, DatasetError> {
             .collect::<Result<_, _>>()?;
         for (i, row) in reader.records().enumerate() {
             let row = row.map_err(|e| record(path, i + 1, format!("not CSV: {e}")))?;
+            let bytes = row.as_slice().len();
+            if bytes > crate::MAX_RECORD_BYTES {
+                return Err(crate::too_large(path, i + 1, bytes));
+            }
             let fields: Vec<String> = at
                 .iter()
                 .map(|&c| row.get(c).unwrap_or_default().trim().to_string())

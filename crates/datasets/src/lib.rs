@@ -68,6 +68,15 @@ pub enum DatasetError {
         record: usize,
         why: String,
     },
+    /// The file is not UTF-8 text: where the first invalid byte is.
+    #[error(
+        "{path}: line {line} is not UTF-8 text (byte {column} of the line): save the file as UTF-8"
+    )]
+    NotUtf8 {
+        path: String,
+        line: usize,
+        column: usize,
+    },
     #[error("{path}: no question in the file ({expected})")]
     Empty {
         path: String,
@@ -87,6 +96,15 @@ pub struct EvalSet {
     /// [`EvalSet::find`] looks up.
     by_key: HashMap<String, usize>,
 }
+
+/// The largest record (a line of JSONL, a row of CSV) an eval dataset may
+/// have: a question of GSM8K or GPQA is a few KB; a larger one is not a
+/// question but a file that would be held and sent whole.
+pub const MAX_RECORD_BYTES: usize = 1 << 20;
+
+/// The longest answer kept from a reply (a GSM8K number, a GPQA letter):
+/// what a request's record stores.
+pub const MAX_EXTRACTED_CHARS: usize = 64;
 
 /// Where a prompt's own question starts.
 const MARKER: &str = "Question: ";
@@ -155,10 +173,14 @@ impl EvalSet {
             EvalKind::Gsm8k => extract_number(reply),
             EvalKind::Gpqa => extract_letter(reply).map(String::from),
         };
-        Scored {
-            correct: extracted.as_deref() == Some(question.expected.as_str()),
-            extracted,
-        }
+        let correct = extracted.as_deref() == Some(question.expected.as_str());
+        // Kept in every request's record: a reply of 200,000 digits is kept
+        // as its first digits, marked cut.
+        let extracted = extracted.map(|e| match e.char_indices().nth(MAX_EXTRACTED_CHARS) {
+            Some((cut, _)) => format!("{}…", &e[..cut]),
+            None => e,
+        });
+        Scored { extracted, correct }
     }
 
     /// The answer `prompt` expects, read from the prompt itself (a GPQA
@@ -233,6 +255,7 @@ fn jsonl(
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
         .map(move |(i, line)| match serde_json::from_str(line) {
+            _ if line.len() > MAX_RECORD_BYTES => Err(too_large(path, i + 1, line.len())),
             Ok(serde_json::Value::Object(map)) => Ok((i + 1, map)),
             Ok(_) => Err(record(path, i + 1, "not a JSON object".into())),
             Err(e) => Err(record(path, i + 1, format!("not JSON: {e}"))),
@@ -240,10 +263,37 @@ fn jsonl(
 }
 
 fn read(path: &Path) -> Result<String, DatasetError> {
-    std::fs::read_to_string(path).map_err(|error| DatasetError::Read {
+    let bytes = std::fs::read(path).map_err(|error| DatasetError::Read {
         path: path.display().to_string(),
         error,
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let line_start = bytes[..at]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        DatasetError::NotUtf8 {
+            path: path.display().to_string(),
+            line: bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1,
+            column: at - line_start + 1,
+        }
     })
+}
+
+/// A record over [`MAX_RECORD_BYTES`].
+fn too_large(path: &Path, number: usize, bytes: usize) -> DatasetError {
+    record(
+        path,
+        number,
+        format!(
+            "it is {:.1} MiB, over the {} MiB a record may be (a question of a real dataset is a \
+             few KB)",
+            bytes as f64 / f64::from(1 << 20),
+            MAX_RECORD_BYTES >> 20
+        ),
+    )
 }
 
 fn record(path: &Path, record: usize, why: String) -> DatasetError {
@@ -257,6 +307,45 @@ fn record(path: &Path, record: usize, why: String) -> DatasetError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Invalid UTF-8 is named with its line; a record of 2 MiB is refused
+    /// (a 200 MB question was held and sent whole); an answer of 200,000
+    /// digits is kept as its first 64.
+    #[test]
+    fn bad_and_oversized_records_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let good = "{\"question\": \"What is 2 + 3?\", \"answer\": \"#### 5\"}\n";
+        let mut bytes = good.repeat(2).into_bytes();
+        bytes.extend_from_slice(b"{\"question\": \"caf\xe9\", \"answer\": \"#### 1\"}\n");
+        std::fs::write(&path, &bytes).unwrap();
+        let err = EvalSet::gsm8k(&path, None, 0).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                ": line 3 is not UTF-8 text (byte 18 of the line): save the file as UTF-8"
+            ),
+            "{err}"
+        );
+        let huge = format!(
+            "{good}{{\"question\": \"{}\", \"answer\": \"#### 1\"}}\n",
+            "x".repeat(2 << 20)
+        );
+        std::fs::write(&path, huge).unwrap();
+        let err = EvalSet::gsm8k(&path, None, 0).unwrap_err().to_string();
+        assert!(
+            err.ends_with(": record 2: it is 2.0 MiB, over the 1 MiB a record may be (a question of a real dataset is a few KB)"),
+            "{err}"
+        );
+        std::fs::write(&path, good).unwrap();
+        let set = EvalSet::gsm8k(&path, None, 0).unwrap();
+        let scored = set.score(
+            set.question(0).unwrap(),
+            &format!("#### {}", "9".repeat(200_000)),
+        );
+        assert!(!scored.correct);
+        let kept = scored.extracted.unwrap();
+        assert_eq!(kept, format!("{}…", "9".repeat(MAX_EXTRACTED_CHARS)));
+    }
 
     #[test]
     fn reasoning_is_left_out() {

@@ -29,8 +29,13 @@ pub struct Assembled {
     /// Elements `judge` grows a function table by (none: no table).
     pub judge_grows_table: u32,
     /// Bytes of code never called, to make the component large and slow to
-    /// compile (rounded to whole 4 KiB functions).
+    /// compile (rounded to whole functions of `filler_function_bytes`).
     pub filler_bytes: usize,
+    /// Bytes of each filler function: straight-line code (0: 4 KiB).
+    pub filler_function_bytes: usize,
+    /// Elements of a function table the module starts with (0: none
+    /// unless `judge_grows_table`).
+    pub initial_table: u64,
     /// Functions never called that do nothing (a few bytes each): many
     /// functions in little code.
     pub empty_functions: u32,
@@ -89,7 +94,11 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     }
     let base = u32::from(spec.host_import.is_some());
 
-    let filler_functions = spec.filler_bytes.div_ceil(FILLER_BYTES) as u32;
+    let filler_size = match spec.filler_function_bytes {
+        0 => FILLER_BYTES,
+        n => n,
+    };
+    let filler_functions = spec.filler_bytes.div_ceil(filler_size) as u32;
     let mut functions = FunctionSection::new();
     for ty in [0, 1, 2, 3] {
         functions.function(ty);
@@ -113,11 +122,11 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     }
 
     let mut tables = TableSection::new();
-    if spec.judge_grows_table > 0 {
+    if spec.judge_grows_table > 0 || spec.initial_table > 0 {
         tables.table(TableType {
             element_type: RefType::FUNCREF,
             table64: false,
-            minimum: 0,
+            minimum: spec.initial_table,
             maximum: None,
             shared: false,
         });
@@ -145,7 +154,7 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
     code.function(&returns(INFO_AREA));
     code.function(&returns(ZERO_AREA));
     code.function(&judge(spec));
-    let filler = filler();
+    let filler = filler(filler_size);
     for _ in 0..filler_functions {
         code.function(&filler);
     }
@@ -269,7 +278,7 @@ const FILLER_BYTES: usize = 4 << 10;
 
 /// Code that is never called: `mem[x + k] += x` over and over (memory
 /// traffic the compiler cannot fold away, like ordinary code).
-fn filler() -> Function {
+fn filler(bytes: usize) -> Function {
     let mut f = Function::new([]);
     let mut sink = f.instructions();
     let at = |k: usize| MemArg {
@@ -278,7 +287,7 @@ fn filler() -> Function {
         memory_index: 0,
     };
     // Each step is about 12 bytes.
-    for k in 0..FILLER_BYTES / 12 {
+    for k in 0..bytes / 12 {
         sink.local_get(0)
             .local_get(0)
             .i32_load(at(k))

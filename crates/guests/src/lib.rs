@@ -230,8 +230,8 @@ mod tests {
     /// before cargo is run.
     #[test]
     fn missing_target_says_how_to_install_it() {
-        let dir = std::env::temp_dir().join(format!("nyann-fake-rustc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         // A rustc whose wasm32-wasip2 library directory does not exist.
         let fake = dir.join("rustc");
         std::fs::write(
@@ -246,12 +246,11 @@ mod tests {
             &fake,
             Path::new("Cargo.toml"),
             &["x"],
-            &dir,
+            dir,
         )
         .unwrap_err();
         assert_eq!(err.to_string(), MISSING_TARGET);
         assert!(MISSING_TARGET.contains("run `rustup target add wasm32-wasip2`"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

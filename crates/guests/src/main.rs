@@ -4,10 +4,11 @@
 //! Linux (`builtin.x86_64-linux.cwasm` and the digest of its source, which
 //! the binary embeds too). Commit the result.
 //!
-//! `cargo xtask assemble OUT.wasm LINE EXTRA_MEMORIES GROW_MIB FILLER_MIB`:
-//! writes an assembled policy component (see `nyann_guests::assembled`) for
-//! the interface line `0.1` or `0.2`, for the sandbox benchmark
-//! (`bench/policy-sandbox.sh`).
+//! `cargo xtask assemble OUT.wasm LINE EXTRA_MEMORIES GROW_MIB FILLER_MIB
+//! [FUNCTION_KIB]`: writes an assembled policy component (see
+//! `nyann_guests::assembled`) for the interface line `0.1` or `0.2`, its
+//! filler code in functions of FUNCTION_KIB (default 4), for the sandbox
+//! benchmarks (`bench/policy-sandbox.sh`, `bench/policy-compile.sh`).
 
 use std::process::ExitCode;
 
@@ -21,12 +22,21 @@ fn main() -> ExitCode {
     {
         ["builtin"] => regenerate_builtin(),
         ["assemble", out, line, memories, grow_mib, filler_mib] => {
-            assemble(out, line, memories, grow_mib, filler_mib)
+            assemble(out, line, memories, grow_mib, filler_mib, "4")
         }
+        [
+            "assemble",
+            out,
+            line,
+            memories,
+            grow_mib,
+            filler_mib,
+            function_kib,
+        ] => assemble(out, line, memories, grow_mib, filler_mib, function_kib),
         _ => {
             eprintln!(
                 "usage: cargo xtask builtin\n  rebuilds {} and its precompiled code from policies/builtin (then commit them)\n\
-                 usage: cargo xtask assemble OUT.wasm 0.1|0.2 EXTRA_MEMORIES GROW_MIB FILLER_MIB\n  \
+                 usage: cargo xtask assemble OUT.wasm 0.1|0.2 EXTRA_MEMORIES GROW_MIB FILLER_MIB [FUNCTION_KIB]\n  \
                  writes an assembled policy component (for bench/policy-sandbox.sh)",
                 nyann_guests::BUILTIN_COMMITTED
             );
@@ -80,6 +90,7 @@ fn assemble(
     memories: &str,
     grow_mib: &str,
     filler_mib: &str,
+    function_kib: &str,
 ) -> Result<String, String> {
     let number = |what: &str, text: &str| {
         text.parse::<u32>()
@@ -92,6 +103,7 @@ fn assemble(
         extra_memories: number("EXTRA_MEMORIES", memories)?,
         judge_grows_pages: number("GROW_MIB", grow_mib)? * 16,
         filler_bytes: number("FILLER_MIB", filler_mib)? as usize * (1 << 20),
+        filler_function_bytes: number("FUNCTION_KIB", function_kib)? as usize * (1 << 10),
         ..Default::default()
     };
     let bytes = nyann_guests::assembled::component(&wit, &format!("{line}.0"), &spec)?;

@@ -15,7 +15,7 @@
 //!
 //! Failures (non-2xx with a bounded body excerpt, an `error` event, an
 //! unreadable event, a stream that ends without `[DONE]` or a finish reason,
-//! a timeout, a transport error) come back as [`Outcome`]s with a reason;
+//! a JSON body where a stream was asked for, a timeout, a transport error) come back as [`Outcome`]s with a reason;
 //! they are data, not `Err`.
 
 use std::sync::Arc;
@@ -570,9 +570,11 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
     }
     let mut parser = SseParser::new();
     let mut state = StreamState::default();
+    let mut body = BodyStart::default();
     loop {
         match response.next_piece().await {
             Ok(Some((at, piece))) => {
+                body.see(piece);
                 parser.feed(piece, |payload| state.event(payload, at, keep_reply, out));
             }
             Ok(None) => {
@@ -595,8 +597,78 @@ async fn read_stream(target: &Target, request: &[u8], keep_reply: bool, out: &mu
     if let Some(error) = state.error {
         out.error = Some(error);
     } else if !out.ok {
-        out.error =
-            Some("stream ended before [DONE] and without a finish reason (truncated)".into());
+        out.error = Some(body.not_a_stream().unwrap_or_else(|| {
+            "stream ended before [DONE] and without a finish reason (truncated)".into()
+        }));
+    }
+}
+
+/// The start of a response body, kept only when it is not an event stream
+/// (a JSON body where events were asked for): what the server sent instead.
+#[derive(Default)]
+enum BodyStart {
+    /// No byte but white space yet.
+    #[default]
+    Empty,
+    /// Events (or anything else that is not JSON): nothing kept.
+    Stream,
+    /// A JSON body: its first bytes.
+    Json(Vec<u8>),
+}
+
+impl BodyStart {
+    fn see(&mut self, piece: &[u8]) {
+        match self {
+            BodyStart::Stream => {}
+            BodyStart::Json(start) => {
+                let room = ERROR_BODY_EXCERPT.saturating_sub(start.len());
+                start.extend_from_slice(&piece[..room.min(piece.len())]);
+            }
+            BodyStart::Empty => match piece.iter().position(|b| !b.is_ascii_whitespace()) {
+                None => {}
+                Some(at) if matches!(piece[at], b'{' | b'[') => {
+                    *self = BodyStart::Json(Vec::new());
+                    self.see(&piece[at..]);
+                }
+                Some(_) => *self = BodyStart::Stream,
+            },
+        }
+    }
+
+    /// What the server did instead of streaming, when the body says it.
+    fn not_a_stream(&self) -> Option<String> {
+        let start = match self {
+            BodyStart::Stream => return None,
+            BodyStart::Empty => {
+                return Some("the server answered with an empty body, not an event stream".into());
+            }
+            BodyStart::Json(start) => start,
+        };
+        let text = String::from_utf8_lossy(start);
+        // The excerpt may end inside the body: its keys, not its parse.
+        if text.contains("\"choices\"") {
+            return Some(
+                "the server answered with a whole completion in one JSON body, not an event \
+                 stream: it ignored \"stream\": true (TTFT and ITL need the stream)"
+                    .into(),
+            );
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(start)
+            .ok()
+            .and_then(|j| Some(j.get("error")?.get("message")?.as_str()?.to_string()));
+        let cut = if start.len() >= ERROR_BODY_EXCERPT {
+            "…"
+        } else {
+            ""
+        };
+        Some(match message {
+            Some(message) => format!(
+                "the server answered with an error in a JSON body, not an event stream: {message}"
+            ),
+            None => {
+                format!("the server answered with a JSON body, not an event stream: {text}{cut}")
+            }
+        })
     }
 }
 

@@ -163,10 +163,12 @@ impl EvalCounts {
         self.unanswerable += u64::from(record.eval_extracted.is_none());
     }
 
+    /// Workers' counts, added; saturating (a worker's counts come over the
+    /// network, and an overflow must not wrap to a small count).
     fn merge(&mut self, other: EvalCounts) {
-        self.answered += other.answered;
-        self.correct += other.correct;
-        self.unanswerable += other.unanswerable;
+        self.answered = self.answered.saturating_add(other.answered);
+        self.correct = self.correct.saturating_add(other.correct);
+        self.unanswerable = self.unanswerable.saturating_add(other.unanswerable);
     }
 }
 
@@ -486,6 +488,24 @@ impl StageAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Workers' eval counts near the top of u64 saturate instead of
+    /// wrapping to a small count (release builds do not check overflow).
+    #[test]
+    fn merged_eval_counts_saturate() {
+        let mut total = EvalCounts {
+            answered: u64::MAX - 1,
+            correct: u64::MAX - 1,
+            unanswerable: 0,
+        };
+        total.merge(EvalCounts {
+            answered: 5,
+            correct: 5,
+            unanswerable: 1,
+        });
+        assert_eq!((total.answered, total.correct), (u64::MAX, u64::MAX));
+        assert_eq!(total.unanswerable, 1);
+    }
 
     fn record(status: Status, ttft: f64, tokens: u64) -> RequestRecord {
         RequestRecord {

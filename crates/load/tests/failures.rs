@@ -83,6 +83,16 @@ async fn stream_faults_are_failed_requests_with_reasons() {
     for (fault, reason) in [
         (Fault::ErrorEvent, "out of memory"),
         (Fault::Truncate, "unreadable stream event"),
+        (
+            Fault::WholeJson,
+            "the server answered with a whole completion in one JSON body, not an event \
+             stream: it ignored \"stream\": true",
+        ),
+        (
+            Fault::JsonError,
+            "the server answered with an error in a JSON body, not an event stream: model \
+             not loaded",
+        ),
     ] {
         let server = TestServer::start(Behaviour {
             fault,

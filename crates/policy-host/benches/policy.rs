@@ -140,8 +140,11 @@ fn main() {
     // `judge`: the judge latencies only (for profiling, and for
     // `bench/policy-host.sh`, which compares builds).
     let judge_only = std::env::args().skip(1).any(|a| a == "judge");
-    let cache = std::env::temp_dir().join(format!("nyann-policy-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&cache);
+    let tmp = tempfile::Builder::new()
+        .prefix("nyann-policy-bench-")
+        .tempdir()
+        .unwrap();
+    let cache = tmp.path().to_path_buf();
 
     // The custom component: the client-slo example, built like the tests do.
     let custom =
@@ -155,7 +158,6 @@ fn main() {
         loads(&cache, &custom);
     }
     judges(&cache, &custom, judge_only);
-    let _ = std::fs::remove_dir_all(&cache);
 }
 
 fn loads(cache: &Path, custom: &Path) {

@@ -7,7 +7,7 @@
 use wasmtime::Engine;
 use wasmtime::wasmparser::{Parser, Payload};
 
-use crate::sandbox::MAX_MEMORIES;
+use crate::sandbox::{MAX_MEMORIES, TABLE_ELEMENT_BYTES};
 use crate::versions::{Interface, PACKAGE, supported_versions};
 
 /// Interfaces a policy may import: the contract's own, and the WASI 0.2
@@ -48,6 +48,10 @@ pub struct CodeLimits {
     pub max_functions: u64,
     /// Bytes of their code sections together.
     pub max_code_bytes: u64,
+    /// Bytes of the largest function body: compiling one function costs
+    /// more than in proportion to its size (a straight-line function of
+    /// 7 MB took 9 s and over 400 MB alone), so no function may be large.
+    pub max_function_bytes: u64,
 }
 
 /// What the checks found out about a component.
@@ -61,7 +65,11 @@ pub(crate) struct Inspected {
 }
 
 /// Check a policy's bytes and return the interface line it implements.
-pub(crate) fn inspect(bytes: &[u8], limits: CodeLimits) -> Result<Inspected, String> {
+pub(crate) fn inspect(
+    bytes: &[u8],
+    limits: CodeLimits,
+    memory_cap: usize,
+) -> Result<Inspected, String> {
     check_header(bytes)?;
     let sections = read_sections(bytes)?;
     if let Some(prerelease) = sections
@@ -94,6 +102,15 @@ pub(crate) fn inspect(bytes: &[u8], limits: CodeLimits) -> Result<Inspected, Str
             crate::error::human_size(limits.max_code_bytes)
         ));
     }
+    if sections.largest_function > limits.max_function_bytes {
+        return Err(format!(
+            "has a function of {} of code; a policy's functions may have at most {} each \
+             (compiling a function costs more than in proportion to its size; the largest \
+             function of a Python policy, CPython's interpreter loop, has 417 KiB)",
+            crate::error::human_size(sections.largest_function),
+            crate::error::human_size(limits.max_function_bytes)
+        ));
+    }
     if let Some(name) = sections.imports.iter().find(|n| !import_allowed(n)) {
         return Err(format!(
             "imports `{name}`, which policies may not use (allowed: {PACKAGE}/host, and the \
@@ -106,6 +123,20 @@ pub(crate) fn inspect(bytes: &[u8], limits: CodeLimits) -> Result<Inspected, Str
             "defines {} linear memories; policies may define at most {MAX_MEMORIES} (a policy \
              built by a Rust, JavaScript or Python toolchain has one)",
             sections.memories
+        ));
+    }
+    // Memories and tables start at their minimum sizes, all against one
+    // cap (table elements at 8 bytes each, as the limiter counts them).
+    let initial = sections
+        .memory_pages
+        .saturating_mul(64 << 10)
+        .saturating_add(sections.table_elements.saturating_mul(TABLE_ELEMENT_BYTES));
+    if initial > memory_cap as u64 {
+        return Err(format!(
+            "declares linear memories and tables that start at {} together, over its memory cap \
+             of {} (for all its memories and tables)",
+            crate::error::human_size(initial),
+            crate::error::human_bytes(memory_cap)
         ));
     }
     let built_for = sections
@@ -170,9 +201,15 @@ struct Sections {
     exports: Vec<String>,
     /// Linear memories defined by all its core modules.
     memories: usize,
-    /// Functions defined by all its core modules, and their code's bytes.
+    /// Functions defined by all its core modules, their code's bytes, and
+    /// the largest function body's.
     functions: u64,
     code_bytes: u64,
+    largest_function: u64,
+    /// The minimum sizes of the memories (pages) and tables (elements) its
+    /// core modules define, summed.
+    memory_pages: u64,
+    table_elements: u64,
 }
 
 fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
@@ -182,6 +219,9 @@ fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
         memories: 0,
         functions: 0,
         code_bytes: 0,
+        largest_function: 0,
+        memory_pages: 0,
+        table_elements: 0,
     };
     // The parser walks nested modules and components in line; `depth` is
     // 0 in the outer component's own sections.
@@ -205,6 +245,21 @@ fn read_sections(bytes: &[u8]) -> Result<Sections, String> {
             }
             Payload::MemorySection(reader) => {
                 sections.memories += usize::try_from(reader.count()).unwrap_or(usize::MAX);
+                for memory in reader {
+                    let memory = memory.map_err(|e| format!("is not a valid component: {e}"))?;
+                    sections.memory_pages = sections.memory_pages.saturating_add(memory.initial);
+                }
+            }
+            Payload::TableSection(reader) => {
+                for table in reader {
+                    let table = table.map_err(|e| format!("is not a valid component: {e}"))?;
+                    sections.table_elements =
+                        sections.table_elements.saturating_add(table.ty.initial);
+                }
+            }
+            Payload::CodeSectionEntry(body) => {
+                let size = body.range().len() as u64;
+                sections.largest_function = sections.largest_function.max(size);
             }
             Payload::FunctionSection(reader) => {
                 sections.functions += u64::from(reader.count());

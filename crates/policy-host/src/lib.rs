@@ -105,10 +105,12 @@ pub struct HostConfig {
     /// 18-40 MB).
     pub max_component_bytes: u64,
     /// Most functions and bytes of code a component may ask to compile,
-    /// counted before compiling. Default 30,000 functions and 16 MiB of
-    /// code: at most about 6 s and 200 MB of compiling on one core (the
-    /// built-in has 306 functions and 85 KB of code; a componentize-py
-    /// policy, with CPython inside, 13,357 and 6.3 MiB).
+    /// counted before compiling. Default 30,000 functions, 16 MiB of code
+    /// and 1 MiB per function (compiling one function costs more than in
+    /// proportion to its size). The built-in has 311 functions and 85 KB
+    /// of code; a componentize-py policy, with CPython inside, 13,357 and
+    /// 6.3 MiB (its largest function 417 KiB), and takes 20-22 s and about
+    /// 400 MB to compile on one core.
     pub code_limits: CodeLimits,
     /// Longest compile of a component before its load is refused (a
     /// backstop: the code limits bound what compiling costs). Default 2 min.
@@ -140,6 +142,7 @@ impl Default for HostConfig {
             code_limits: CodeLimits {
                 max_functions: 30_000,
                 max_code_bytes: 16 << 20,
+                max_function_bytes: 1 << 20,
             },
             compile_timeout: Duration::from_secs(120),
             cache_dir: default_cache_dir(),
@@ -276,7 +279,8 @@ impl PolicyHost {
                 limit: config.max_component_bytes,
             });
         }
-        let inspected = inspect::inspect(bytes, config.code_limits).map_err(load_err)?;
+        let inspected = inspect::inspect(bytes, config.code_limits, config.memory_limit_bytes)
+            .map_err(load_err)?;
         let interface = inspected.interface;
         let digest = ComponentDigest::of(bytes);
         let precompiled = artifact.and_then(|artifact| {
@@ -816,24 +820,42 @@ fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), PolicyError> {
         .map_err(|e| PolicyError::Host(format!("cannot start the epoch ticker thread: {e}")))
 }
 
-/// Why a component that passed the checks cannot be linked: most likely it
-/// was built for a newer patch of its line that added a host function
-/// (a line may add host functions; older guests never import them).
+/// Why a component that passed the checks cannot be linked: it imports a
+/// host function its interface line does not have here. Said the same way
+/// for every line, naming the function and what to do: a newer
+/// nyann-bench when the component is built for a newer version of the
+/// line, else a rebuild against the released WIT (the function is in no
+/// release this host knows).
 fn link_error(built_for: &str, err: &wasmtime::Error) -> String {
-    let host_version = format!("{}.0", Interface::NEWEST.line());
-    let ours = versions::Interface::of_version(built_for)
-        .map(|i| format!("{}.0", i.line()))
-        .unwrap_or(host_version);
-    if inspect::semver(built_for) > inspect::semver(&ours) {
+    let line = versions::Interface::of_version(built_for).unwrap_or(Interface::NEWEST);
+    let ours = format!("{}.0", line.line());
+    let package = versions::PACKAGE;
+    // wasmtime's chain: "component imports instance `X`, but ...", then
+    // "instance export `F` has the wrong type", then the type mismatch.
+    let quoted = |prefix: &str| {
+        err.chain().find_map(|cause| {
+            let text = cause.to_string();
+            let rest = &text[text.find(prefix)? + prefix.len()..];
+            Some(rest[..rest.find('`')?].to_string())
+        })
+    };
+    let what = match (quoted("imports instance `"), quoted("instance export `")) {
+        (Some(instance), Some(function)) => format!("imports `{function}` from `{instance}`"),
+        (Some(instance), None) => format!("imports `{instance}`"),
+        _ => format!("imports what this host does not have ({err:#})"),
+    };
+    let fix = if inspect::semver(built_for) > inspect::semver(&ours) {
         format!(
-            "is built for {}@{built_for}, newer than this host's {}@{ours}, and imports what \
-             this host does not have: a newer nyann-bench is needed ({err:#})",
-            versions::PACKAGE,
-            versions::PACKAGE
+            "it is built for {package}@{built_for}, a newer version of the line: a newer \
+             nyann-bench is needed"
         )
     } else {
-        format!("cannot be linked: {err:#}")
-    }
+        format!(
+            "{package}@{ours} has no such function: rebuild the policy against the released \
+             WIT (the one `nyann-bench policy wit` prints), or use the nyann-bench it was built for"
+        )
+    };
+    format!("{what}, which this host's {package}@{ours} does not have; {fix}")
 }
 
 /// The description with its prose (version, summary, parameter docs) made

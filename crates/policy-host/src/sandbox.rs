@@ -35,7 +35,7 @@ const MAX_TABLES: usize = 64;
 const MAX_INSTANCES: usize = 64;
 
 /// What a table element is charged against the memory cap (a pointer).
-const TABLE_ELEMENT_BYTES: usize = 8;
+pub(crate) const TABLE_ELEMENT_BYTES: u64 = 8;
 
 /// Calls that hold a slot of the instance pool at once; more wait for one
 /// ([`CallSlots`]). Calls come one at a time in a run (one judgment per
@@ -70,7 +70,7 @@ pub(crate) fn instance_pool(memory_cap: usize) -> PoolingAllocationConfig {
         .total_tables(CONCURRENT_CALLS * MAX_TABLES as u32)
         .max_memories_per_module(MAX_MEMORIES as u32)
         .max_tables_per_module(MAX_TABLES as u32)
-        .table_elements(memory_cap / TABLE_ELEMENT_BYTES + 1)
+        .table_elements(memory_cap / TABLE_ELEMENT_BYTES as usize + 1)
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
         .table_keep_resident(KEEP_RESIDENT_BYTES)
         .pagemap_scan(Enabled::Auto);
@@ -239,7 +239,7 @@ impl ResourceLimiter for HostState {
     ) -> wasmtime::Result<bool> {
         let elements = desired.saturating_sub(current);
         self.memory.grow(
-            elements.saturating_mul(TABLE_ELEMENT_BYTES),
+            elements.saturating_mul(TABLE_ELEMENT_BYTES as usize),
             maximum.is_some_and(|max| desired > max),
         )
     }

@@ -518,6 +518,7 @@ mod tests {
             }),
             policy_error: None,
             stopped: false,
+            refine: None,
             check_seconds: 0.01,
         }
     }

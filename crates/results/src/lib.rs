@@ -69,16 +69,18 @@ pub enum ReadError {
         dir.display()
     )]
     Missing { dir: PathBuf, file: String },
-    #[error("cannot read {}: {source}", path.display())]
+    /// (The cause is part of each message, not a `source`: a printed
+    /// error chain says it once.)
+    #[error("cannot read {}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{} is not {what} nyann-bench wrote: {source}", path.display())]
+    #[error("{} is not {what} nyann-bench wrote: {error}", path.display())]
     Malformed {
         path: PathBuf,
         what: &'static str,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error(
         "{} was written by a newer nyann-bench (schema_version {found}; this one reads up \
@@ -189,7 +191,7 @@ impl RunDir {
         match std::fs::File::open(&path) {
             Ok(file) => Ok(Some(Records::new(path, file, u64::MAX))),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(ReadError::Io { path, source }),
+            Err(error) => Err(ReadError::Io { path, error }),
         }
     }
 
@@ -281,7 +283,7 @@ impl RunDir {
                 dir: self.path.clone(),
                 file: name.to_string(),
             }),
-            Err(source) => Err(ReadError::Io { path, source }),
+            Err(error) => Err(ReadError::Io { path, error }),
         }
     }
 }
@@ -333,10 +335,10 @@ fn check_version(path: &Path, text: &str, what: &'static str) -> Result<(), Read
 }
 
 fn malformed(path: &Path, what: &'static str) -> impl Fn(serde_json::Error) -> ReadError {
-    move |source| ReadError::Malformed {
+    move |error| ReadError::Malformed {
         path: path.to_path_buf(),
         what,
-        source,
+        error,
     }
 }
 
@@ -344,17 +346,17 @@ fn malformed(path: &Path, what: &'static str) -> impl Fn(serde_json::Error) -> R
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     /// Reading the file failed: nothing after it can be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// One line is not a record (cut short by a crash, or not nyann-bench's).
-    #[error("{}:{line}: not a request record of nyann-bench: {source}", path.display())]
+    #[error("{}:{line}: not a request record of nyann-bench: {error}", path.display())]
     Line {
         path: PathBuf,
         line: u64,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 }
 
@@ -402,11 +404,11 @@ impl<T: DeserializeOwned> Iterator for Records<T> {
             match self.reader.read_line(&mut self.line) {
                 Ok(0) => return None,
                 Ok(_) => {}
-                Err(source) => {
+                Err(error) => {
                     self.failed = true;
                     return Some(Err(RecordError::Io {
                         path: self.path.clone(),
-                        source,
+                        error,
                     }));
                 }
             }
@@ -415,10 +417,10 @@ impl<T: DeserializeOwned> Iterator for Records<T> {
                 continue;
             }
             return Some(
-                serde_json::from_str(&self.line).map_err(|source| RecordError::Line {
+                serde_json::from_str(&self.line).map_err(|error| RecordError::Line {
                     path: self.path.clone(),
                     line: self.number,
-                    source,
+                    error,
                 }),
             );
         }

@@ -307,6 +307,9 @@ fn capacity_search(
     refine: Option<&Value>,
     resolution: Option<&Value>,
 ) -> Result<Option<CapacitySearch>, Vec<String>> {
+    // `None` is the documented default of both: no search.
+    let refine = refine.filter(|v| !v.is_none());
+    let resolution = resolution.filter(|v| !v.is_none());
     let mut a = Args::new("until_congested");
     let stages = refine.and_then(|&v| {
         let expected = format!("an integer from 1 to {MAX_REFINE} (stages of the capacity search)");

@@ -361,6 +361,29 @@ fn refine_sets_the_capacity_search_not_a_policy_parameter() {
     assert_eq!(stages(&plain)[0].stop.as_ref().unwrap().search, None);
 }
 
+/// The documented signature, `until_congested(stages, refine=None,
+/// resolution=None, **params)`, works as written: `None` is no search (a
+/// scenario can pass a variable that may be `None`).
+#[test]
+fn refine_none_is_no_capacity_search() {
+    let s = compile(
+        r#"scenario(stages = until_congested([stage("1m", concurrency = 8)], refine = None, resolution = None, a = 1))"#,
+    );
+    let stop = stages(&s)[0].stop.as_ref().unwrap();
+    assert_eq!(stop.search, None);
+    assert_eq!(stop.params, vec![num("a", 1.0)]);
+    let s = compile(
+        r#"scenario(stages = until_congested([stage("1m", concurrency = 8)], refine = 2, resolution = None))"#,
+    );
+    assert_eq!(
+        stages(&s)[0].stop.as_ref().unwrap().search,
+        Some(nyann_model::CapacitySearch {
+            stages: 2,
+            resolution: None
+        })
+    );
+}
+
 #[test]
 fn print_goes_to_stderr_and_does_not_break_compilation() {
     let s = compile("print('building')\nscenario(stages = [stage(1)])");

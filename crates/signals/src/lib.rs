@@ -188,23 +188,41 @@ async fn prometheus_config_texts(
     args: &SignalOptions,
     url: &str,
 ) -> Result<Vec<MetricsText>, SignalError> {
-    let client = prometheus_client(args, url)?;
+    // A snapshot for `sim fit`, taken before and after the stages: a
+    // Prometheus that does not answer must not hold the run up for its
+    // whole query timeout, twice per role.
+    let timeout = args.prometheus_timeout.min(SNAPSHOT_TIMEOUT);
+    let client = prometheus_client(
+        &SignalOptions {
+            prometheus_timeout: timeout,
+            ..args.clone()
+        },
+        url,
+    )?;
     let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors)?;
     let now = unix_now();
+    let queries: Vec<(String, String)> = roles
+        .into_iter()
+        .map(|role| {
+            let separator = if role.matchers.is_empty() { "" } else { "," };
+            let query = format!(
+                "{{__name__=~\"vllm:cache_config_info|vllm_cache_config_info\"{separator}{}}}",
+                role.matchers
+            );
+            (role.role, query)
+        })
+        .collect();
+    let answers =
+        futures_util::future::join_all(queries.iter().map(|(_, q)| client.query(q, now))).await;
     let mut out = Vec::new();
-    for role in roles {
-        let separator = if role.matchers.is_empty() { "" } else { "," };
-        let query = format!(
-            "{{__name__=~\"vllm:cache_config_info|vllm_cache_config_info\"{separator}{}}}",
-            role.matchers
-        );
-        let text = match client.query(&query, now).await {
+    for ((role, query), answer) in queries.into_iter().zip(answers) {
+        let text = match answer {
             Ok(series) if series.is_empty() => continue,
             Ok(series) => Ok(exposition::render(&series)),
             Err(err) => Err(err.to_string()),
         };
         out.push(MetricsText {
-            role: role.role,
+            role,
             index: 0,
             url: format!("{url} {query}"),
             text,
@@ -212,6 +230,10 @@ async fn prometheus_config_texts(
     }
     Ok(out)
 }
+
+/// The longest the `/metrics` snapshot of a run's start and end waits for
+/// Prometheus (all roles at once), under `--prometheus-timeout`.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The Prometheus client `args` describe.
 fn prometheus_client(args: &SignalOptions, url: &str) -> Result<PromClient, SignalError> {

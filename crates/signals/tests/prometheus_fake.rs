@@ -531,6 +531,27 @@ async fn a_hung_prometheus_costs_one_round_of_queries_per_check() {
     );
 }
 
+/// The `/metrics` snapshot of a run's start and end (for `server.json`'s
+/// fit) waits at most `SNAPSHOT_TIMEOUT` for a Prometheus that never
+/// answers, all roles at once: it used to wait the query timeout (10 s)
+/// per role, before the first stage and again after the last.
+#[tokio::test]
+async fn a_hung_prometheus_holds_the_metrics_snapshot_briefly() {
+    let fake = FakeProm::start(|_req: &Req| Answer::Hang).await;
+    let mut a = args(&fake.url(), "m-decode");
+    a.prometheus_timeout = Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    let texts = nyann_signals::metrics_texts(&a).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(texts.len(), 2, "one per role");
+    for text in &texts {
+        let err = text.text.as_ref().unwrap_err();
+        assert!(err.contains("no answer within 2s"), "{err}");
+    }
+    // One snapshot timeout for both roles, far under one query timeout.
+    assert!(took < nyann_signals::SNAPSHOT_TIMEOUT * 3, "{took:?}");
+}
+
 #[tokio::test]
 async fn fault_connection_refused() {
     let port = {

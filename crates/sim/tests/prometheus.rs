@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use nyann_sim::{SimConfig, start};
 use serde_json::{Value, json};
 
-/// A Prometheus child process, killed (by PID) and its directory removed on drop.
+/// A Prometheus child process, killed (by PID) on drop, and then its
+/// directory removed (a field, dropped after `drop` ran).
 struct Prometheus {
     child: Child,
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     url: String,
 }
 
@@ -24,7 +25,6 @@ impl Drop for Prometheus {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -44,12 +44,10 @@ fn start_prometheus(jobs: &[(&str, SocketAddr)]) -> Prometheus {
              `apt-get update && apt-get install -y prometheus` (.ci/run does this)"
         )
     });
-    let dir = std::env::temp_dir().join(format!(
-        "nyann-sim-prom-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("nyann-sim-prom-")
+        .tempdir()
+        .unwrap();
     let mut config =
         String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n");
     for (job, addr) in jobs {
@@ -57,17 +55,17 @@ fn start_prometheus(jobs: &[(&str, SocketAddr)]) -> Prometheus {
             "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
         ));
     }
-    std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
     let port = free_port();
-    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
     let child = Command::new(bin)
         .arg(format!(
             "--config.file={}",
-            dir.join("prometheus.yml").display()
+            dir.path().join("prometheus.yml").display()
         ))
         .arg(format!(
             "--storage.tsdb.path={}",
-            dir.join("data").display()
+            dir.path().join("data").display()
         ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .stdin(Stdio::null())
@@ -138,7 +136,7 @@ async fn prometheus_scrapes_aggregate_and_disaggregated() {
         assert!(
             Instant::now() < deadline,
             "Prometheus did not scrape all targets within 60 s; log: {}",
-            std::fs::read_to_string(prom.dir.join("prometheus.log")).unwrap_or_default()
+            std::fs::read_to_string(prom.dir.path().join("prometheus.log")).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let Some(t) = api(&prom, "/api/v1/targets", &[]).await else {

@@ -194,6 +194,18 @@ pub(super) async fn prepare(
                 prompts
             }
         };
+        if let Some(questions) = prompts.eval_questions()
+            && stage.max_requests > questions as u64
+        {
+            tracing::warn!(
+                "stage {}: max_requests {} is more than the dataset's {questions} questions \
+                 (this process's share): questions are asked again, up to {} times each, and \
+                 every reply is scored (give at most {questions} to ask each once)",
+                stage.label(index),
+                stage.max_requests,
+                stage.max_requests.div_ceil(questions as u64),
+            );
+        }
         let key = (text_key(&workload), base.clone(), model.clone());
         let chars_per_token = match cpt.get(&key) {
             Some(v) => *v,

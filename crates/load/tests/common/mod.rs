@@ -31,6 +31,12 @@ pub enum Fault {
     /// The first completion request gets its head and one chunk, then
     /// nothing ever again; the others are served normally.
     HangFirst,
+    /// A streaming request answered as if it were not one: a whole chat
+    /// completion in one `application/json` body (a server or proxy that
+    /// ignores `"stream": true`).
+    WholeJson,
+    /// HTTP 200 with an error object as a JSON body.
+    JsonError,
 }
 
 #[derive(Debug, Clone)]
@@ -246,6 +252,19 @@ async fn stream(
     chat: bool,
     b: &Behaviour,
 ) -> std::io::Result<()> {
+    if b.fault == Fault::WholeJson {
+        let body = serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "test-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "x ".repeat(400)},
+                         "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 400, "total_tokens": 410},
+        });
+        return respond(conn, "200 OK", "application/json", &body.to_string()).await;
+    }
+    if b.fault == Fault::JsonError {
+        let body = r#"{"error":{"message":"model not loaded","code":400}}"#;
+        return respond(conn, "200 OK", "application/json", body).await;
+    }
     if b.fault == Fault::Http500 {
         return respond(
             conn,

@@ -264,6 +264,34 @@ async fn tables_and_memories_share_the_cap() {
     );
 }
 
+/// A table that starts larger than the memory cap is refused at load
+/// naming the cap (the instance pool, sized by that cap, would otherwise
+/// refuse it as "not a valid component").
+#[test]
+fn a_table_that_starts_over_the_cap_is_refused_naming_it() {
+    let spec = Assembled {
+        initial_table: 16 << 20,
+        ..Assembled::default()
+    };
+    let err = load_err(&common::assembled("0.2", &spec, str::to_string));
+    assert_eq!(
+        err,
+        "cannot load policy test.wasm: declares linear memories and tables that start at \
+         128.1 MiB together, over its memory cap of 64 MiB (for all its memories and tables)"
+    );
+    // Under the cap it loads.
+    let spec = Assembled {
+        initial_table: 1 << 20,
+        ..Assembled::default()
+    };
+    common::host()
+        .load_bytes(
+            "table.wasm",
+            &common::assembled("0.2", &spec, str::to_string),
+        )
+        .unwrap();
+}
+
 #[test]
 fn many_memories_are_refused_at_load() {
     let spec = Assembled {
@@ -284,8 +312,8 @@ fn many_memories_are_refused_at_load() {
 /// importing sockets was compiled and cached before being refused).
 #[test]
 fn oversized_files_are_refused_before_they_are_read() {
-    let dir = tempfile_dir("oversized");
-    let path = dir.join("huge.wasm");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.wasm");
     let file = std::fs::File::create(&path).unwrap();
     // Sparse: 200 MB that are never written nor read.
     file.set_len(200_000_000).unwrap();
@@ -308,14 +336,13 @@ fn oversized_files_are_refused_before_they_are_read() {
         .load_bytes("builtin", nyann_policy_host::BUILTIN_WASM)
         .unwrap_err();
     assert!(matches!(err, PolicyError::TooLarge { .. }), "{err:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn forbidden_imports_are_refused_before_compiling_or_caching() {
-    let dir = tempfile_dir("imports-cache");
+    let dir = tempfile::tempdir().unwrap();
     let host = nyann_policy_host::PolicyHost::new(HostConfig {
-        cache_dir: Some(dir.clone()),
+        cache_dir: Some(dir.path().to_path_buf()),
         ..HostConfig::default()
     })
     .unwrap();
@@ -329,11 +356,10 @@ fn forbidden_imports_are_refused_before_compiling_or_caching() {
         err.to_string().contains("imports `wasi:sockets/tcp@0.2.3`"),
         "{err}"
     );
-    let cached: Vec<_> = std::fs::read_dir(&dir)
+    let cached: Vec<_> = std::fs::read_dir(dir.path())
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(cached.is_empty(), "nothing compiled nor cached: {cached:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -393,6 +419,26 @@ fn code_beyond_the_limits_is_refused_before_compiling() {
             && err.contains(" MiB of code; policies may have at most 16 MiB"),
         "{err}"
     );
+    // Two straight-line functions of over 2 MiB: within the functions and the
+    // bytes, but compiling one function costs more than in proportion to
+    // its size (two of 7 MB took 18 s and 874 MB).
+    let long = Assembled {
+        filler_bytes: 4 << 20,
+        filler_function_bytes: 2 << 20,
+        ..Assembled::default()
+    };
+    let err = host
+        .load_bytes(
+            "long.wasm",
+            &common::assembled("0.2", &long, str::to_string),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("cannot load policy long.wasm: has a function of ")
+            && err.contains(" MiB of code; a policy's functions may have at most 1 MiB each"),
+        "{err}"
+    );
     // Within the limits, many functions load.
     let fine = Assembled {
         empty_functions: 1_000,
@@ -450,13 +496,36 @@ fn versions_this_host_cannot_run_are_named() {
         .load_bytes("newer.wasm", &newer)
         .unwrap_err()
         .to_string();
-    assert!(
-        err.starts_with(
-            "cannot load policy newer.wasm: is built for nyann:policy@0.2.1, newer than this \
-             host's nyann:policy@0.2.0, and imports what this host does not have: a newer \
-             nyann-bench is needed ("
-        ),
-        "{err}"
+    assert_eq!(
+        err,
+        "cannot load policy newer.wasm: imports `probe` from `nyann:policy/host@0.2.1`, which \
+         this host's nyann:policy@0.2.0 does not have; it is built for nyann:policy@0.2.1, a \
+         newer version of the line: a newer nyann-bench is needed"
+    );
+    // The released version of a line that imports a function the line does
+    // not have (built against a changed WIT) is told the same way, not with
+    // the linker's text.
+    let changed = nyann_guests::assembled::component(
+        &Interface::V0_4
+            .wit()
+            .replace("log: func(", "probe: func();\n    log: func("),
+        "0.4.0",
+        &Assembled {
+            host_import: Some("probe".into()),
+            ..Assembled::default()
+        },
+    )
+    .unwrap();
+    let err = host
+        .load_bytes("changed.wasm", &changed)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "cannot load policy changed.wasm: imports `probe` from `nyann:policy/host@0.4.0`, which \
+         this host's nyann:policy@0.4.0 does not have; nyann:policy@0.4.0 has no such function: \
+         rebuild the policy against the released WIT (the one `nyann-bench policy wit` prints), \
+         or use the nyann-bench it was built for"
     );
     // A 0.2.1 component that imports nothing new runs here.
     let compatible = nyann_guests::assembled::component(
@@ -543,13 +612,6 @@ fn a_component_of_another_shape_is_refused_at_load() {
         "{}",
         load_err(&retyped)
     );
-}
-
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("nyann-policy-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[tokio::test]

@@ -65,6 +65,7 @@ fn judged(mut stage: StageResult, congested: bool, roles: Vec<RoleSignals>) -> S
         }),
         policy_error: None,
         stopped: false,
+        refine: None,
         check_seconds: 0.1,
         coverage: vec![],
     };
