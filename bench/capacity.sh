@@ -3,8 +3,9 @@
 # capacity between two levels"): against the twin of the reference vLLM
 # (`sim --profile vllm-cpu-ref`) and the queueing rule the reference run
 # used (waiting p50 8, TTFT p99 1 s, KV rule off), runs the fine sweep
-# [8, 12, ..., 32] and the coarse grid [8, 32, 128] with refine=4, and prints
-# where each says the server congests and how much load each sent.
+# [8, 12, ..., 32], the coarse grid [8, 32, 128] with refine=4, and the same
+# with confirm=1 (a close call judged again), and prints where each says the
+# server congests and how much load each sent.
 #
 # Usage: bench/capacity.sh [SECONDS_PER_STAGE]   (default 10)
 # Env:   SEED (default 1), BIN (a nyann-bench binary instead of building one),
@@ -44,12 +45,14 @@ STAR
 echo "capacity: twin vllm-cpu-ref (seed $SEED), ${SECONDS_PER_STAGE}s per stage" >&2
 sweep fine "8, 12, 16, 20, 24, 28, 32" ""
 sweep refined "8, 32, 128" " refine=4,"
+sweep confirmed "8, 32, 128" " refine=4, confirm=1,"
 
-python3 - "$WORK/fine" "$WORK/refined" <<'PY'
+python3 - "$WORK/fine" "$WORK/refined" "$WORK/confirmed" <<'PY'
 import json, sys
 print("| run | stages with load | load seconds | not congested | congested | judged levels |")
 print("|---|---|---|---|---|---|")
-for name, path in zip(["fine [8..32 by 4]", "grid [8, 32, 128], refine=4"], sys.argv[1:]):
+names = ["fine [8..32 by 4]", "grid [8, 32, 128], refine=4", "the same, confirm=1"]
+for name, path in zip(names, sys.argv[1:]):
     summary = json.load(open(f"{path}/summary.json"))
     ran = [s for s in summary["stages"] if s["status"] == "measured"]
     seconds = sum(s["end_unix"] - s["start_unix"] for s in ran)
@@ -67,7 +70,7 @@ print("(! = judged congested)")
 print()
 print("| run | c | waiting p50 | server TTFT p99 | output tok/s |")
 print("|---|---|---|---|---|")
-for name, path in zip(["fine", "refined"], sys.argv[1:]):
+for name, path in zip(["fine", "refined", "confirmed"], sys.argv[1:]):
     for s in json.load(open(f"{path}/summary.json"))["stages"]:
         if s["status"] != "measured":
             continue

@@ -309,3 +309,67 @@ async fn running_out_of_open_files_is_named_as_the_clients_own_failure() {
         .count();
     assert!(own > 0, "no record of the client's own failure");
 }
+
+/// A disk that fills during the run (here `requests.jsonl` is `/dev/full`,
+/// whose every write fails with ENOSPC): the load stops at the first failed
+/// write instead of running its stages for nothing, and the run still
+/// ends in full: the stage table on stderr, the summary on stdout (and in
+/// `summary.json`, whose disk had room), the path and the error named, a
+/// non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_load_and_the_run_still_ends_in_full() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("requests.jsonl");
+    std::os::unix::fs::symlink("/dev/full", &records).unwrap();
+    let config = dir.path().join("stages.star");
+    std::fs::write(
+        &config,
+        "scenario(stages = [stage(\"4s\", concurrency=c) for c in [4, 8, 16]])\n",
+    )
+    .unwrap();
+    let output = crate::support::nyann_bench()
+        .arg("generate")
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path())
+        .args(["--target", &sim.base_url(), "--overwrite"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot write {}: ", records.display()))
+            && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    // The table and the ending are there.
+    assert!(stderr.contains("#0 c=4"), "{stderr}");
+    assert!(stderr.contains("the load stopped there"), "{stderr}");
+    // The last line names what was written, and only that.
+    let results = stderr.lines().last().unwrap();
+    assert_eq!(
+        results,
+        format!(
+            "results: {} (summary.json, stages.json)",
+            dir.path().display()
+        )
+    );
+    let summary: Value = serde_json::from_slice(&output.stdout).expect("the summary on stdout");
+    assert_eq!(summary["outcome"]["kind"], "aborted", "{summary}");
+    let stages = summary["stages"].as_array().unwrap();
+    assert_eq!(stages[2]["status"], "skipped", "{summary}");
+    assert!(
+        stages[2]["skip_reason"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{summary}"
+    );
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(saved["outcome"], summary["outcome"]);
+}

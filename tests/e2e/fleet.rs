@@ -1185,9 +1185,9 @@ async fn a_fleet_searches_the_capacity_in_the_fleets_levels() {
     assert_eq!(capacity["clean"]["concurrency"], 22, "{capacity}");
     assert_eq!(capacity["congested"]["concurrency"], 23, "{capacity}");
     assert!(
-        fleet.stderr(0).contains(
-            "capacity: concurrency=22 not congested, concurrency=23 congested (5 search stages, "
-        ),
+        fleet
+            .stderr(0)
+            .contains(" not congested, concurrency=23 congested (5 search stages, "),
         "{}",
         fleet.stderr(0)
     );

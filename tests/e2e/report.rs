@@ -102,7 +102,7 @@ async fn the_demo_report_renders_in_a_browser_and_runs_overlay() {
     );
     assert!(
         text.contains(&format!(
-            "knee (the last stage before congestion): {}",
+            "knee (the highest level not congested): {}",
             label(stop - 1)
         )),
         "{text}"

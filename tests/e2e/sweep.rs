@@ -373,10 +373,22 @@ async fn a_stopped_sweep_searches_its_capacity_with_refine() {
         "{capacity}"
     );
     assert_eq!(capacity["stages"].as_array().unwrap().len(), 3);
-    let line = format!(
-        "capacity: concurrency={clean} not congested, concurrency={congested} congested (3 search stages, "
-    );
+    // One answer: the clean bound is the knee, its figures said with it.
+    let knee = &run.summary["conclusion"]["sweeps"][0]["knee"];
+    assert_eq!(knee["concurrency"].as_u64(), Some(clean), "{knee}");
+    let line = format!(" not congested, concurrency={congested} congested (3 search stages, ");
     assert!(run.stderr().contains(&line), "{}", run.stderr());
+    assert!(
+        run.stderr()
+            .contains(&format!("capacity: concurrency={clean} (#")),
+        "{}",
+        run.stderr()
+    );
+    assert!(
+        !run.stderr().contains("knee (congested from"),
+        "{}",
+        run.stderr()
+    );
     crate::support::validate_against_schema(run.dir());
 }
 
@@ -387,7 +399,7 @@ async fn a_stopped_sweep_searches_its_capacity_with_refine() {
 /// 200 ms: a 2-second stage's steady window holds about 7 samples, and a
 /// sample misses the one waiting request at c=23 only in the instant
 /// between a reply and the client's next request (one in ~23 ms).
-async fn search_against_22_slots(levels: &[u32], refine: u32) -> crate::support::Run {
+async fn search_against_22_slots(levels: &[u32], refine: &str) -> crate::support::Run {
     use nyann_testkit::queue::{Queue, QueueServer};
     let server = QueueServer::start(Queue {
         slots: 22,
@@ -398,7 +410,7 @@ async fn search_against_22_slots(levels: &[u32], refine: u32) -> crate::support:
     let scenario = format!(
         "scenario(\n    workload = workload(\"faker\", isl=16, osl=1),\n    stages = until_congested(\n        \
          [stage(\"2s\", concurrency=c) for c in [{}]],\n        \
-         waiting_requests_p50=1, ttft_p99=\"5ms\", refine={refine},\n    ),\n)\n",
+         waiting_requests_p50=1, ttft_p99=\"5ms\", {refine},\n    ),\n)\n",
         crate::support::starlark_list(levels)
     );
     let args = [
@@ -442,8 +454,8 @@ async fn a_search_that_needs_no_stage_says_the_capacity() {
     assert_eq!(run.congestion(1)["refine"]["stages"], 4);
     assert!(
         run.stderr().contains(
-            "capacity: concurrency=16 not congested, concurrency=32 congested (no search stage \
-             needed: the sweep's levels are within the resolution)"
+            " not congested, concurrency=32 congested (no search stage needed: the sweep's \
+             levels are within the resolution)"
         ),
         "{}",
         run.stderr()
@@ -471,7 +483,7 @@ fn searched(run: &crate::support::Run) -> (Vec<u64>, u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capacity_search_finds_the_exact_level_a_server_congests_at() {
     let _serial = serial().await;
-    let run = search_against_22_slots(&[8, 32, 128], 5).await;
+    let run = search_against_22_slots(&[8, 32, 128], "refine=5").await;
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert_eq!(run.stopped_at(), Some(1), "{}", run.stderr());
     assert_eq!(
@@ -481,9 +493,8 @@ async fn a_capacity_search_finds_the_exact_level_a_server_congests_at() {
         run.stderr()
     );
     assert!(
-        run.stderr().contains(
-            "capacity: concurrency=22 not congested, concurrency=23 congested (5 search stages, "
-        ),
+        run.stderr()
+            .contains(" not congested, concurrency=23 congested (5 search stages, "),
         "{}",
         run.stderr()
     );
@@ -501,12 +512,45 @@ async fn a_capacity_search_finds_the_exact_level_a_server_congests_at() {
     crate::support::validate_against_schema(run.dir());
 }
 
+/// `confirm=1`: the verdict at c=23 sits on the threshold (one waiting
+/// request against 1), so it is judged once more before the search moves
+/// on; both say congested, and the answer says the level was confirmed.
+/// Clear verdicts (20, 26, 21, 22) are judged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_call_in_a_search_is_judged_again_with_confirm() {
+    let _serial = serial().await;
+    let run = search_against_22_slots(&[8, 32, 128], "refine=5, confirm=1").await;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(
+        searched(&run),
+        (vec![20, 26, 23, 23, 21, 22], 22, 23),
+        "{}",
+        run.stderr()
+    );
+    let capacity = &run.summary["conclusion"]["sweeps"][0]["capacity"];
+    assert_eq!(
+        capacity["confirmed"],
+        serde_json::json!([{"concurrency": 23, "verdicts": 2, "congested_verdicts": 2, "congested": true}]),
+        "{capacity}"
+    );
+    assert!(
+        run.stderr().contains(
+            "(6 search stages, 12s of load; concurrency=23 judged 2 times (2 congested): congested)"
+        ),
+        "{}",
+        run.stderr()
+    );
+    // Confirmed: no close call is said of it.
+    assert!(!run.stderr().contains("close call"), "{}", run.stderr());
+    crate::support::validate_against_schema(run.dir());
+}
+
 /// The first stage (c=32) is already congested: the search halves down to
 /// a clean level (16), then bisects up to the same 22/23.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_congested_first_stage_searches_down_to_the_capacity() {
     let _serial = serial().await;
-    let run = search_against_22_slots(&[32, 64], 5).await;
+    let run = search_against_22_slots(&[32, 64], "refine=5").await;
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert_eq!(run.stopped_at(), Some(0), "{}", run.stderr());
     assert_eq!(

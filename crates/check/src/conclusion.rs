@@ -1,9 +1,11 @@
 //! What a judged run concluded, in the words its users ask for: per sweep,
-//! the knee (the last stage before the first one judged congested) with
-//! its throughput and latencies, or that the very first stage was congested
-//! and where to start instead; and the load the skipped stages did not
-//! send. Written into `summary.json` (`conclusion`) and shown as the last
-//! lines on the terminal.
+//! one answer, the knee: the highest level judged not congested below the
+//! lowest judged congested, capacity-search stages included, with its
+//! throughput and latencies (or that the very first stage was congested
+//! and where to start instead); the bounds a capacity search reached; and
+//! the load the skipped stages did not send. Written into `summary.json`
+//! (`conclusion`), shown as the last lines on the terminal, and headlined by
+//! the report: the three say the same because they all read this.
 
 use std::fmt::Write;
 
@@ -29,8 +31,9 @@ pub struct SweepConclusion {
     pub name: String,
     /// The first stage judged congested; absent when none was.
     pub congested: Option<StageRef>,
-    /// The last stage before it that was judged not congested; absent when
-    /// the first stage was congested (or none was judged).
+    /// The answer: the highest level judged not congested below the lowest
+    /// judged congested, a capacity search's stages included (then it is
+    /// `capacity.clean`); absent when no such level was measured.
     pub knee: Option<Knee>,
     /// When the sweep's first stage was congested: a level to start from
     /// instead (a quarter of that stage's); absent when that stage ran at
@@ -40,6 +43,10 @@ pub struct SweepConclusion {
     /// without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Capacity>,
+    /// When a verdict the answer rests on was a close call: the scenario
+    /// line that judges those levels again with longer stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejudge: Option<String>,
 }
 
 /// The capacity a search found between a sweep's levels.
@@ -61,6 +68,29 @@ pub struct Capacity {
     pub stages: Vec<SearchedLevel>,
     /// Seconds of load the search sent.
     pub seconds: f64,
+    /// When the search ended with its bounds further apart than the
+    /// resolution (its `refine=` stages were spent): how many more
+    /// bisection stages would bring them within it. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages_to_close: Option<u32>,
+    /// The levels judged more than once because a verdict was a close
+    /// call (`confirm=`), and how their verdicts settled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub confirmed: Vec<Confirmed>,
+}
+
+/// A level of a capacity search judged again (`confirm=`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Confirmed {
+    #[serde(flatten)]
+    pub level: Level,
+    /// Stages that judged it.
+    pub verdicts: u32,
+    /// Of those, the ones that said congested.
+    pub congested_verdicts: u32,
+    /// How it settled: the majority, on a tie the verdict farthest from
+    /// its threshold.
+    pub congested: bool,
 }
 
 /// One stage of a capacity search and its verdict.
@@ -215,6 +245,8 @@ impl Capacity {
             resolution: Some(bounds.resolution),
             stages: Vec::new(),
             seconds: 0.0,
+            stages_to_close: None,
+            confirmed: Vec::new(),
         };
         capacity.measure_gap();
         capacity
@@ -225,11 +257,19 @@ impl Capacity {
             .clean
             .as_ref()
             .map(|clean| self.congested.level.value() - clean.level.value());
+        let streams = self.congested.level.rate.is_none();
+        self.stages_to_close = self
+            .gap
+            .zip(self.resolution)
+            .map(|(gap, resolution)| stages_to_close(gap, resolution, streams))
+            .filter(|&stages| stages > 0);
     }
 
-    /// What the search found, in words: "concurrency=22 not congested,
-    /// concurrency=23 congested (5 search stages, 10s of load)".
-    pub fn answer(&self) -> String {
+    /// What the search found, in words: "concurrency=22 not congested
+    /// (#7 c=22: 16.6 req/s, ...), concurrency=23 congested (5 search
+    /// stages, 10s of load)", with `knee`'s figures when it is the clean
+    /// bound.
+    pub fn answer(&self, knee: Option<&Knee>) -> String {
         let searched = if self.stages.is_empty() {
             // No stage was needed, or none could run.
             let within = self
@@ -253,11 +293,46 @@ impl Capacity {
                 ))
             )
         };
-        match &self.clean {
-            Some(clean) => format!(
-                "{} not congested, {} congested ({searched})",
-                clean.level, self.congested.level
+        let confirmed: String = self
+            .confirmed
+            .iter()
+            .map(|c| {
+                format!(
+                    "; {} judged {} times ({} congested): {}",
+                    c.level,
+                    c.verdicts,
+                    c.congested_verdicts,
+                    if c.congested {
+                        "congested"
+                    } else {
+                        "not congested"
+                    }
+                )
+            })
+            .collect();
+        let searched = searched + &confirmed;
+        let open = match self.stages_to_close {
+            Some(more) if !self.stages.is_empty() => format!(
+                "; the levels are {} apart, {} more search stage{} would bring them within {} \
+                 (raise refine= by {more})",
+                number(self.gap.unwrap_or_default()),
+                more,
+                if more == 1 { "" } else { "s" },
+                number(self.resolution.unwrap_or_default()),
             ),
+            _ => String::new(),
+        };
+        match &self.clean {
+            Some(clean) => {
+                let figures = knee
+                    .filter(|k| k.stage.stage == clean.stage)
+                    .map(|k| format!(" ({}: {})", clean.label, k.figures()))
+                    .unwrap_or_default();
+                format!(
+                    "{}{figures} not congested, {} congested ({searched}{open})",
+                    clean.level, self.congested.level
+                )
+            }
             None => format!(
                 "not found: congested down to {} ({searched})",
                 self.congested.level
@@ -266,49 +341,141 @@ impl Capacity {
     }
 }
 
+impl Knee {
+    /// `stage` as the answer, if its verdict was given and its client
+    /// figures measured.
+    fn of(stage: &StageResult, record: &CongestionRecord) -> Option<Knee> {
+        let client = stage.client.as_ref().filter(|_| record.verdict.is_some())?;
+        Some(Knee {
+            stage: StageRef::of(stage, record),
+            requests_per_second: client.requests_per_second,
+            output_tokens_per_second: client.output_tokens_per_second,
+            ttft_p50_seconds: client.ttft_p50_seconds,
+            ttft_p99_seconds: client.ttft_p99_seconds,
+            itl_p50_seconds: client.itl_p50_seconds,
+            itl_p99_seconds: client.itl_p99_seconds,
+        })
+    }
+
+    /// Its figures, for the closing lines.
+    pub fn figures(&self) -> String {
+        format!(
+            "{:.1} req/s, {:.0} output tok/s, TTFT p50/p99 {}/{} ms, ITL p50/p99 {}/{} ms",
+            self.requests_per_second,
+            self.output_tokens_per_second,
+            millis(self.ttft_p50_seconds),
+            millis(self.ttft_p99_seconds),
+            millis(self.itl_p50_seconds),
+            millis(self.itl_p99_seconds),
+        )
+    }
+}
+
+/// Bisection stages that bring levels `gap` apart within `resolution`
+/// (each halves the gap; a whole number of streams rounds up).
+fn stages_to_close(mut gap: f64, resolution: f64, streams: bool) -> u32 {
+    let mut stages = 0;
+    while gap > resolution && resolution > 0.0 && stages < 64 {
+        gap = if streams {
+            (gap / 2.0).ceil()
+        } else {
+            gap / 2.0
+        };
+        stages += 1;
+    }
+    stages
+}
+
+/// A level or a gap as a person writes it: `2`, `2.5`.
+fn number(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
+}
+
 impl SweepConclusion {
-    /// Adds a measured search stage (after the sweep's stages, which set
-    /// its first bounds).
-    fn searched(&mut self, stage: &StageResult, record: &CongestionRecord) {
+    /// Adds a level of the capacity search (after the sweep's stages, which
+    /// set its first bounds): its measured stages, more than one when a
+    /// close call was judged again (`confirm=`), settled as the search
+    /// settled them.
+    fn searched(&mut self, level: &[(&StageResult, &CongestionRecord)]) {
         let (Some(first), knee) = (&self.congested, &self.knee) else {
             return;
         };
-        let capacity = self.capacity.get_or_insert_with(|| Capacity {
-            clean: knee.as_ref().map(|k| k.stage.clone()),
-            congested: first.clone(),
-            gap: None,
-            // A record from before `refine` was kept: the default.
-            resolution: None,
-            stages: Vec::new(),
-            seconds: 0.0,
+        let Some(&(last, _)) = level.last() else {
+            return;
+        };
+        // A record from before `refine` was kept: the default resolution.
+        let capacity = self.capacity.get_or_insert_with(|| {
+            let clean = knee.as_ref().map(|k| k.stage.clone());
+            let refine = Refine {
+                stages: 0,
+                resolution: None,
+                confirm: 0,
+            };
+            Capacity::of_sweep(clean, first.clone(), refine)
         });
+        let votes: Vec<nyann_load::Vote> = level
+            .iter()
+            .map(|(_, record)| nyann_load::Vote {
+                congested: record.congested(),
+                margin: record.margin(),
+            })
+            .collect();
+        let congested = nyann_load::settle(&votes);
+        // The stage the level stands for: the clearest of its verdicts
+        // that agrees with the settled one.
+        let (stage, record) = level
+            .iter()
+            .filter(|(_, record)| record.congested() == congested)
+            .max_by(|a, b| {
+                let far = |r: &CongestionRecord| r.margin().map_or(0.0, f64::abs);
+                far(a.1).total_cmp(&far(b.1))
+            })
+            .copied()
+            .unwrap_or(level[level.len() - 1]);
         let at = StageRef::of(stage, record);
-        let congested = record.congested();
-        let level = at.level.value();
-        if congested && level < capacity.congested.level.value() {
+        let value = at.level.value();
+        if congested && value < capacity.congested.level.value() {
             capacity.congested = at.clone();
         } else if !congested
             && capacity
                 .clean
                 .as_ref()
-                .is_none_or(|clean| level > clean.level.value())
+                .is_none_or(|clean| value > clean.level.value())
         {
             capacity.clean = Some(at.clone());
+            // The answer is the best clean level measured: this one.
+            if let Some(knee) = Knee::of(stage, record) {
+                self.knee = Some(knee);
+            }
         }
         capacity.measure_gap();
-        if let (Some(start), Some(end)) = (stage.start_unix, stage.end_unix) {
-            capacity.seconds += end - start;
+        for &(stage, record) in level {
+            if let (Some(start), Some(end)) = (stage.start_unix, stage.end_unix) {
+                capacity.seconds += end - start;
+            }
+            capacity.stages.push(SearchedLevel {
+                stage: StageRef::of(stage, record),
+                congested: record.congested(),
+            });
         }
-        capacity.stages.push(SearchedLevel {
-            stage: at,
-            congested,
-        });
+        if level.len() > 1 {
+            capacity.confirmed.push(Confirmed {
+                level: Level::of(last),
+                verdicts: level.len() as u32,
+                congested_verdicts: votes.iter().filter(|v| v.congested).count() as u32,
+                congested,
+            });
+        }
     }
 
-    /// The verdicts the answer rests on (the search's bounds, else the knee
-    /// and the first congested stage) that were within [`CLOSE_CALL`] of
-    /// flipping, in words.
-    pub fn close_call(&self) -> Option<String> {
+    /// The bounds the answer rests on (the search's, else the knee and the
+    /// first congested stage) whose verdict was within [`CLOSE_CALL`] of
+    /// flipping and not confirmed by more verdicts, each with its verdict.
+    fn close_bounds(&self) -> Vec<(&StageRef, bool)> {
         let (clean, congested) = match &self.capacity {
             Some(capacity) => (capacity.clean.as_ref(), Some(&capacity.congested)),
             None => (
@@ -316,14 +483,74 @@ impl SweepConclusion {
                 self.congested.as_ref(),
             ),
         };
-        let close: Vec<String> = [
-            clean.and_then(|c| c.close_call(false)),
-            congested.and_then(|c| c.close_call(true)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let confirmed = |at: &StageRef| {
+            self.capacity
+                .as_ref()
+                .is_some_and(|c| c.confirmed.iter().any(|l| l.level == at.level))
+        };
+        [(clean, false), (congested, true)]
+            .into_iter()
+            .filter_map(|(at, verdict)| Some((at?, verdict)))
+            .filter(|(at, verdict)| at.close_call(*verdict).is_some() && !confirmed(at))
+            .collect()
+    }
+
+    /// The close calls among the bounds the answer rests on, in words.
+    pub fn close_call(&self) -> Option<String> {
+        let close: Vec<String> = self
+            .close_bounds()
+            .into_iter()
+            .filter_map(|(at, congested)| at.close_call(congested))
+            .collect();
         (!close.is_empty()).then(|| close.join(", "))
+    }
+}
+
+/// The scenario line that judges `levels` again, each with a stage twice
+/// as long as the one that judged it (`stages` by index) and the same
+/// `until_congested` parameters.
+fn rejudge_line(levels: &[&StageRef], stages: &[StageResult]) -> Option<String> {
+    let mut written = Vec::new();
+    let mut params = None;
+    for at in levels {
+        let stage = stages.get(at.stage)?;
+        params = params.or_else(|| CongestionRecord::of(stage).map(|r| r.params.clone()));
+        let longer = std::time::Duration::from_secs_f64((2.0 * stage.duration_s).max(1.0).round());
+        let duration = humantime::format_duration(longer)
+            .to_string()
+            .replace(' ', "");
+        let level = match (at.level.concurrency, at.level.rate) {
+            (_, Some(rate)) => format!("rate={rate}, mode=\"{}\"", mode_name(stage)),
+            (Some(c), None) => format!("concurrency={c}"),
+            (None, None) => return None,
+        };
+        written.push(format!("stage(\"{duration}\", {level})"));
+    }
+    let params: Vec<String> = params?
+        .iter()
+        .map(|p| format!("{}={}", p.name, starlark_value(&p.value)))
+        .collect();
+    let mut args = vec![format!("[{}]", written.join(", "))];
+    args.extend(params);
+    Some(format!("until_congested({})", args.join(", ")))
+}
+
+/// The load mode of an open-loop stage, as the scenario writes it.
+fn mode_name(stage: &StageResult) -> &'static str {
+    match stage.mode {
+        Some(nyann_model::Mode::Poisson) => "poisson",
+        _ => "constant",
+    }
+}
+
+/// A parameter's value as Starlark writes it.
+fn starlark_value(value: &nyann_model::Value) -> String {
+    match value {
+        nyann_model::Value::Number(n) => number(*n),
+        nyann_model::Value::Integer(i) => i.to_string(),
+        nyann_model::Value::Text(t) => format!("{t:?}"),
+        nyann_model::Value::Flag(true) => "True".into(),
+        nyann_model::Value::Flag(false) => "False".into(),
     }
 }
 
@@ -331,6 +558,19 @@ impl Conclusion {
     /// The conclusion of `result`, a run of `workers` processes.
     pub fn of(result: &RunResult, workers: usize) -> Conclusion {
         let mut sweeps: Vec<SweepConclusion> = Vec::new();
+        // The search stages of one level, as they come.
+        let mut level: Vec<(usize, &StageResult, &CongestionRecord)> = Vec::new();
+        /// Adds the level gathered so far to its sweep.
+        fn searched(
+            sweeps: &mut [SweepConclusion],
+            level: &mut Vec<(usize, &StageResult, &CongestionRecord)>,
+        ) {
+            if let Some(&(position, _, _)) = level.first() {
+                let stages: Vec<_> = level.iter().map(|&(_, s, r)| (s, r)).collect();
+                sweeps[position].searched(&stages);
+            }
+            level.clear();
+        }
         for stage in &result.stages {
             let Some(record) = CongestionRecord::of(stage) else {
                 continue;
@@ -346,17 +586,27 @@ impl Conclusion {
                         knee: None,
                         suggested_start: None,
                         capacity: None,
+                        rejudge: None,
                     });
                     sweeps.len() - 1
                 }
             };
-            let sweep = &mut sweeps[position];
             if stage.search.is_some() {
                 if stage.status == StageStatus::Measured {
-                    sweep.searched(stage, record);
+                    // Consecutive stages at one level are one level's
+                    // verdicts (a close call confirmed).
+                    let same = level.last().is_some_and(|&(at, s, _)| {
+                        at == position && Level::of(s) == Level::of(stage)
+                    });
+                    if !same {
+                        searched(&mut sweeps, &mut level);
+                    }
+                    level.push((position, stage, record));
                 }
                 continue;
             }
+            searched(&mut sweeps, &mut level);
+            let sweep = &mut sweeps[position];
             if sweep.congested.is_some() || stage.status != StageStatus::Measured {
                 continue;
             }
@@ -375,19 +625,17 @@ impl Conclusion {
                     ));
                 }
                 sweep.congested = Some(congested);
-            } else if record.verdict.is_some()
-                && let Some(client) = &stage.client
-            {
-                sweep.knee = Some(Knee {
-                    stage: StageRef::of(stage, record),
-                    requests_per_second: client.requests_per_second,
-                    output_tokens_per_second: client.output_tokens_per_second,
-                    ttft_p50_seconds: client.ttft_p50_seconds,
-                    ttft_p99_seconds: client.ttft_p99_seconds,
-                    itl_p50_seconds: client.itl_p50_seconds,
-                    itl_p99_seconds: client.itl_p99_seconds,
-                });
+            } else if let Some(knee) = Knee::of(stage, record) {
+                sweep.knee = Some(knee);
             }
+        }
+        searched(&mut sweeps, &mut level);
+        for sweep in &mut sweeps {
+            let close: Vec<&StageRef> =
+                sweep.close_bounds().into_iter().map(|(at, _)| at).collect();
+            sweep.rejudge = (!close.is_empty())
+                .then(|| rejudge_line(&close, &result.stages))
+                .flatten();
         }
         let skipped = result
             .stages
@@ -416,49 +664,63 @@ impl Conclusion {
             } else {
                 String::new()
             };
-            match (&sweep.knee, &sweep.congested, &sweep.suggested_start) {
-                (Some(knee), congested, _) => {
-                    let what = match congested {
-                        Some(c) => format!("knee (congested from {})", c.label),
-                        None => "no stage was congested; the highest level".to_string(),
-                    };
-                    let _ = writeln!(
-                        out,
-                        "{prefix}{what}: {} ({}): {:.1} req/s, {:.0} output tok/s, TTFT p50/p99 {}/{} ms, ITL p50/p99 {}/{} ms",
-                        knee.stage.label,
-                        knee.stage.level,
-                        knee.requests_per_second,
-                        knee.output_tokens_per_second,
-                        millis(knee.ttft_p50_seconds),
-                        millis(knee.ttft_p99_seconds),
-                        millis(knee.itl_p50_seconds),
-                        millis(knee.itl_p99_seconds),
-                    );
-                }
-                (None, Some(congested), Some(start)) => {
-                    let _ = writeln!(
-                        out,
-                        "{prefix}the first stage ({}) was already congested: no knee in this sweep; start lower, e.g. at {start}",
-                        congested.label
-                    );
-                }
-                (None, Some(congested), None) => {
-                    let _ = writeln!(
-                        out,
-                        "{prefix}the first stage ({}) was already congested, at one stream: no knee in this sweep and no lower level to start from; the server does not meet these thresholds even at one stream (check the thresholds, then the server)",
-                        congested.label
-                    );
-                }
-                _ => {}
-            }
+            // With a capacity search its bounds are the answer, the
+            // knee's figures said with the clean one.
             if let Some(capacity) = &sweep.capacity {
-                let _ = writeln!(out, "{prefix}capacity: {}", capacity.answer());
+                let answer = capacity.answer(sweep.knee.as_ref());
+                let _ = writeln!(out, "{prefix}capacity: {answer}");
+            } else {
+                match (&sweep.knee, &sweep.congested, &sweep.suggested_start) {
+                    (Some(knee), congested, _) => {
+                        let what = match congested {
+                            Some(c) => format!("knee (congested from {})", c.label),
+                            None => "no stage was congested; the highest level".to_string(),
+                        };
+                        let _ = writeln!(
+                            out,
+                            "{prefix}{what}: {} ({}): {}",
+                            knee.stage.label,
+                            knee.stage.level,
+                            knee.figures()
+                        );
+                    }
+                    (None, Some(congested), Some(start)) => {
+                        let _ = writeln!(
+                            out,
+                            "{prefix}the first stage ({}) was already congested: no knee in this sweep; start lower, e.g. at {start}",
+                            congested.label
+                        );
+                    }
+                    (None, Some(congested), None) => {
+                        let _ = writeln!(
+                            out,
+                            "{prefix}the first stage ({}) was already congested, at one stream: no knee in this sweep and no lower level to start from; the server does not meet these thresholds even at one stream (check the thresholds, then the server)",
+                            congested.label
+                        );
+                    }
+                    _ => {}
+                }
             }
             if let Some(close) = sweep.close_call() {
-                let _ = writeln!(
+                let _ = write!(
                     out,
-                    "{prefix}close call: {close}; a level this near can be judged the other way on another run: re-judge it with a longer stage"
+                    "{prefix}close call: {close}; a level this near can be judged the other way on another run"
                 );
+                if let Some(line) = &sweep.rejudge {
+                    let _ = write!(out, ": judge it again with longer stages, {line}");
+                }
+                let confirming = sweep
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.confirmed.first())
+                    .is_some();
+                if sweep.capacity.is_some() && !confirming {
+                    let _ = write!(
+                        out,
+                        "; or add confirm=1 to the sweep's until_congested(...) to judge a search's close calls again as it runs"
+                    );
+                }
+                out.push('\n');
             }
         }
         let lost = &self.load_not_sent;
@@ -739,6 +1001,7 @@ mod tests {
         record.refine = Some(Refine {
             stages: 4,
             resolution,
+            confirm: 0,
         });
         stage
     }
@@ -764,8 +1027,9 @@ mod tests {
         assert!(capacity.stages.is_empty());
         assert!(
             conclusion.lines().contains(
-                "capacity: concurrency=10 not congested, concurrency=20 congested (no search \
-                 stage needed: the sweep's levels are within the resolution)\n"
+                "capacity: concurrency=10 (#0 c=10: 10.0 req/s, 0 output tok/s, TTFT p50/p99 \
+                 0.0/250 ms, ITL p50/p99 0.0/0.0 ms) not congested, concurrency=20 congested (no \
+                 search stage needed: the sweep's levels are within the resolution)\n"
             ),
             "{}",
             conclusion.lines()
@@ -795,6 +1059,135 @@ mod tests {
         // Without `refine=` there is no capacity to say.
         let result = run(vec![stage(0, 10, Some(false)), stage(1, 20, Some(true))]);
         assert_eq!(Conclusion::of(&result, 1).sweeps[0].capacity, None);
+    }
+
+    /// A search stage of `refine=4` at level `c`.
+    fn search(index: usize, c: u32, congested: bool, waiting: f64) -> StageResult {
+        let mut s = judged(stage(index, c, Some(congested)), waiting, 2.0, 0.1, 0.0);
+        s.search = Some(nyann_load::SearchStage { refines: 1 });
+        s.annotation.as_mut().unwrap().congestion.stopped = false;
+        s
+    }
+
+    /// The run has one answer: a clean search stage above the sweep's
+    /// knee is the knee, said once (with its figures on the capacity line),
+    /// the same in summary.json. On the real vLLM the knee said c=4 and
+    /// the capacity c=21.
+    #[test]
+    fn a_clean_search_stage_is_the_knee() {
+        let result = run(vec![
+            refined(judged(stage(0, 4, Some(false)), 0.0, 2.0, 0.1, 0.0), None),
+            refined(judged(stage(1, 32, Some(true)), 30.0, 2.0, 0.1, 0.0), None),
+            stage(2, 64, None),
+            search(3, 18, false, 2.0),
+            search(4, 25, true, 20.0),
+            search(5, 21, false, 4.0),
+            search(6, 23, true, 20.0),
+        ]);
+        let conclusion = Conclusion::of(&result, 1);
+        let sweep = &conclusion.sweeps[0];
+        let knee = sweep.knee.as_ref().unwrap();
+        assert_eq!((knee.stage.stage, knee.requests_per_second), (5, 21.0));
+        let capacity = sweep.capacity.as_ref().unwrap();
+        assert_eq!(capacity.clean.as_ref().unwrap(), &knee.stage);
+        // The search ran out of stages 2 apart: one more would close it.
+        assert_eq!(
+            (capacity.gap, capacity.stages_to_close),
+            (Some(2.0), Some(1))
+        );
+        let lines = conclusion.lines();
+        assert_eq!(
+            lines,
+            "capacity: concurrency=21 (#5 c=21: 21.0 req/s, 0 output tok/s, TTFT p50/p99 0.0/250 \
+             ms, ITL p50/p99 0.0/0.0 ms) not congested, concurrency=23 congested (4 search stages, \
+             0s of load; the levels are 2 apart, 1 more search stage would bring them within 1 \
+             (raise refine= by 1))\n\
+             load not sent: 1 stage skipped, 1m\n"
+        );
+        assert!(
+            !lines.contains("knee (congested from"),
+            "said once: {lines}"
+        );
+        let json = serde_json::to_value(&conclusion).unwrap();
+        assert_eq!(json["sweeps"][0]["knee"]["concurrency"], 21);
+        assert_eq!(json["sweeps"][0]["capacity"]["stages_to_close"], 1);
+    }
+
+    /// A KV-cache usage cannot pass 100%: against 95% its margin is its
+    /// share of the 5 points of headroom, so a stage at 99% with 30
+    /// preemptions is no close call (it was 4% over before), and one at
+    /// 95.2% with one preemption is.
+    #[test]
+    fn a_kv_verdicts_margin_is_measured_against_its_headroom() {
+        let margin = |kv: f64, preempted: f64, congested: bool| {
+            let s = judged(stage(0, 16, Some(congested)), 0.0, 0.01, kv, preempted);
+            CongestionRecord::of(&s).unwrap().margin().unwrap()
+        };
+        // The demo's congested stage and a saturated one.
+        assert!((margin(0.991, 30.0, true) - 0.82).abs() < 1e-9);
+        assert!((margin(1.0, 65.0, true) - 1.0).abs() < 1e-9);
+        // Near the threshold with one preemption: close.
+        assert!(margin(0.952, 1.0, true) < CLOSE_CALL);
+        // Clean at 92% with no preemption: the rule needs both, and it is
+        // a whole threshold of preemptions away.
+        assert!((margin(0.92, 0.0, false) + 1.0).abs() < 1e-9);
+        let result = run(vec![
+            judged(stage(0, 8, Some(false)), 0.0, 0.01, 0.5, 0.0),
+            judged(stage(1, 16, Some(true)), 0.0, 0.01, 0.991, 30.0),
+        ]);
+        assert!(!Conclusion::of(&result, 1).lines().contains("close call"));
+    }
+
+    /// `confirm=`: a level judged again is one level of the search, settled
+    /// by its verdicts; the answer says so, and it is no close call any
+    /// more. An unconfirmed close call gets the line that judges it again.
+    #[test]
+    fn a_confirmed_level_is_settled_and_said() {
+        let result = run(vec![
+            refined(judged(stage(0, 8, Some(false)), 0.0, 2.0, 0.1, 0.0), None),
+            refined(judged(stage(1, 32, Some(true)), 30.0, 2.0, 0.1, 0.0), None),
+            // c=20 at the threshold exactly, then 12% under: clean.
+            search(2, 20, true, 8.0),
+            search(3, 20, false, 7.0),
+            search(4, 26, true, 20.0),
+            // c=23 4% under, never confirmed: a close call.
+            search(5, 23, false, 7.7),
+            search(6, 24, true, 30.0),
+        ]);
+        let conclusion = Conclusion::of(&result, 1);
+        let capacity = conclusion.sweeps[0].capacity.as_ref().unwrap();
+        assert_eq!(capacity.clean.as_ref().unwrap().level.concurrency, Some(23));
+        assert_eq!(capacity.congested.level.concurrency, Some(24));
+        assert_eq!(
+            capacity.confirmed,
+            [Confirmed {
+                level: Level {
+                    concurrency: Some(20),
+                    rate: None
+                },
+                verdicts: 2,
+                congested_verdicts: 1,
+                congested: false
+            }]
+        );
+        assert_eq!(capacity.stages.len(), 5);
+        let lines = conclusion.lines();
+        assert!(
+            lines.contains("(5 search stages, 0s of load; concurrency=20 judged 2 times (1 congested): not congested)"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains(
+                "close call: concurrency=23 was judged not congested 4% under a threshold; a level \
+                 this near can be judged the other way on another run: judge it again with longer \
+                 stages, until_congested([stage(\"2m\", concurrency=23)])"
+            ),
+            "{lines}"
+        );
+        assert_eq!(
+            conclusion.sweeps[0].rejudge.as_deref(),
+            Some("until_congested([stage(\"2m\", concurrency=23)])")
+        );
     }
 
     /// A first stage congested at one stream has nothing below it to start

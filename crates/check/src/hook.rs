@@ -264,7 +264,9 @@ impl CongestionCheck {
         record.stopped =
             matches!(outcome.decision, HookDecision::Stop { .. }) && done.refines.is_none();
         record.check_seconds = started.elapsed().as_secs_f64();
-        outcome.with_annotation(Judged { congestion: record })
+        outcome
+            .with_margin(record.margin())
+            .with_annotation(Judged { congestion: record })
     }
 }
 

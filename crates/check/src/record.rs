@@ -74,6 +74,14 @@ pub struct Refine {
     /// (one stream, or 5% of the congested rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolution: Option<f64>,
+    /// Most more verdicts on a level judged near a threshold (`confirm=`);
+    /// absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub confirm: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl From<nyann_model::CapacitySearch> for Refine {
@@ -81,6 +89,7 @@ impl From<nyann_model::CapacitySearch> for Refine {
         Refine {
             stages: search.stages,
             resolution: search.resolution,
+            confirm: search.confirm,
         }
     }
 }
@@ -131,8 +140,13 @@ impl CongestionRecord {
     /// both at their thresholds; KV-cache pressure: usage and preemptions
     /// both at theirs on one role): the relative amount by which the rule
     /// nearest to firing is over (positive) or under (negative) its
-    /// thresholds, a rule being only as far over as the least of its
-    /// conditions. `None` when the policy did not judge with the four
+    /// thresholds. A rule needs all its conditions, so it flips when its
+    /// least condition does: it is only as far over (or under) as that one.
+    /// Each condition's distance is relative to the room it has: a value
+    /// over its threshold against its threshold, except a fraction that
+    /// cannot pass 1 (KV usage), whose room over the threshold is what is
+    /// left up to 1 (99% against 95% is 80% of the way, not 4% over: it is
+    /// no close call). `None` when the policy did not judge with the four
     /// standard thresholds, or when its verdict is not the rules' (a custom
     /// policy's own logic): no margin is claimed then.
     pub fn margin(&self) -> Option<f64> {
@@ -143,6 +157,13 @@ impl CongestionRecord {
             _ => None,
         };
         let over = |value: f64, threshold: f64| value / threshold - 1.0;
+        let fraction_over = |value: f64, threshold: f64| {
+            if value >= threshold && threshold < 1.0 {
+                (value - threshold) / (1.0 - threshold)
+            } else {
+                over(value, threshold)
+            }
+        };
         let largest =
             |signal: fn(&RoleSignals) -> f64| self.roles.iter().map(signal).reduce(f64::max);
         let queueing = over(
@@ -157,7 +178,7 @@ impl CongestionRecord {
         let margin = self
             .roles
             .iter()
-            .map(|r| over(r.kv_cache_usage_max, kv).min(over(r.preemptions, preemptions)))
+            .map(|r| fraction_over(r.kv_cache_usage_max, kv).min(over(r.preemptions, preemptions)))
             .fold(queueing, f64::max);
         (margin.is_finite() && self.congested() == (margin >= 0.0) && self.verdict.is_some())
             .then_some(margin)

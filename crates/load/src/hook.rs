@@ -104,6 +104,11 @@ pub struct HookOutcome<A = serde_json::Value> {
     /// With a stop: whether the stage's level was too much for the server
     /// (a capacity search may follow), rather than a failure to judge it.
     pub congested: bool,
+    /// How far the verdict was from flipping (relative; positive over the
+    /// thresholds), when the judge can say: a capacity search with
+    /// `confirm=` judges a level again when it is within
+    /// [`CLOSE_CALL`](crate::CLOSE_CALL).
+    pub margin: Option<f64>,
 }
 
 impl<A> HookOutcome<A> {
@@ -113,6 +118,7 @@ impl<A> HookOutcome<A> {
             decision: HookDecision::Continue,
             annotation: None,
             congested: false,
+            margin: None,
         }
     }
 
@@ -124,6 +130,7 @@ impl<A> HookOutcome<A> {
             },
             annotation: None,
             congested: true,
+            margin: None,
         }
     }
 
@@ -138,6 +145,11 @@ impl<A> HookOutcome<A> {
 
     pub fn with_annotation(mut self, annotation: A) -> Self {
         self.annotation = Some(annotation);
+        self
+    }
+
+    pub fn with_margin(mut self, margin: Option<f64>) -> Self {
+        self.margin = margin;
         self
     }
 }

@@ -29,7 +29,7 @@ pub use record::{Phase, RequestRecord, Status, TokenSource};
 pub use result::{
     DegradedStage, EXIT_DEGRADED, RunOutcome, RunResult, SearchStage, StageResult, StageStatus,
 };
-pub use runner::search::Bounds;
+pub use runner::search::{Bounds, CLOSE_CALL, Search, Vote, settle};
 pub use runner::{DEFAULT_TARGET, RunError, RunOptions, run};
 pub use stats::StageDetail;
 pub use tokio_util::sync::CancellationToken;

@@ -14,7 +14,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -222,6 +222,34 @@ struct SinkInner {
 pub struct RecordWriter {
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     pub path: Option<PathBuf>,
+    failure: WriteFailure,
+}
+
+/// Why the records stopped reaching the disk, once they did: the runner
+/// stops the load then (records that cannot be kept are not worth sending).
+#[derive(Debug, Clone, Default)]
+pub struct WriteFailure {
+    failed: tokio_util::sync::CancellationToken,
+    why: Arc<OnceLock<String>>,
+}
+
+impl WriteFailure {
+    fn fail(&self, why: String) {
+        tracing::error!("{why}");
+        let _ = self.why.set(why);
+        self.failed.cancel();
+    }
+
+    /// Waits for a failure, and says it.
+    pub async fn wait(&self) -> String {
+        self.failed.cancelled().await;
+        self.why.get().cloned().unwrap_or_default()
+    }
+
+    /// The failure, if there was one.
+    pub fn get(&self) -> Option<&str> {
+        self.why.get().map(String::as_str)
+    }
 }
 
 impl RecordSink {
@@ -236,13 +264,18 @@ impl RecordSink {
                 RecordWriter {
                     task: None,
                     path: None,
+                    failure: WriteFailure::default(),
                 },
             ));
         };
         let path = dir.join(nyann_results::REQUESTS);
         let file = std::fs::File::create(&path)?;
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
-        let task = tokio::task::spawn_blocking(move || write_chunks(file, rx));
+        let failure = WriteFailure::default();
+        let task = {
+            let (path, failure) = (path.clone(), failure.clone());
+            tokio::task::spawn_blocking(move || write_chunks(file, &path, rx, &failure))
+        };
         let inner = Arc::new(SinkInner {
             buffer: Mutex::new(Vec::with_capacity(WRITE_BUFFER + 4096)),
             tx,
@@ -255,6 +288,7 @@ impl RecordSink {
             RecordWriter {
                 task: Some(task),
                 path: Some(path),
+                failure,
             },
         ))
     }
@@ -317,27 +351,193 @@ impl RecordSink {
 impl RecordWriter {
     /// Waits until every handed-over buffer is on disk. Call
     /// [`RecordSink::flush`] and drop every [`RecordSink`] clone first.
-    pub async fn finish(mut self) -> std::io::Result<()> {
+    /// Fails with what [`RecordWriter::failure`] says.
+    pub async fn finish(mut self) -> Result<(), String> {
         match self.task.take() {
             None => Ok(()),
-            Some(task) => task.await.map_err(std::io::Error::other)?,
+            Some(task) => match task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(self.failure.get().unwrap_or_default().to_string()),
+                Err(err) => Err(format!("the writer of requests.jsonl failed: {err}")),
+            },
         }
+    }
+
+    /// Where a failure to write the records is said (at once, while the run
+    /// goes on).
+    pub fn failure(&self) -> WriteFailure {
+        self.failure.clone()
     }
 }
 
-fn write_chunks(mut file: std::fs::File, mut rx: mpsc::Receiver<Vec<u8>>) -> std::io::Result<()> {
+/// Writes the record buffers into `file` at `path` as they come. Each
+/// buffer holds whole lines; when one cannot be written whole (a full disk),
+/// the file is cut back to its last whole line, so that it never ends in a
+/// fragment, and the failure is said. A file whose directory was removed
+/// or moved meanwhile (writes would go on into an unlinked file, lost at
+/// the end) is a failure too.
+fn write_chunks(
+    mut file: impl RecordFile,
+    path: &Path,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    failure: &WriteFailure,
+) -> std::io::Result<()> {
+    let mut written: u64 = 0;
+    let fail = |err: std::io::Error, what: &str| {
+        failure.fail(format!("cannot write {}: {what}{err}", path.display()));
+        Err(err)
+    };
     while let Some(chunk) = rx.blocking_recv() {
-        if let Err(err) = file.write_all(&chunk) {
-            tracing::error!("cannot write requests.jsonl: {err}");
-            return Err(err);
+        if let Err(err) = file.still_at(path) {
+            return fail(err, "");
         }
+        let mut done = 0;
+        while done < chunk.len() {
+            match file.write(&chunk[done..]) {
+                Ok(0) => {
+                    done = usize::MAX;
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    // Keep the whole lines of this buffer that did reach
+                    // the file, and nothing of the one cut short.
+                    let whole = chunk[..done]
+                        .iter()
+                        .rposition(|&b| b == b'\n')
+                        .map_or(0, |i| i + 1);
+                    let kept = written + whole as u64;
+                    let cut = file.cut_to(kept).map_or_else(
+                        |e| format!(" (and cutting it back to its last whole record failed: {e})"),
+                        |()| String::new(),
+                    );
+                    return fail(err, &format!("{kept} bytes of whole records kept{cut}; "));
+                }
+            }
+        }
+        if done == usize::MAX {
+            return fail(std::io::ErrorKind::WriteZero.into(), "");
+        }
+        written += chunk.len() as u64;
     }
     file.flush()
+}
+
+/// The file the records go to (a trait so that tests can make it fail).
+trait RecordFile: Write {
+    /// Whether it is still the file at `path`.
+    fn still_at(&self, path: &Path) -> std::io::Result<()>;
+    /// Cuts it back to `len` bytes.
+    fn cut_to(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl RecordFile for std::fs::File {
+    fn still_at(&self, path: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let ours = self.metadata()?;
+        match std::fs::metadata(path) {
+            Ok(there) if there.dev() == ours.dev() && there.ino() == ours.ino() => Ok(()),
+            Ok(_) => Err(std::io::Error::other(
+                "another file took its place during the run",
+            )),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(std::io::Error::other(
+                "it was removed during the run (its directory deleted or moved): the records \
+                 written since are lost",
+            )),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn cut_to(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)?;
+        use std::io::Seek;
+        self.seek(std::io::SeekFrom::Start(len)).map(|_| ())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file that takes `room` bytes, then fails as a full disk does.
+    struct FullAfter {
+        bytes: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for FullAfter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.room - self.bytes.len());
+            if n == 0 {
+                return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            self.bytes.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl RecordFile for &mut FullAfter {
+        fn still_at(&self, _: &Path) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn cut_to(&mut self, len: u64) -> std::io::Result<()> {
+            self.bytes.truncate(len as usize);
+            Ok(())
+        }
+    }
+
+    /// A disk that fills in the middle of a buffer keeps every whole
+    /// record written before, never a fragment, and the failure names the
+    /// file and says what was kept.
+    #[test]
+    fn a_full_disk_keeps_whole_records_only() {
+        let mut file = FullAfter {
+            bytes: Vec::new(),
+            room: 25,
+        };
+        let (tx, rx) = mpsc::channel(4);
+        tx.try_send(b"first\nsecond\n".to_vec()).unwrap();
+        tx.try_send(b"third\nfourth\nfifth\n".to_vec()).unwrap();
+        drop(tx);
+        let failure = WriteFailure::default();
+        let written = write_chunks(&mut file, Path::new("/run/requests.jsonl"), rx, &failure);
+        assert_eq!(written.unwrap_err().raw_os_error(), Some(28));
+        // 25 bytes reached the file, "fourth" without its end of line.
+        assert_eq!(file.bytes, b"first\nsecond\nthird\n");
+        assert_eq!(
+            failure.get(),
+            Some(
+                "cannot write /run/requests.jsonl: 19 bytes of whole records kept; No space left on \
+                 device (os error 28)"
+            )
+        );
+    }
+
+    /// An output directory removed during the run is said at the next
+    /// write (the records would go into an unlinked file).
+    #[tokio::test]
+    async fn a_removed_output_directory_is_a_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let (sink, writer) = RecordSink::create(Some(&run)).unwrap();
+        let failure = writer.failure();
+        sink.send(RequestRecord::sample(Status::Ok)).await;
+        sink.flush().await;
+        std::fs::remove_dir_all(&run).unwrap();
+        sink.send(RequestRecord::sample(Status::Ok)).await;
+        sink.flush().await;
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), failure.wait())
+            .await
+            .unwrap();
+        assert!(why.contains("it was removed during the run"), "{why}");
+        drop(sink);
+        assert_eq!(writer.finish().await.unwrap_err(), why);
+    }
 
     /// `cached_tokens` is written only when the server reported it, and a
     /// line without it (the server did not say, or an older file) reads

@@ -153,6 +153,14 @@ impl RunOutcome {
             _ => None,
         }
     }
+
+    /// Aborted for `reason`, unless the run was aborted or interrupted
+    /// already (that is the story then).
+    pub fn abort_unless_halted(&mut self, reason: String) {
+        if !matches!(self, RunOutcome::Aborted { .. } | RunOutcome::Interrupted) {
+            *self = RunOutcome::Aborted { reason };
+        }
+    }
 }
 
 /// The whole run (`A`: what the stage hook recorded with each stage).

@@ -289,6 +289,7 @@ fn refined_sweep(levels: &[u32], refine: u32) -> nyann_model::Scenario {
         search: Some(nyann_model::CapacitySearch {
             stages: refine,
             resolution: None,
+            confirm: 0,
         }),
     };
     let steps = levels

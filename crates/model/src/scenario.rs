@@ -145,6 +145,10 @@ pub struct CapacitySearch {
     /// requests/s for a rate sweep (default 5% of the congested rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolution: Option<f64>,
+    /// A level whose verdict was a close call is judged up to this many
+    /// more times before the search moves on (`confirm=`; 0: never).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub confirm: u32,
 }
 
 impl StopCondition {

@@ -56,6 +56,8 @@ pub const CONGESTED: RGBColor = RGBColor(214, 39, 40);
 const MUTED: RGBColor = RGBColor(140, 140, 140);
 /// Capacity-search stages: dark, apart from every run's shade.
 const SEARCHED: RGBColor = RGBColor(40, 40, 40);
+/// The knee: the answer, in the green of "within bounds".
+const KNEE: RGBColor = RGBColor(44, 160, 44);
 
 /// How values on the y axis read.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -151,6 +153,9 @@ pub enum MarkKind {
     /// A stage of the capacity search after the stop (at the stage's
     /// value): the levels the search added between the sweep's.
     Searched,
+    /// The run's answer (at the stage's value): the highest level judged
+    /// not congested below the congested ones, as the headline says.
+    Knee,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -330,6 +335,11 @@ fn draw_legend(
                         [(x + 4, y - 4), (x + 12, y + 4)],
                         color.stroke_width(width),
                     )),
+                    MarkKind::Knee => root.draw(&TriangleMarker::new(
+                        (x + 8, y),
+                        5,
+                        color.stroke_width(width),
+                    )),
                     _ => root.draw(&Circle::new((x + 8, y), 4, color.stroke_width(width))),
                 }
             }
@@ -361,6 +371,7 @@ fn mark_style(kind: MarkKind) -> (RGBColor, u32) {
         MarkKind::Skipped => (MUTED, 2),
         MarkKind::NoData => (MUTED, 1),
         MarkKind::Searched => (SEARCHED, 2),
+        MarkKind::Knee => (KNEE, 3),
     }
 }
 
@@ -500,6 +511,7 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
             MarkKind::NoData,
             MarkKind::Congested,
             MarkKind::Searched,
+            MarkKind::Knee,
         ];
         for kind in kinds {
             let points: Vec<_> = figure
@@ -528,6 +540,11 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
                         .into_iter()
                         .map(|p| EmptyElement::at(p) + Rectangle::new([(-5, -5), (5, 5)], style)),
                 ),
+                MarkKind::Knee => chart.draw_series(
+                    points
+                        .into_iter()
+                        .map(|p| EmptyElement::at(p) + TriangleMarker::new((0, -11), 6, style)),
+                ),
             }
             .map_err(plot_error)?;
             let name = match kind {
@@ -535,6 +552,7 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
                 MarkKind::Skipped => "skipped (not run, no value)",
                 MarkKind::NoData => "no data",
                 MarkKind::Searched => "capacity search stage",
+                MarkKind::Knee => "knee (highest level not congested)",
             };
             legend.push((name.to_owned(), Glyph::Mark(kind)));
         }

@@ -96,27 +96,14 @@ impl SavedRun {
         }
     }
 
-    /// The last measured stage the policy did not call congested: the knee.
-    pub fn knee(&self) -> Option<usize> {
-        self.result
-            .stages
+    /// The stages (by index) that are a sweep's knee: the run's answer,
+    /// as its conclusion gives it.
+    pub fn knees(&self) -> Vec<usize> {
+        nyann_check::Conclusion::of(&self.result, 1)
+            .sweeps
             .iter()
-            .zip(&self.records)
-            .enumerate()
-            .filter(|(_, (stage, record))| {
-                stage.client.is_some()
-                    && stage.status == nyann_load::StageStatus::Measured
-                    && !record.as_ref().is_some_and(CongestionRecord::congested)
-            })
-            .map(|(i, _)| i)
-            .take_while(|&i| {
-                // Only stages before the first congested one count.
-                !self.records[..i]
-                    .iter()
-                    .flatten()
-                    .any(CongestionRecord::congested)
-            })
-            .last()
+            .filter_map(|sweep| sweep.knee.as_ref().map(|knee| knee.stage.stage))
+            .collect()
     }
 }
 

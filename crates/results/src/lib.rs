@@ -358,7 +358,19 @@ pub enum RecordError {
         line: u64,
         error: serde_json::Error,
     },
+    /// A line longer than any record: nothing after it is read.
+    #[error(
+        "{}:{line}: a line longer than {} MiB is no request record of nyann-bench (the rest of \
+         the file is not read)",
+        path.display(),
+        MAX_RECORD_LINE >> 20
+    )]
+    TooLong { path: PathBuf, line: u64 },
 }
+
+/// The longest line read as a record (a record with the inter-chunk
+/// latencies of 100,000 output tokens takes about 1.5 MB).
+pub const MAX_RECORD_LINE: u64 = 16 << 20;
 
 /// The records of a `requests.jsonl`, read one line at a time (memory does
 /// not grow with the file); blank lines are skipped.
@@ -401,8 +413,19 @@ impl<T: DeserializeOwned> Iterator for Records<T> {
     fn next(&mut self) -> Option<Self::Item> {
         while !self.failed {
             self.line.clear();
-            match self.reader.read_line(&mut self.line) {
+            use std::io::Read;
+            match (&mut self.reader)
+                .take(MAX_RECORD_LINE)
+                .read_line(&mut self.line)
+            {
                 Ok(0) => return None,
+                Ok(n) if n as u64 >= MAX_RECORD_LINE && !self.line.ends_with('\n') => {
+                    self.failed = true;
+                    return Some(Err(RecordError::TooLong {
+                        path: self.path.clone(),
+                        line: self.number + 1,
+                    }));
+                }
                 Ok(_) => {}
                 Err(error) => {
                     self.failed = true;
@@ -545,6 +568,17 @@ mod tests {
             .unwrap()
             .collect();
         assert_eq!(limited.len(), 1, "only the first line fits in 10 bytes");
+
+        // A line without end (here /dev/zero: zeros forever) is read up to
+        // the bound, said, and nothing after it.
+        let mut endless = Records::<Value>::open(Path::new("/dev/zero"), u64::MAX).unwrap();
+        let err = endless.next().unwrap().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "/dev/zero:1: a line longer than 16 MiB is no request record of nyann-bench (the rest \
+             of the file is not read)"
+        );
+        assert!(endless.next().is_none());
 
         let none = tempfile::tempdir().unwrap();
         assert!(

@@ -297,19 +297,24 @@ impl Args {
 
 /// The keywords of `until_congested(...)` that are its own, not the
 /// policy's.
-const SEARCH_KEYWORDS: [&str; 2] = ["refine", "resolution"];
+const SEARCH_KEYWORDS: [&str; 3] = ["refine", "resolution", "confirm"];
 
 /// Most stages a capacity search may add after a sweep (`refine=`).
 pub const MAX_REFINE: i64 = 64;
 
-/// `refine=N, resolution=R` of `until_congested(...)`.
+/// Most more times a close call is judged (`confirm=`).
+pub const MAX_CONFIRM: i64 = 4;
+
+/// `refine=N, resolution=R, confirm=M` of `until_congested(...)`.
 fn capacity_search(
     refine: Option<&Value>,
     resolution: Option<&Value>,
+    confirm: Option<&Value>,
 ) -> Result<Option<CapacitySearch>, Vec<String>> {
-    // `None` is the documented default of both: no search.
+    // `None` is the documented default of all three: no search.
     let refine = refine.filter(|v| !v.is_none());
     let resolution = resolution.filter(|v| !v.is_none());
+    let confirm = confirm.filter(|v| !v.is_none());
     let mut a = Args::new("until_congested");
     let stages = refine.and_then(|&v| {
         let expected = format!("an integer from 1 to {MAX_REFINE} (stages of the capacity search)");
@@ -330,9 +335,21 @@ fn capacity_search(
         }
         Some(r)
     });
+    let confirm = confirm.and_then(|&v| {
+        let expected = format!(
+            "an integer from 0 to {MAX_CONFIRM} (more verdicts on a level judged near a threshold)"
+        );
+        a.int("confirm", v, 0, MAX_CONFIRM, &expected)
+    });
     if resolution.is_some() && refine.is_none() {
         a.problem(
             "resolution is the precision of a capacity search: give refine=N too (the search's most stages)"
+                .into(),
+        );
+    }
+    if confirm.is_some() && refine.is_none() {
+        a.problem(
+            "confirm judges a capacity search's close calls again: give refine=N too (the search's most stages)"
                 .into(),
         );
     }
@@ -342,6 +359,7 @@ fn capacity_search(
     Ok(stages.map(|stages| CapacitySearch {
         stages: stages as u32,
         resolution,
+        confirm: confirm.unwrap_or(0) as u32,
     }))
 }
 
@@ -639,11 +657,13 @@ fn stage_builtins(builder: &mut GlobalsBuilder) {
 /// Sweeps that stop on congestion.
 #[starlark_module]
 fn sweep_builtins(builder: &mut GlobalsBuilder) {
-    /// `until_congested(stages, refine=None, resolution=None, **params)`: a
-    /// copy of `stages` in which every stage stops the sweep once the active
-    /// congestion policy judges it congested. `refine=N` then searches the
-    /// capacity between the last clean level and the congested one with at
-    /// most N more stages, until the bounds are `resolution` apart. The other
+    /// `until_congested(stages, refine=None, resolution=None, confirm=None,
+    /// **params)`: a copy of `stages` in which every stage stops the sweep
+    /// once the active congestion policy judges it congested. `refine=N`
+    /// then searches the capacity between the last clean level and the
+    /// congested one with at most N more levels, until the bounds are
+    /// `resolution` apart; `confirm=M` judges a level whose verdict was a
+    /// close call up to M more times before the search moves on. The other
     /// keyword parameters go to that policy as written.
     fn until_congested<'v>(
         stages: Value<'v>,
@@ -653,7 +673,11 @@ fn sweep_builtins(builder: &mut GlobalsBuilder) {
         let location = call_location(eval);
         let mut problems = Vec::new();
         let mut typed = Vec::with_capacity(params.len());
-        let search = capacity_search(params.get("refine"), params.get("resolution"));
+        let search = capacity_search(
+            params.get("refine"),
+            params.get("resolution"),
+            params.get("confirm"),
+        );
         let search = match search {
             Ok(search) => search,
             Err(errors) => {

@@ -451,6 +451,18 @@ fn until_congested_arguments() {
         &["resolution is the precision of a capacity search: give refine=N too"],
     );
     assert_error(
+        "until_congested([stage(\"1m\")], refine = 2, confirm = 5)",
+        1,
+        &[
+            "confirm must be an integer from 0 to 4 (more verdicts on a level judged near a threshold), got 5",
+        ],
+    );
+    assert_error(
+        "until_congested([stage(\"1m\")], confirm = 1)",
+        1,
+        &["confirm judges a capacity search's close calls again: give refine=N too"],
+    );
+    assert_error(
         "s = until_congested([stage(\"1m\")], a = 1)\nt = until_congested(s, b = 2)",
         2,
         &["stages[0] already has a stop condition (from until_congested() at t.star:1:5)"],

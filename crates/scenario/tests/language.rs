@@ -348,7 +348,8 @@ fn refine_sets_the_capacity_search_not_a_policy_parameter() {
             stop.search,
             Some(nyann_model::CapacitySearch {
                 stages: 4,
-                resolution: None
+                resolution: None,
+                confirm: 0,
             })
         );
     }
@@ -359,6 +360,13 @@ fn refine_sets_the_capacity_search_not_a_policy_parameter() {
     assert_eq!(search.and_then(|s| s.resolution), Some(2.5));
     let plain = compile(r#"scenario(stages = until_congested([stage("1m")], a = 1))"#);
     assert_eq!(stages(&plain)[0].stop.as_ref().unwrap().search, None);
+    // `confirm` is the search's too.
+    let s = compile(
+        r#"scenario(stages = until_congested([stage("1m", concurrency = 8)], refine = 4, confirm = 1, a = 1))"#,
+    );
+    let stop = stages(&s)[0].stop.as_ref().unwrap();
+    assert_eq!(stop.search.map(|s| s.confirm), Some(1));
+    assert_eq!(stop.params, vec![num("a", 1.0)]);
 }
 
 /// The documented signature, `until_congested(stages, refine=None,
@@ -379,7 +387,8 @@ fn refine_none_is_no_capacity_search() {
         stages(&s)[0].stop.as_ref().unwrap().search,
         Some(nyann_model::CapacitySearch {
             stages: 2,
-            resolution: None
+            resolution: None,
+            confirm: 0,
         })
     );
 }

@@ -186,10 +186,22 @@ pub fn show_ending(result: &RunResult, conclusion: &Conclusion, dir: Option<&Pat
     eprintln!("{}", nyann_report::outcome_line(result));
     eprint!("{}", conclusion.lines());
     if let Some(dir) = dir {
-        eprintln!(
-            "results: {} (summary.json, stages.json, requests.jsonl, report.html)",
-            dir.display()
-        );
+        // Only what is there: a report given up on, or a file a full disk
+        // refused, is not named.
+        let written: Vec<&str> = [
+            nyann_results::SUMMARY,
+            nyann_results::STAGES,
+            nyann_results::REQUESTS,
+            nyann_results::REPORT,
+        ]
+        .into_iter()
+        .filter(|name| {
+            dir.join(name)
+                .metadata()
+                .is_ok_and(|m| m.is_file() && m.len() > 0)
+        })
+        .collect();
+        eprintln!("results: {} ({})", dir.display(), written.join(", "));
     }
 }
 

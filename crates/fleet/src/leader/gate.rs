@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use nyann_load::runner::search::{highest_below, level};
 use nyann_load::{
-    Bounds, CancellationToken, FinishedStage, HookDecision, HookOutcome, NextSearch, StageHook,
+    Bounds, CancellationToken, FinishedStage, HookDecision, HookOutcome, NextSearch, Search,
+    StageHook, Vote,
 };
 use nyann_model::{Scenario, Stage, Step};
 use tokio::sync::mpsc;
@@ -58,8 +59,8 @@ pub struct LeaderGate<H> {
     pub(super) shares: Vec<Scenario>,
     /// Per sweep, the fleet levels judged not congested so far.
     pub(super) clean: BTreeMap<u32, Vec<f64>>,
-    /// The capacity search under way: the fleet's bounds.
-    pub(super) search: Option<Bounds>,
+    /// The capacity search under way, in the fleet's levels.
+    pub(super) search: Option<Search>,
     pub(super) seed: u64,
     pub(super) workers: usize,
     pub(super) watch: CancellationToken,
@@ -254,9 +255,13 @@ impl<H> LeaderGate<H> {
         };
         let stopped = matches!(outcome.decision, HookDecision::Stop { .. });
         if refines.is_some() {
+            let vote = |congested| Vote {
+                congested,
+                margin: outcome.margin,
+            };
             match (&mut self.search, stopped, outcome.congested) {
-                (Some(bounds), false, _) => bounds.judged(level, false),
-                (Some(bounds), true, true) => bounds.judged(level, true),
+                (Some(search), false, _) => search.judged(level, vote(false)),
+                (Some(search), true, true) => search.judged(level, vote(true)),
                 _ => self.search = None,
             }
             return;
@@ -279,7 +284,7 @@ impl<H> LeaderGate<H> {
             // Every worker taking part needs one stream at least.
             bounds.floor = (self.live.len() + 1) as f64;
         }
-        self.search = Some(bounds);
+        self.search = Some(Search::new(bounds, search.stages, search.confirm));
     }
 }
 
@@ -342,7 +347,7 @@ impl<H: StageHook> StageHook for LeaderGate<H> {
             slot,
             refines: next.refines,
             like: &like,
-            level: self.search.and_then(|bounds| bounds.next()),
+            level: self.search.as_ref().and_then(Search::next),
         };
         // Search stages are looked up like steps: the next one's index is
         // the number of steps so far.

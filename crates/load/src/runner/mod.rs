@@ -197,6 +197,15 @@ pub async fn run<H: StageHook>(
         },
     ));
     let flusher = Flusher::start(&shared.sink);
+    // Records that cannot be kept are not worth sending: the first failed
+    // write stops the load.
+    let write_watch = {
+        let (shared, failure) = (shared.clone(), writer.failure());
+        tokio::spawn(async move {
+            let why = failure.wait().await;
+            shared.abort(format!("{why}; the load stopped there"));
+        })
+    };
     let mut load = Load::new(shared.clone());
     let ran = run_steps(scenario, &shared, &mut load, &options, &mut hook).await;
     wind_down(&shared, &mut load, &options).await;
@@ -213,25 +222,22 @@ pub async fn run<H: StageHook>(
     stages.extend(ran.searched);
     let measured_seconds =
         ran.measured_seconds + results::late_statistics(&mut stages, ran.interrupted, &shared);
-    let outcome = results::outcome(&options.interrupt, &shared, ran.stops);
     let (totals, totals_detail) = results::totals(&stages, &shared, measured_seconds);
     let end_unix = shared.clock.unix(Instant::now());
     let start_unix = shared.clock.unix_start;
     flusher.stop().await;
     shared.sink.flush().await;
+    write_watch.abort();
     let requests_recorded = shared.sink.lines();
     drop(load);
+    let mut outcome = results::outcome(&options.interrupt, &shared, ran.stops);
     // Every task has ended: this is the last handle on the record channel.
     drop(shared);
-    writer.finish().await.map_err(|error| RunError::Output {
-        path: options
-            .output_dir
-            .clone()
-            .unwrap_or_default()
-            .join(nyann_results::REQUESTS),
-        error,
-    })?;
-    let result = RunResult {
+    if let Err(why) = writer.finish().await {
+        // A failure at the last write: the run is not whole on disk.
+        outcome.abort_unless_halted(why);
+    }
+    let mut result = RunResult {
         outcome,
         start_unix,
         end_unix,
@@ -243,11 +249,14 @@ pub async fn run<H: StageHook>(
         requests_recorded,
         stages,
     };
-    if let Some(dir) = &options.output_dir {
-        result.write_files(dir).map_err(|error| RunError::Output {
-            path: dir.clone(),
-            error,
-        })?;
+    if let Some(dir) = &options.output_dir
+        && let Err(error) = result.write_files(dir)
+    {
+        // Nothing is lost that the caller can still show: the result is
+        // returned, said to be aborted on the files it lacks.
+        let why = format!("cannot write the results into {}: {error}", dir.display());
+        tracing::error!("{why}");
+        result.outcome.abort_unless_halted(why);
     }
     Ok(result)
 }

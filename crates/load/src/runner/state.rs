@@ -443,27 +443,31 @@ impl Shared {
             Status::Failed => {
                 let n = self.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
                 if self.max_consecutive_errors > 0 && n >= self.max_consecutive_errors {
-                    let mut reason = lock(&self.abort_reason);
-                    if reason.is_none() && !self.halt.is_cancelled() {
-                        let msg = format!(
-                            "{n} consecutive failed requests (at most {} allowed in a row); last error: {}{}",
-                            self.max_consecutive_errors,
-                            record.error.as_deref().unwrap_or("unknown"),
-                            if record.client_error {
-                                " (the client's own failure, not the server's: give it more \
-                                 open files with ulimit -n, or fewer streams)"
-                            } else {
-                                ""
-                            }
-                        );
-                        tracing::error!("aborting the run: {msg}");
-                        *reason = Some(msg);
-                        self.halt.cancel();
-                    }
+                    self.abort(format!(
+                        "{n} consecutive failed requests (at most {} allowed in a row); last error: {}{}",
+                        self.max_consecutive_errors,
+                        record.error.as_deref().unwrap_or("unknown"),
+                        if record.client_error {
+                            " (the client's own failure, not the server's: give it more \
+                             open files with ulimit -n, or fewer streams)"
+                        } else {
+                            ""
+                        }
+                    ));
                 }
             }
             // A busy server, an abandoned or a dropped request: not a broken server.
             Status::Rejected | Status::Late | Status::Cancelled | Status::Dropped => {}
+        }
+    }
+
+    /// Aborts the run for `reason`, unless it is halted already.
+    pub(super) fn abort(&self, reason: String) {
+        let mut held = lock(&self.abort_reason);
+        if held.is_none() && !self.halt.is_cancelled() {
+            tracing::error!("aborting the run: {reason}");
+            *held = Some(reason);
+            self.halt.cancel();
         }
     }
 

@@ -15,7 +15,7 @@ use crate::result::{StageResult, StageStatus};
 use crate::runner::RunOptions;
 use crate::runner::load::Load;
 use crate::runner::results::{barrier, skipped, stage_result};
-use crate::runner::search::{Bounds, highest_below, level};
+use crate::runner::search::{Bounds, Search, Vote, highest_below, level};
 use crate::runner::secs;
 use crate::runner::state::Shared;
 use crate::runner::sweeps::Stops;
@@ -79,6 +79,7 @@ pub(super) async fn run_steps<H: StageHook>(
             searched: Vec::new(),
         },
         next_slot: steps.len(),
+        last_margin: None,
     };
     for (index, step) in steps.iter().enumerate() {
         if shared.halt.is_cancelled() {
@@ -138,6 +139,8 @@ struct Runner<'a, H: StageHook> {
     ran: Ran<H::Annotation>,
     /// The next capacity-search stage's index (past the steps).
     next_slot: usize,
+    /// The margin of the last verdict the hook gave (for `confirm=`).
+    last_margin: Option<f64>,
 }
 
 impl<H: StageHook> Runner<'_, H> {
@@ -307,6 +310,7 @@ impl<H: StageHook> Runner<'_, H> {
             return StageEnd::Halted;
         };
         result.annotation = outcome.annotation;
+        self.last_margin = outcome.margin;
         self.record(result);
         let HookDecision::Stop { reason } = outcome.decision else {
             return StageEnd::Clean;
@@ -350,10 +354,11 @@ impl<H: StageHook> Runner<'_, H> {
             .filter(|r| r.sweep == stage.sweep() && r.status == StageStatus::Measured)
             .filter_map(|r| r.concurrency.map(f64::from).or(r.rate));
         let clean = highest_below(measured, congested);
-        let mut bounds = Bounds::new(clean, congested, streams, search.resolution);
+        let bounds = Bounds::new(clean, congested, streams, search.resolution);
+        let mut search = Search::new(bounds, search.stages, search.confirm);
         let mut judged = true;
         let first = self.ran.searched.len();
-        for _ in 0..search.stages {
+        loop {
             let slot = self.next_slot;
             if slot >= self.shared.slots.len() {
                 break;
@@ -370,7 +375,7 @@ impl<H: StageHook> Runner<'_, H> {
                 slot,
                 refines: index,
                 like: stage,
-                level: bounds.next().filter(|_| judged),
+                level: search.next().filter(|_| judged),
             };
             let Some(at) = interruptible(self.shared, self.hook.before_search(&next)).await else {
                 return false;
@@ -385,11 +390,16 @@ impl<H: StageHook> Runner<'_, H> {
                 StageEnd::Failed => judged = false,
                 end => {
                     if let Some(level) = level(&at) {
-                        bounds.judged(level, end == StageEnd::Congested);
+                        let vote = Vote {
+                            congested: end == StageEnd::Congested,
+                            margin: self.last_margin,
+                        };
+                        search.judged(level, vote);
                     }
                 }
             }
         }
+        let bounds = search.bounds;
         tracing::info!(
             "capacity search after stage {}: {} stage(s); highest level not congested {}, lowest congested {}",
             stage.label(index),

@@ -54,8 +54,8 @@ fn measured(run: &SavedRun, by_rate: bool) -> Vec<(usize, f64, &ClientStats)> {
     measured
 }
 
-/// The marks every level chart shows: the congested stages and the
-/// capacity search's (on `value`'s curve), and the skipped stages.
+/// The marks every level chart shows: the congested stages, the capacity
+/// search's and the knee (on `value`'s curve), and the skipped stages.
 fn stage_marks(
     run: &SavedRun,
     by_rate: bool,
@@ -72,6 +72,7 @@ fn stage_marks_of(
     shown: impl Fn(usize) -> bool,
 ) -> Vec<Mark> {
     let mut marks = Vec::new();
+    let knees = run.knees();
     for (index, (stage, record)) in run.result.stages.iter().zip(&run.records).enumerate() {
         if !shown(index) {
             continue;
@@ -79,6 +80,13 @@ fn stage_marks_of(
         let Some(x) = stage_level(stage, by_rate) else {
             continue;
         };
+        if knees.contains(&index) {
+            marks.push(Mark {
+                kind: MarkKind::Knee,
+                x,
+                y: value(stage),
+            });
+        }
         if stage.search.is_some() && stage.status == StageStatus::Measured {
             marks.push(Mark {
                 kind: MarkKind::Searched,

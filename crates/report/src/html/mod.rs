@@ -142,10 +142,6 @@ fn seconds(s: f64) -> String {
     humantime::format_duration(std::time::Duration::from_secs_f64(s.max(0.0).round())).to_string()
 }
 
-fn ms(s: f64) -> String {
-    format!("{:.0} ms", s * 1000.0)
-}
-
 /// The run's verdict in words, its policy, its knee, the capacity a
 /// search found (and its close calls) and what stopping saved.
 fn headline(out: &mut String, run: &SavedRun, index: usize) {
@@ -171,32 +167,28 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
             }
         );
     }
-    match run.knee().map(|i| &result.stages[i]) {
-        Some(stage) => {
-            if let Some(c) = &stage.client {
+    // One answer per sweep, the conclusion's (as the terminal and
+    // summary.json say it): the capacity a search found with the knee's
+    // figures, else the knee.
+    let conclusion = nyann_check::Conclusion::of(result, 1);
+    for sweep in &conclusion.sweeps {
+        match (&sweep.capacity, &sweep.knee) {
+            (Some(capacity), knee) => {
                 let _ = write!(
                     out,
-                    "<div>knee (the last stage before congestion): <b>{}</b>: {:.1} req/s, {:.0} output tok/s, \
-                     TTFT p50 {} / p99 {}, E2E p50 {} / p99 {}</div>",
-                    esc(&stage.label),
-                    c.requests_per_second,
-                    c.output_tokens_per_second,
-                    ms(c.ttft_p50_seconds),
-                    ms(c.ttft_p99_seconds),
-                    ms(c.e2e_p50_seconds),
-                    ms(c.e2e_p99_seconds),
+                    "<div class=\"verdict\">capacity: {}</div>",
+                    esc(&capacity.answer(knee.as_ref()))
                 );
             }
-        }
-        None => out.push_str("<div>knee: none (no stage ran before congestion)</div>"),
-    }
-    for sweep in nyann_check::Conclusion::of(result, 1).sweeps {
-        if let Some(capacity) = &sweep.capacity {
-            let _ = write!(
-                out,
-                "<div class=\"verdict\">capacity: {}</div>",
-                esc(&capacity.answer())
-            );
+            (None, Some(knee)) => {
+                let _ = write!(
+                    out,
+                    "<div>knee (the highest level not congested): <b>{}</b>: {}</div>",
+                    esc(&knee.stage.label),
+                    esc(&knee.figures())
+                );
+            }
+            (None, None) => out.push_str("<div>knee: none (no stage ran before congestion)</div>"),
         }
         if let Some(close) = sweep.close_call() {
             let _ = write!(

@@ -157,12 +157,21 @@ fn sweep() -> SavedRun {
 #[test]
 fn the_knee_is_the_last_stage_before_the_congested_one() {
     let run = sweep();
-    assert_eq!(run.knee(), Some(0));
+    assert_eq!(run.knees(), [0]);
     let page = page(std::slice::from_ref(&run)).unwrap();
-    // The headline's figures are the stage's own statistics.
+    // The headline's figures are the stage's own statistics, as the
+    // terminal says them.
     assert!(
-        page.contains("<b>#0 c=64</b>: 10.0 req/s, 0 output tok/s, TTFT p50 12 ms / p99 46 ms"),
+        page.contains(
+            "knee (the highest level not congested): <b>#0 c=64</b>: 10.0 req/s, 0 output tok/s, \
+             TTFT p50/p99 12.3/45.6 ms"
+        ),
         "{page}"
+    );
+    // And the charts mark it.
+    assert!(
+        page.contains("knee (highest level not congested)"),
+        "the legend"
     );
     assert!(page.contains("run-a: sweep stopped after stage #1 c=128: congested: queueing"));
     assert!(page.contains("1 stage skipped: 1m of load not sent"));
@@ -183,12 +192,19 @@ fn the_capacity_a_search_found_heads_the_run() {
     run.records.push(CongestionRecord::of(&searched).cloned());
     run.result.stages.push(searched);
     let html = page(std::slice::from_ref(&run)).unwrap();
+    // One answer: the search's clean level is the knee, with its figures,
+    // and no other knee is said.
+    assert_eq!(run.knees(), [3]);
     assert!(
         html.contains(
-            "capacity: concurrency=96 not congested, concurrency=128 congested (1 search stage, 1m of load)"
+            "capacity: concurrency=96 (#3 c=96: 14.0 req/s, 0 output tok/s, TTFT p50/p99 12.3/45.6 \
+             ms, ITL p50/p99 0.0/0.0 ms) not congested, concurrency=128 congested (1 search stage, 1m \
+             of load; the levels are 32 apart, 5 more search stages would bring them within 1 \
+             (raise refine= by 5))"
         ),
         "{html}"
     );
+    assert!(!html.contains("knee (the highest"), "{html}");
     assert!(!html.contains("close call"), "{html}");
     // The curves run by level: the search's c=96 between 64 and 128.
     let figure = throughput(
