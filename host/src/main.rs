@@ -26,6 +26,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli.command.run(ui)) {
         Ok(code) => code,
+        Err(err) if err.is::<cli::Interrupted>() => {
+            eprintln!("{err}");
+            ExitCode::from(130)
+        }
         Err(err) => {
             let error = if ui.color {
                 "\x1b[1;31merror\x1b[0m"

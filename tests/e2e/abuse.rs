@@ -373,3 +373,50 @@ async fn a_full_disk_stops_the_load_and_the_run_still_ends_in_full() {
         serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
     assert_eq!(saved["outcome"], summary["outcome"]);
 }
+
+/// Ctrl-C while `report.html` is written (here a named pipe nobody reads,
+/// so writing it waits forever): the run ends at once with 130, not 0, and
+/// its last line does not name the report it did not write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_the_report_exits_130_and_does_not_claim_it() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let base = sim.base_url();
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("report.html");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let args = generate_args(&base, dir.path(), &["--duration", "1s", "-v"]);
+    let mut child = crate::support::nyann_bench()
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    wait_for_line(&mut lines, "building the HTML report", &mut seen).await;
+    kill("-INT", pid);
+    while let Some(line) = lines.next_line().await.unwrap() {
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{seen}");
+    assert!(
+        seen.contains("the HTML report was not written: interrupted; the results are saved"),
+        "{seen}"
+    );
+    let last = seen.lines().last().unwrap();
+    assert!(
+        last.starts_with("results: ") && !last.contains("report.html"),
+        "{seen}"
+    );
+}

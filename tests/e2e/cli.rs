@@ -347,3 +347,40 @@ fn contradictory_load_flags_are_refused() {
         assert!(stderr.contains(expected), "{flags:?}: {stderr}");
     }
 }
+
+/// Off a terminal (a CI log, a pod's log) a long stage says how it is
+/// going every `--progress-interval`, with how long the run has left at
+/// most; before, nothing came between a stage's start and its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_off_a_terminal_gets_progress_lines_with_the_time_left() {
+    let _serial = crate::support::serial().await;
+    let sim = crate::support::simulator(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("stages.star");
+    std::fs::write(
+        &config,
+        "scenario(stages = [stage(\"3s\", concurrency=2), stage(\"3s\", concurrency=4)])\n",
+    )
+    .unwrap();
+    let out = crate::support::nyann_bench()
+        .arg("generate")
+        .arg("--config")
+        .arg(&config)
+        .args(["--target", &sim.base_url(), "--progress-interval", "1s"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let first = stderr
+        .lines()
+        .find(|l| l.contains("INFO stage #0 c=2: ") && l.contains(" req/s, "))
+        .unwrap_or_else(|| panic!("no progress line:\n{stderr}"));
+    assert!(first.contains("; stage 1 of 2, at most "), "{first}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("INFO stage #1 c=4: ") && l.contains("; stage 2 of 2, at most ")),
+        "{stderr}"
+    );
+}

@@ -604,7 +604,62 @@ async fn workers_of_a_killed_leader_exit_1_with_their_records() {
         assert_eq!(summary["requests_recorded"], records.len());
         assert!(!records.is_empty());
         assert!(fleet.stderr(worker).contains("leader lost"), "{stderr}");
+        assert!(
+            fleet
+                .stderr(worker)
+                .contains(&format!("its {} records are kept in ", records.len())),
+            "{stderr}"
+        );
     }
+}
+
+/// A worker whose leader is lost before any stage started sent no load:
+/// it says so, instead of "records kept".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_sent_nothing_does_not_claim_records() {
+    let _serial = serial().await;
+    let sim = fast_sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("scenario.star");
+    std::fs::write(&config, plain(1, 1, 3)).unwrap();
+    let (leader_err, worker_err) = (dir.path().join("w0.err"), dir.path().join("w1.err"));
+    let common = |index: &str| {
+        let mut command = nyann_bench();
+        command
+            .args(["generate", "--workers", "3", "--worker-index", index])
+            .args(["--target", &sim.base_url(), "--heartbeat-timeout", "1s"])
+            .arg("--output-dir")
+            .arg(dir.path().join(format!("w{index}")));
+        command
+    };
+    let mut leader = common("0")
+        .args(["--coordinator-listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .stderr(std::fs::File::create(&leader_err).unwrap())
+        .spawn()
+        .unwrap();
+    let addr = wait_for(&leader_err, "coordinator listening on ").await;
+    // Worker 2 never comes: no stage starts.
+    let mut worker = common("1")
+        .args(["--coordinator", &addr, "--grace", "1s"])
+        .stderr(std::fs::File::create(&worker_err).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_text(&leader_err, "worker 1 joined").await;
+    kill("-KILL", leader.id().unwrap());
+    let _ = leader.wait().await;
+    let status = tokio::time::timeout(Duration::from_secs(30), worker.wait())
+        .await
+        .expect("the worker ends")
+        .unwrap();
+    let text = std::fs::read_to_string(&worker_err).unwrap();
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("leader lost")
+            && text.contains("it sent no load, so there is no record to keep"),
+        "{text}"
+    );
+    assert!(!text.contains("records are kept"), "{text}");
 }
 
 /// Ctrl-C to the leader: every process exits 130 and the leader's merged
@@ -1191,6 +1246,16 @@ async fn a_fleet_searches_the_capacity_in_the_fleets_levels() {
         "{}",
         fleet.stderr(0)
     );
+    // The leader's log says the fleet's levels, never its own share's
+    // (7 of 22).
+    assert!(
+        fleet.stderr(0).contains(
+            "capacity search: the fleet's highest level not congested 22, lowest congested 23"
+        ),
+        "{}",
+        fleet.stderr(0)
+    );
+    assert!(!fleet.stderr(0).contains("highest level not congested 7"));
     let records = fleet.records("w0/requests.jsonl");
     for stage in &search {
         let index = stage["index"].as_u64().unwrap();
@@ -1384,4 +1449,107 @@ async fn a_fleet_replays_each_sharegpt_conversation_once() {
     );
     let per_worker = |w: u64| sent_by.values().filter(|ws| ws[0] == w).count();
     assert_eq!((per_worker(0), per_worker(1)), (11, 10));
+}
+
+/// A leader whose workers do not all come says which ones it waits for,
+/// and for how long, every few seconds: not only at the join timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_names_the_workers_it_still_waits_for() {
+    let _serial = serial().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("scenario.star");
+    std::fs::write(&config, plain(1, 1, 3)).unwrap();
+    let err = dir.path().join("w0.err");
+    let mut leader = nyann_bench()
+        .args(["generate", "--workers", "3", "--worker-index", "0"])
+        .args(["--target", "http://127.0.0.1:9/v1", "--join-timeout", "5m"])
+        .args(["--coordinator-listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("out"))
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let line = wait_for_text(&err, "waiting for workers ").await;
+    assert!(
+        line.contains("waiting for workers 1, 2 to join (5s of --join-timeout 5m)"),
+        "{line}"
+    );
+    kill("-KILL", leader.id().unwrap());
+    let _ = leader.wait().await;
+}
+
+/// The same command for every process (as a Kubernetes Job runs it):
+/// a leader told `--coordinator HOST:P` listens on port P; one told to
+/// listen on another port is refused, since its workers would wait for
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_refuses_to_listen_where_its_workers_do_not_look() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("scenario.star");
+    std::fs::write(&config, plain(1, 1, 2)).unwrap();
+    let out = nyann_bench()
+        .args(["generate", "--workers", "2", "--worker-index", "0"])
+        .args(["--target", "http://127.0.0.1:9/v1"])
+        .args(["--coordinator", "127.0.0.1:17300"])
+        .args(["--coordinator-listen", "127.0.0.1:17301"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--output-dir")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "--coordinator-listen 127.0.0.1:17301 and --coordinator 127.0.0.1:17300: the workers \
+             look for the leader on port 17300, but it would listen on port 17301"
+        ),
+        "{stderr}"
+    );
+}
+
+/// A worker waiting to join ends on SIGINT with 130, even when started
+/// with SIGINT ignored (a script's `cmd &` leaves it so), and on SIGTERM
+/// alike: it says so instead of waiting out its join timeout or dying
+/// without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waiting_to_join_ends_on_sigint_and_sigterm() {
+    let _serial = serial().await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for signal in ["-INT", "-TERM"] {
+        let err = dir.path().join(format!("worker{signal}.err"));
+        // SIGINT ignored, as `sh -c 'cmd &'` leaves it for its children.
+        let mut worker = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg("trap '' INT; exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_nyann-bench"))
+            .args(["generate", "--workers", "2", "--worker-index", "1"])
+            .args(["--coordinator", &closed.to_string(), "--join-timeout", "5m"])
+            .arg("--output-dir")
+            .arg(dir.path().join(format!("out{signal}")))
+            .stderr(std::fs::File::create(&err).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        wait_for_text(&err, "waiting for the leader at ").await;
+        kill(signal, worker.id().unwrap());
+        let status = tokio::time::timeout(Duration::from_secs(20), worker.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{signal}: the worker did not end"))
+            .unwrap();
+        let text = std::fs::read_to_string(&err).unwrap();
+        assert_eq!(status.code(), Some(130), "{signal}: {text}");
+        assert!(
+            text.contains("worker 1: interrupted while waiting to join the leader"),
+            "{signal}: {text}"
+        );
+    }
 }

@@ -330,3 +330,26 @@ async fn what_a_policy_says_reaches_the_terminal_escaped() {
         "{stderr}"
     );
 }
+
+/// `policy wit` prints the contract new policies are built against: the
+/// newest line by default (it printed 0.2 as "current" while the host, the
+/// SDK and `policy new` were at 0.4), and any supported line on request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_wit_prints_the_newest_line_by_default() {
+    let wit = |args: &[&str]| {
+        let mut command = nyann_bench();
+        command.args(["policy", "wit"]).args(args);
+        async move { command.output().await.unwrap() }
+    };
+    let out = wit(&[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        nyann_policy_host::Interface::NEWEST.wit()
+    );
+    for line in nyann_policy_host::Interface::ALL {
+        let out = wit(&["--version", line.line()]).await;
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(text(&out.stdout), line.wit(), "{}", line.line());
+    }
+}

@@ -231,3 +231,53 @@ async fn a_conversation_pool_replays_sharegpt_conversations() {
     let later = records.iter().filter(|r| r["turn"] != 1).count();
     assert!(later >= 15, "later turns carried: {later}");
 }
+
+/// A file with fewer conversations than the stage sends starts over: each
+/// repeat carries a fresh cache salt (a prefix cache would serve its
+/// prompt and flatter the TTFT), the run says how many repeated, and a
+/// scenario that chose a salt keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_conversations_are_said_and_salted_afresh() {
+    let data = tempfile::tempdir().unwrap();
+    let chats = sharegpt_chats(3, 1);
+    let path = data.path().join("sharegpt.json");
+    write_sharegpt_json(&path, &chats, Spelling::ShareGpt);
+    let sim = nyann_sim::start(SimConfig::fast()).await.unwrap();
+    for (salt, expected) in [("", None), (", cache_salt=\"fixed:mine\"", Some("mine"))] {
+        let tap = Tap::start(sim.endpoint()).await;
+        let scenario = format!(
+            "scenario(stages = [stage(\"60s\", concurrency=1, max_requests=9, \
+             workload=workload(\"sharegpt\", path={:?}{salt}))])\n",
+            path.display().to_string()
+        );
+        let run = generate_at(&tap.base_url(), &scenario, &[]).await;
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        let salts: Vec<Option<String>> = tap
+            .exchanges_to("/chat/completions")
+            .iter()
+            .map(|e| e.request_json()["cache_salt"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(salts.len(), 9, "{salts:?}");
+        match expected {
+            None => {
+                assert!(salts[..3].iter().all(Option::is_none), "{salts:?}");
+                let repeats: BTreeSet<&String> = salts[3..].iter().flatten().collect();
+                assert_eq!(repeats.len(), 6, "one fresh salt per repeat: {salts:?}");
+                assert!(
+                    repeats.iter().all(|s| s.starts_with("repeat-")),
+                    "{salts:?}"
+                );
+                assert!(
+                    run.stderr()
+                        .contains("6 conversation(s) replayed a recorded one already sent"),
+                    "{}",
+                    run.stderr()
+                );
+            }
+            Some(mine) => assert!(
+                salts.iter().all(|s| s.as_deref() == Some(mine)),
+                "{salts:?}"
+            ),
+        }
+    }
+}

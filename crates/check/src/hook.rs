@@ -409,13 +409,23 @@ fn describe_role(role: &RoleSignals, coverage: &RoleCoverage) -> String {
             "waiting_requests_p50",
             role.waiting_requests_p50.to_string()
         ),
-        show("ttft_p99_seconds", format!("{:.3}s", role.ttft_p99_seconds)),
+        show("ttft_p99_seconds", seconds(role.ttft_p99_seconds)),
         show(
             "kv_cache_usage_max",
             format!("{:.1}%", role.kv_cache_usage_max * 100.0)
         ),
         show("preemptions", format!("{:.0}", role.preemptions))
     )
+}
+
+/// Seconds for the log: `2.500s`; a reading beyond any histogram (the
+/// largest number) as `1.8e308s`, not 309 digits.
+fn seconds(s: f64) -> String {
+    if !s.is_finite() || s.abs() >= 1e12 {
+        format!("{s:.1e}s")
+    } else {
+        format!("{s:.3}s")
+    }
 }
 
 fn log_verdict(label: &str, verdict: &Verdict) {

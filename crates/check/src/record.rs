@@ -112,6 +112,13 @@ pub struct PolicyRef {
     pub interface: String,
 }
 
+impl PolicyRef {
+    /// The built-in policy judged (its parameters are the seed's thresholds).
+    pub fn is_builtin(&self) -> bool {
+        self.origin == nyann_policy_host::BUILTIN
+    }
+}
+
 /// What the congestion check stores with a judged stage: its annotation
 /// in `stages.json` and the summary (`{"congestion": {...}}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

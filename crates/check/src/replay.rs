@@ -492,7 +492,7 @@ mod tests {
         let text = format!("{err:#}");
         assert!(
             text.contains("the run did not record its until_congested(...) parameters")
-                && text.contains("missing required parameter `waiting_requests_p50`"),
+                && text.contains("missing required parameters `waiting_requests_p50`"),
             "{text}"
         );
         let given = [

@@ -27,7 +27,7 @@ use nyann_model::{Scenario, Step};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::leader::level_of;
+use crate::share::level_of;
 
 /// Records of a worker on the leader's disk: the first `bytes` of `path`.
 #[derive(Debug, Clone, PartialEq)]
@@ -473,8 +473,12 @@ fn fleet_statistics<A>(
         if !ran {
             continue;
         }
+        // A stage is degraded when the workers that ran it ran less than
+        // the fleet's level: not when the absent ones had no share of it
+        // (a capacity search's stage set up after a worker left).
         if let Some(present) = fleet.presence.get(&stage.index)
             && present.len() < fleet.workers
+            && level_of(&fleet.shares, present, stage.index) != (stage.concurrency, stage.rate)
         {
             degrade(stage, present, fleet);
         }
@@ -758,6 +762,32 @@ mod tests {
 
     fn requests_ok(merged: &Merged<Value>) -> u64 {
         merged.result.stages[0].client.as_ref().unwrap().requests_ok
+    }
+
+    /// With one worker of three absent from a stage, the stage is degraded
+    /// only when the others ran less than the fleet's level: a search stage
+    /// set up after the loss gives the absent worker no share.
+    #[test]
+    fn a_stage_whose_level_the_present_workers_ran_whole_is_not_degraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = lines(&[record(0, Status::Ok)]);
+        let share = |c: u32| Scenario {
+            steps: vec![Step::Stage(nyann_model::Stage {
+                concurrency: Some(c),
+                ..nyann_model::Stage::new(10.0, nyann_model::Mode::Concurrent)
+            })],
+            ..fleet(dir.path(), &[Some(&ok)]).scenario
+        };
+        for (absent_share, degraded) in [(0, false), (1, true)] {
+            let mut run = fleet(dir.path(), &[Some(&ok), Some(&ok), Some(&ok)]);
+            run.scenario = share(2 + absent_share);
+            run.shares = vec![share(1), share(1), share(absent_share)];
+            run.presence.insert(0, vec![0, 1]);
+            let out = write(&run, dir.path()).unwrap();
+            let stage = &out.result.stages[0];
+            assert_eq!(stage.degraded.is_some(), degraded, "{stage:?}");
+            assert_eq!(stage.concurrency, Some(2));
+        }
     }
 
     #[test]

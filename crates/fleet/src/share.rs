@@ -113,6 +113,31 @@ pub fn first_id(index: usize) -> u64 {
     (index as u64) << ID_BITS
 }
 
+/// The level (concurrency, rate) that `workers`' shares of step `index` add up to.
+pub fn level_of(
+    shares: &[Scenario],
+    workers: &[usize],
+    index: usize,
+) -> (Option<u32>, Option<f64>) {
+    let stages = workers
+        .iter()
+        .filter_map(|&w| match shares.get(w)?.steps.get(index)? {
+            Step::Stage(stage) => Some(stage),
+            Step::Barrier { .. } => None,
+        });
+    let mut concurrency = None;
+    let mut rate = None;
+    for stage in stages {
+        if let Some(c) = stage.concurrency {
+            concurrency = Some(concurrency.unwrap_or(0) + c);
+        }
+        if let Some(r) = stage.rate {
+            rate = Some(rate.unwrap_or(0.0) + r);
+        }
+    }
+    (concurrency, rate)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,8 +75,19 @@ pub const CLIENT_LAG_WARNING: Duration = Duration::from_millis(10);
 /// The share of a request's E2E p50 a lag must exceed to be warned about.
 pub const CLIENT_LAG_SHARE: f64 = 0.1;
 
+/// A closed loop that kept this share of its streams in flight on average
+/// held its load.
+pub const HELD_SHARE: f64 = 0.95;
+
 /// Why a stage's figures may say more about the client than the server.
-pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<String> {
+/// `concurrency` is the stage's closed-loop level, if it is one: a closed
+/// loop that held its streams in flight (by Little's law, requests/s times
+/// the mean E2E) is not falling behind, however late it read.
+pub fn client_warning(
+    client: &ClientStats,
+    detail: &StageDetail,
+    concurrency: Option<u32>,
+) -> Option<String> {
     if detail.client_errors > 0 && detail.client_errors * 2 >= client.requests_failed {
         return Some(format!(
             "{} of its {} errors were the client's own (out of open files, local ports or \
@@ -91,7 +102,10 @@ pub fn client_warning(client: &ClientStats, detail: &StageDetail) -> Option<Stri
     // right). Warn when it is both long and a real share of a request.
     let lag = detail.client_lag_p99_seconds;
     let request = client.e2e_p50_seconds;
-    if lag > CLIENT_LAG_WARNING.as_secs_f64() && lag > CLIENT_LAG_SHARE * request {
+    let held = concurrency.is_some_and(|c| {
+        client.requests_per_second * detail.e2e_mean_seconds >= HELD_SHARE * f64::from(c)
+    });
+    if !held && lag > CLIENT_LAG_WARNING.as_secs_f64() && lag > CLIENT_LAG_SHARE * request {
         return Some(format!(
             "the client is falling behind: it read responses up to {:.0} ms after they arrived \
              (p99), {:.0}% of a request's E2E p50 ({:.0} ms), so it may not have held the \
@@ -663,7 +677,7 @@ mod tests {
                 client_lag_p99_seconds: lag,
                 ..StageDetail::default()
             };
-            client_warning(&client, &detail)
+            client_warning(&client, &detail, None)
         };
         // 25 ms late against requests of 400 ms (the simulator at c=4), 12 ms
         // against 3 s (a real vLLM): the load was held.
@@ -678,6 +692,24 @@ mod tests {
             ),
             "{warning}"
         );
+        // The same lag in a closed loop of 4 streams that held 3.99 of
+        // them in flight (7.98 req/s of 0.5 s each): no warning. Holding
+        // 3 of 4 is falling behind.
+        let closed = |requests_per_second: f64| {
+            let client = ClientStats {
+                e2e_p50_seconds: 0.5,
+                requests_per_second,
+                ..ClientStats::default()
+            };
+            let detail = StageDetail {
+                client_lag_p99_seconds: 0.2,
+                e2e_mean_seconds: 0.5,
+                ..StageDetail::default()
+            };
+            client_warning(&client, &detail, Some(4))
+        };
+        assert_eq!(closed(7.98), None);
+        assert!(closed(6.0).is_some());
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
         }
     }
     let mut out = Vec::with_capacity(info.params.len());
+    // Every missing required parameter is said at once: one run to fix them.
+    let mut missing = Vec::new();
     for spec in &info.params {
         let value = match given.iter().find(|p| p.name == spec.name) {
             Some(p) => convert(spec, &p.value)?,
@@ -30,11 +32,8 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
                 Some(default) => convert(spec, default)
                     .map_err(|e| format!("the policy's default is invalid: {e}"))?,
                 None if spec.required => {
-                    return Err(format!(
-                        "missing required parameter `{}` ({})",
-                        spec.name,
-                        kind_help(spec.kind)
-                    ));
+                    missing.push(format!("`{}` ({})", spec.name, kind_help(spec.kind)));
+                    continue;
                 }
                 // Optional without default: the policy handles its absence.
                 None => continue,
@@ -45,7 +44,14 @@ pub fn check(info: &PolicyInfo, given: &[Param]) -> Result<Vec<Param>, String> {
             value,
         });
     }
-    Ok(out)
+    match missing.len() {
+        0 => Ok(out),
+        1 => Err(format!("missing required parameter {}", missing[0])),
+        _ => Err(format!(
+            "missing required parameters {}",
+            missing.join(", ")
+        )),
+    }
 }
 
 /// The given parameter a message is about, so that the error can point at
@@ -311,6 +317,13 @@ mod tests {
         assert!(
             e.starts_with("missing required parameter `ttft_p99`"),
             "{e}"
+        );
+        // Both missing: said together, not one per run.
+        let e = check(&info(), &[]).unwrap_err();
+        assert_eq!(
+            e,
+            "missing required parameters `waiting_requests_p50` (a number), `ttft_p99` (a \
+             duration such as \"750ms\", \"2s\", \"1m30s\" or a number of seconds)"
         );
 
         let mut kind = base();

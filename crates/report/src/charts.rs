@@ -90,6 +90,26 @@ impl Unit {
         };
         format!("{text}{suffix}")
     }
+
+    /// A tick label of an axis spanning `span` (in the values' own units):
+    /// as many decimals as the ticks' spacing needs, so that a small range
+    /// never reads `0, 0, 1, 2, 2, 2, 3`.
+    pub fn tick(self, v: f64, span: f64) -> String {
+        let scale = match self {
+            Unit::Count => 1.0,
+            Unit::Millis => 1000.0,
+            Unit::Percent => 100.0,
+        };
+        // About ten ticks: their spacing sets the decimals.
+        let step = (span * scale / 10.0).abs();
+        let decimals = if !step.is_finite() || step >= 1.0 || step == 0.0 {
+            return self.format(v);
+        } else {
+            (-step.log10().floor()).clamp(1.0, 6.0) as usize
+        };
+        let suffix = if self == Unit::Percent { "%" } else { "" };
+        format!("{:.*}{suffix}", decimals, v * scale)
+    }
 }
 
 /// Largest magnitude a chart's axis is scaled to: beyond it a value (a
@@ -421,7 +441,7 @@ pub fn level_chart(figure: &LevelFigure) -> Result<String, ReportError> {
             .y_desc(&figure.y_label)
             .x_labels(axis.levels.len().max(1))
             .x_label_formatter(&|v| axis.label_at(v))
-            .y_label_formatter(&|v| unit.format(*v))
+            .y_label_formatter(&|v| unit.tick(*v, y.end - y.start))
             .disable_x_mesh()
             .light_line_style(WHITE)
             .draw()
@@ -601,7 +621,7 @@ pub fn timeline_chart(figure: &TimelineFigure) -> Result<String, ReportError> {
             .configure_mesh()
             .x_desc("seconds since the run started")
             .y_desc(&figure.y_label)
-            .y_label_formatter(&|v| unit.format(*v))
+            .y_label_formatter(&|v| unit.tick(*v, y.end - y.start))
             .light_line_style(WHITE)
             .draw()
             .map_err(plot_error)?;
@@ -813,6 +833,14 @@ mod tests {
         assert_eq!(Unit::Millis.format(2.5), "2500");
         assert_eq!(Unit::Percent.format(0.95), "95%");
         assert_eq!(Unit::Count.format(17.25), "17.2");
+        // Ticks of a small range are told apart (they read 0, 0, 1, 2,
+        // 2, 2, 3 ms before): 0.5 ms apart on a 3 ms axis.
+        let ticks: Vec<String> = (0..7)
+            .map(|i| Unit::Millis.tick(f64::from(i) * 0.0005, 0.003))
+            .collect();
+        assert_eq!(ticks, ["0.0", "0.5", "1.0", "1.5", "2.0", "2.5", "3.0"]);
+        assert_eq!(Unit::Count.tick(3.0, 40.0), "3");
+        assert_eq!(Unit::Percent.tick(0.925, 0.05), "92.5%");
     }
 
     /// A skipped stage is marked along the top edge, off the data (at 0 it

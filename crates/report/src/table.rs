@@ -301,7 +301,8 @@ impl StageTable {
                 notes.push(format!("{}: {error}", stage.label));
             }
             if let (Some(client), Some(detail)) = (&stage.client, &stage.detail)
-                && let Some(warning) = nyann_load::stats::client_warning(client, detail)
+                && let Some(warning) =
+                    nyann_load::stats::client_warning(client, detail, stage.concurrency)
             {
                 notes.push(format!("{}: {warning}", stage.label));
             }

@@ -911,10 +911,8 @@ impl PrometheusSource {
             for (r, s, result) in results {
                 match result {
                     Ok(reading) => readings[r][s] = reading,
-                    Err(e) => {
-                        tracing::warn!("{e}");
-                        errors.push(e);
-                    }
+                    // Said once, by whoever judges the stage, with its label.
+                    Err(e) => errors.push(e),
                 }
             }
         }

@@ -439,6 +439,48 @@ async fn fault_400_error_envelope() {
     .await;
 }
 
+/// A failed query is returned with the stage's signals, for the check to
+/// say once with the stage's label: the source itself logs nothing of it
+/// (each error was said twice).
+#[test]
+fn a_failed_query_is_returned_not_logged() {
+    #[derive(Clone, Default)]
+    struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .finish();
+    let errors = tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let fake = FakeProm::start(|_: &Req| {
+                Answer::json(
+                    400,
+                    r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+                )
+            })
+            .await;
+            signals(&args(&fake.url(), "m"), 100.0, 160.0).await.errors
+        })
+    });
+    assert!(errors.iter().any(|e| e.contains("bad_data")), "{errors:?}");
+    let logged = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(!logged.contains("bad_data"), "{logged}");
+}
+
 #[tokio::test]
 async fn fault_503_timeout_envelope() {
     fault(

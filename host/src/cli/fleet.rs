@@ -42,9 +42,11 @@ pub struct FleetArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub coordinator: Option<Coordinator>,
 
-    /// Where the leader (worker 0) serves the coordination endpoint.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7300")]
-    pub coordinator_listen: SocketAddr,
+    /// Where the leader (worker 0) serves the coordination endpoint
+    /// [default: 0.0.0.0:7300, or 0.0.0.0 and the port of --coordinator
+    /// when the leader is given it too].
+    #[arg(long, value_name = "ADDR")]
+    pub coordinator_listen: Option<SocketAddr>,
 
     /// A worker (or leader) that sends nothing for this long is lost.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
@@ -77,10 +79,36 @@ fn parse_workers(s: &str) -> Result<usize, String> {
     }
 }
 
+/// The coordination port a leader listens on without --coordinator-listen.
+const DEFAULT_COORDINATOR_PORT: u16 = 7300;
+
 impl FleetArgs {
     /// Whether this run is one of several workers.
     pub fn active(&self) -> bool {
         self.workers > 1
+    }
+
+    /// Where the leader listens: `--coordinator-listen`, else the port the
+    /// workers were told (`--coordinator`, when every process gets the
+    /// same command), else 7300. A listen port that cannot be the one the
+    /// workers were told is refused: they would wait for nothing.
+    fn leader_listen(&self) -> anyhow::Result<SocketAddr> {
+        let any = std::net::Ipv4Addr::UNSPECIFIED.into();
+        match (self.coordinator_listen, &self.coordinator) {
+            (Some(listen), Some(told)) if listen.port() != 0 && listen.port() != told.port => {
+                bail!(
+                    "--coordinator-listen {listen} and --coordinator {told}: the workers look for the \
+                 leader on port {}, but it would listen on port {}: give both the same port (or \
+                 drop --coordinator-listen: the leader then listens on port {})",
+                    told.port,
+                    listen.port(),
+                    told.port
+                )
+            }
+            (Some(listen), _) => Ok(listen),
+            (None, Some(told)) => Ok(SocketAddr::new(any, told.port)),
+            (None, None) => Ok(SocketAddr::new(any, DEFAULT_COORDINATOR_PORT)),
+        }
     }
 }
 
@@ -129,10 +157,11 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         mut options,
         check,
         signals: signal_options,
+        interrupts: signals,
     } = run::prepare(args, &scenario, Some(dir)).await?;
     run::save_metrics_texts(&signal_options, Some(dir), "start").await;
     let leader = Leader::bind(
-        fleet.coordinator_listen,
+        fleet.leader_listen()?,
         LeaderConfig {
             workers: fleet.workers,
             heartbeat_timeout: fleet.heartbeat_timeout,
@@ -150,7 +179,6 @@ async fn lead(args: &Args, dir: &Path, ui: Ui) -> anyhow::Result<ExitCode> {
         // A fixed line (not a log line): scripts and tests read the port from it.
         eprintln!("coordinator listening on {addr}");
     }
-    let signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     if let Some(check) = &check {
         check.start();
     }
@@ -289,7 +317,10 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     };
     refuse_a_previous_run(&worker_dir(dir, index), args.overwrite)?;
     let mut options = args.client.to_options()?;
-    let joined = nyann_fleet::join(&WorkerConfig {
+    // Ctrl-C and SIGTERM are handled from here on, also while the worker
+    // waits to join (a script's `&` may have left SIGINT ignored).
+    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
+    let config = WorkerConfig {
         coordinator,
         index,
         workers: fleet.workers,
@@ -297,9 +328,15 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         join_timeout: fleet.join_timeout,
         build: build(),
         scenario_digest: digest,
-    })
-    .await
-    .map_err(|err| match err {
+    };
+    let joined = tokio::select! {
+        joined = nyann_fleet::join(&config) => joined,
+        () = options.interrupt.cancelled() => {
+            eprintln!("worker {index}: interrupted while waiting to join the leader");
+            return Ok(ExitCode::from(130));
+        }
+    };
+    let joined = joined.map_err(|err| match err {
         nyann_fleet::FleetError::Unreachable { .. } => anyhow::anyhow!(
             "{err}; --coordinator gives the leader's HOST:PORT, --join-timeout how long to wait"
         ),
@@ -312,7 +349,6 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
     options.seed = joined.assignment.seed;
     options.first_id = joined.assignment.first_id;
     options.dataset_share = Some(joined.assignment.dataset_share);
-    let _signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     let scenario = joined.assignment.scenario.clone();
     let mut gate = joined.start(options.interrupt.clone(), options.interrupt_now.clone());
     let result = nyann_load::run(&scenario, options, &mut gate).await;
@@ -351,10 +387,11 @@ async fn follow(args: &Args, index: usize, dir: &Path, ui: Ui) -> anyhow::Result
         );
     }
     if let Some(reason) = lost {
-        eprintln!(
-            "worker {index}: leader lost ({reason}); records kept in {}",
-            own_dir.display()
-        );
+        let kept = match result.requests_recorded {
+            0 => "it sent no load, so there is no record to keep".to_string(),
+            n => format!("its {n} records are kept in {}", own_dir.display()),
+        };
+        eprintln!("worker {index}: leader lost ({reason}); {kept}");
         return Ok(ExitCode::from(1));
     }
     if aborted.is_some() {

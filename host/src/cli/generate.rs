@@ -15,8 +15,7 @@ use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_dur
 use super::Ui;
 use super::check::PolicyArgs;
 use super::client::ClientArgs;
-use super::interrupt::cancel_on_signals;
-use super::progress::Progress;
+use super::progress::{Plan, Progress, Show};
 use super::run::{self, Ending, Prepared, Summary};
 use super::signals::SignalArgs;
 
@@ -40,6 +39,12 @@ pub struct Args {
     /// printed whenever stdout is a pipe or a file.
     #[arg(long)]
     pub json: bool,
+
+    /// Off a terminal (a CI log, a pod's log), a progress line this often
+    /// during each stage: its figures so far and how long the run has left
+    /// at most. On a terminal a progress bar says the same.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
 
     #[command(flatten)]
     pub client: Box<ClientArgs>,
@@ -247,6 +252,7 @@ pub async fn run_scenario(
         mut options,
         check,
         signals: signal_options,
+        interrupts: signals,
     } = run::prepare(args, scenario, dir).await?;
     run::save_metrics_texts(&signal_options, dir, "start").await;
     options.output_dir = args.output_dir.clone();
@@ -258,13 +264,17 @@ pub async fn run_scenario(
             .with_context(|| format!("serving --metrics on {addr}"))?;
         tracing::info!("client metrics: http://{bound}/metrics");
     }
-    let signals = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     tracing::info!("seed {}", options.seed);
     if let Some(check) = &check {
         check.start();
     }
 
-    let progress = (ui.terminal && !ui.quiet).then(|| Progress::start(live));
+    let show = if ui.terminal {
+        Show::Bar
+    } else {
+        Show::Lines(args.progress_interval)
+    };
+    let progress = (!ui.quiet).then(|| Progress::start(live, Plan::of(scenario), show));
     let result = nyann_load::run(scenario, options, check).await;
     if let Some(progress) = progress {
         progress.finish().await;

@@ -15,14 +15,18 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Resolves at the next Ctrl-C or SIGTERM from now on (whatever came
-    /// before): what comes after the load (the report) gives way to it.
-    pub async fn next(&self) {
+    /// Resolves at the next Ctrl-C or SIGTERM after this call (whatever
+    /// came before; counted from the call, not from the first poll, so that
+    /// a signal between the two is not missed): what comes after the load
+    /// (the report) gives way to it.
+    pub fn next(&self) -> impl Future<Output = ()> + use<> {
         let mut received = self.received.clone();
         let seen = *received.borrow_and_update();
-        // The listener never ends while it lives: an error means never.
-        if received.wait_for(|n| *n > seen).await.is_err() {
-            std::future::pending::<()>().await;
+        async move {
+            // The listener never ends while it lives: an error means never.
+            if received.wait_for(|n| *n > seen).await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 }

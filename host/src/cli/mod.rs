@@ -17,6 +17,8 @@ mod scenario;
 mod signals;
 mod sim;
 
+pub use run::Interrupted;
+
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::process::ExitCode;

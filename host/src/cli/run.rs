@@ -17,7 +17,7 @@ use nyann_signals::SignalOptions;
 
 use super::Ui;
 use super::generate::Args;
-use super::interrupt::Signals;
+use super::interrupt::{Signals, cancel_on_signals};
 
 /// What a run needs before load is sent.
 pub struct Prepared {
@@ -26,11 +26,16 @@ pub struct Prepared {
     pub check: Option<CongestionCheck>,
     /// Where the server signals come from (for [`save_metrics_texts`]).
     pub signals: SignalOptions,
+    /// Ctrl-C and SIGTERM, handled from the start of the preparation on
+    /// (they cancel `options.interrupt`).
+    pub interrupts: Signals,
 }
 
 /// Checks everything that can fail before load is sent: that `dir` (if
 /// any) holds no earlier run, the client's flags, the signal source and the
-/// policy; raises the open-files limit for the streams.
+/// policy; raises the open-files limit for the streams. Ctrl-C and SIGTERM
+/// are handled from here on; one during the preparation ends it
+/// ([`Interrupted`]).
 pub async fn prepare(
     args: &Args,
     scenario: &Scenario,
@@ -40,8 +45,12 @@ pub async fn prepare(
         refuse_a_previous_run(dir, args.overwrite)?;
     }
     let options = args.client.to_options()?;
+    let interrupts = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
     let signals = signal_options(args, &options);
-    let check = super::check::prepare(scenario, &signals, &args.policy).await?;
+    let check = tokio::select! {
+        check = super::check::prepare(scenario, &signals, &args.policy) => check?,
+        () = options.interrupt.cancelled() => return Err(Interrupted.into()),
+    };
     if let Some(limit) = nyann_load::raise_fd_limit() {
         tracing::debug!("open-files limit: {limit}");
     }
@@ -49,8 +58,22 @@ pub async fn prepare(
         options,
         check,
         signals,
+        interrupts,
     })
 }
+
+/// A run interrupted before it sent any load: `main` says so and exits
+/// with 130.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted before any load was sent")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 /// Saves each `--scrape` URL's `/metrics` text in the run directory
 /// (`metrics/ROLE-I-MOMENT.txt`): the server's configuration (vLLM's
@@ -119,15 +142,21 @@ impl Ending<'_> {
         ui: Ui,
     ) -> anyhow::Result<ExitCode> {
         let conclusion = Conclusion::of(result, self.workers);
+        let mut interrupted = false;
         if let Some(dir) = self.dir {
             write_conclusion(dir, summary, &conclusion);
-            save_report(dir, result, self.scenario, self.source, signals).await;
+            interrupted = !save_report(dir, result, self.scenario, self.source, signals).await;
         }
         show_ending(result, &conclusion, self.dir, ui);
         if let Summary::Stdout { json } = self.summary {
             print_summary(summary, &conclusion, json)?;
         }
-        Ok(ExitCode::from(exit_code(result)))
+        // Ctrl-C during the report: the results are saved, but the run
+        // did not end as it would have.
+        Ok(ExitCode::from(match exit_code(result) {
+            0 if interrupted => 130,
+            code => code,
+        }))
     }
 }
 
@@ -213,14 +242,17 @@ const REPORT_TIME_LIMIT: Duration = Duration::from_secs(60);
 /// The results are already on disk: a failure here is a warning, and so is
 /// a report that takes longer than [`REPORT_TIME_LIMIT`] or is interrupted
 /// (Ctrl-C or SIGTERM): it never keeps the run from ending. The report is
-/// built on a thread of its own, left behind if it does not finish.
+/// built on a thread of its own, left behind if it does not finish. False
+/// when a signal interrupted it.
 async fn save_report(
     dir: &Path,
     result: &RunResult,
     scenario: &Scenario,
     source: Option<&str>,
     signals: &Signals,
-) {
+) -> bool {
+    let interrupted = signals.next();
+    tracing::debug!("building the HTML report in {}", dir.display());
     let (done, finished) = tokio::sync::oneshot::channel();
     let work = {
         let (dir, result, scenario) = (dir.to_owned(), result.clone(), scenario.clone());
@@ -242,14 +274,24 @@ async fn save_report(
                 "building it took longer than {}; the results are saved",
                 humantime::format_duration(REPORT_TIME_LIMIT)
             )),
-            () = signals.next() => Err(anyhow::anyhow!("interrupted; the results are saved")),
+            () = interrupted => Err(anyhow::Error::new(Interrupted)),
         },
     };
-    if let Err(err) = saved {
-        tracing::warn!(
-            "the HTML report was not written: {err:#} (`nyann-bench report {}` builds it)",
-            dir.display()
-        );
+    match saved {
+        Ok(()) => true,
+        Err(err) => {
+            let interrupted = err.is::<Interrupted>();
+            let why = if interrupted {
+                "interrupted; the results are saved".to_string()
+            } else {
+                format!("{err:#}")
+            };
+            tracing::warn!(
+                "the HTML report was not written: {why} (`nyann-bench report {}` builds it)",
+                dir.display()
+            );
+            !interrupted
+        }
     }
 }
 

@@ -115,8 +115,13 @@ fn max_by(roles: &[RoleSignals], value: impl Fn(&RoleSignals) -> f64) -> Option<
         })
 }
 
-/// A number as a person writes it: `40`, `2.5`, `0.125` (at most 3 decimals).
+/// A number as a person writes it: `40`, `2.5`, `0.125` (at most 3
+/// decimals); a huge one in scientific notation (a quantile beyond the
+/// histogram reads as the largest number: `1.8e308`, not 309 digits).
 fn num(v: f64) -> String {
+    if !v.is_finite() || v.abs() >= 1e12 {
+        return format!("{v:.1e}");
+    }
     let s = format!("{v:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     if s == "-0" {
@@ -345,5 +350,23 @@ mod tests {
         assert_eq!(num(2.5), "2.5");
         assert_eq!(num(0.1 + 0.2), "0.3");
         assert_eq!(num(0.75), "0.75");
+    }
+
+    /// A TTFT quantile beyond the histogram reads as the largest number:
+    /// the reason says it in scientific notation, not with 309 digits.
+    #[test]
+    fn a_reading_beyond_the_histogram_is_said_briefly() {
+        let v = verdict(
+            &thresholds(1.0, 1.0, 0.95, 1.0),
+            &stage(vec![role("aggregate", 4.0, f64::MAX, 0.1, 0.0)]),
+        );
+        assert_eq!(
+            v.reasons,
+            [
+                "queueing: waiting p50 4 on aggregate (threshold 1), TTFT p99 1.8e308s on aggregate (threshold 1s)"
+            ]
+        );
+        assert_eq!(num(2.5), "2.5");
+        assert_eq!(num(f64::INFINITY), "inf");
     }
 }

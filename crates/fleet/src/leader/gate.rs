@@ -23,7 +23,7 @@ use super::{Event, Fleet};
 use crate::lock;
 use crate::merge::{FleetRun, Judgement, WorkerRun};
 use crate::protocol::ToWorker;
-use crate::share::search_share;
+use crate::share::{level_of, search_share};
 
 /// How long the leader waits for a worker whose upload's connection broke
 /// to reconnect and try again (its retries come after 1 s and 2 s).
@@ -264,6 +264,18 @@ impl<H> LeaderGate<H> {
                 (Some(search), true, true) => search.judged(level, vote(true)),
                 _ => self.search = None,
             }
+            // The fleet's levels, said once the search has nothing left to
+            // try (the leader's own runner knows only its share of them).
+            if let Some(search) = self.search.as_ref().filter(|s| s.next().is_none()) {
+                tracing::info!(
+                    "capacity search: the fleet's highest level not congested {}, lowest congested {}",
+                    search
+                        .bounds
+                        .clean
+                        .map_or("none".to_string(), |l| l.to_string()),
+                    search.bounds.congested
+                );
+            }
             return;
         }
         let Some(stop) = &ran.stop else { return };
@@ -286,31 +298,6 @@ impl<H> LeaderGate<H> {
         }
         self.search = Some(Search::new(bounds, search.stages, search.confirm));
     }
-}
-
-/// The level (concurrency, rate) that `workers`' shares of step `index` add up to.
-pub fn level_of(
-    shares: &[Scenario],
-    workers: &[usize],
-    index: usize,
-) -> (Option<u32>, Option<f64>) {
-    let stages = workers
-        .iter()
-        .filter_map(|&w| match shares.get(w)?.steps.get(index)? {
-            Step::Stage(stage) => Some(stage),
-            Step::Barrier { .. } => None,
-        });
-    let mut concurrency = None;
-    let mut rate = None;
-    for stage in stages {
-        if let Some(c) = stage.concurrency {
-            concurrency = Some(concurrency.unwrap_or(0) + c);
-        }
-        if let Some(r) = stage.rate {
-            rate = Some(rate.unwrap_or(0.0) + r);
-        }
-    }
-    (concurrency, rate)
 }
 
 impl<H: StageHook> StageHook for LeaderGate<H> {

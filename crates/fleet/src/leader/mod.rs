@@ -44,7 +44,7 @@ use crate::{FleetError, UPLOADED_RECORDS, lock, worker_dir};
 
 mod gate;
 
-pub use gate::{LeaderGate, level_of};
+pub use gate::LeaderGate;
 
 /// What the leader does when a worker is lost (or leaves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,14 +302,36 @@ impl Leader {
             timeout: self.config.heartbeat_timeout,
             output_dir: self.config.output_dir.clone(),
         };
-        let deadline = tokio::time::Instant::now() + self.config.join_timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.config.join_timeout;
         let mut joined = BTreeSet::new();
+        let missing = |joined: &BTreeSet<usize>| {
+            (1..n)
+                .filter(|i| !joined.contains(i))
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+        };
+        // Who is missing, and for how long, every few seconds: a worker
+        // that never comes is seen long before the join timeout.
+        let mut notice = tokio::time::interval_at(started + JOIN_NOTICE, JOIN_NOTICE);
         while joined.len() + 1 < n {
             let arrival = tokio::select! {
                 arrival = arrivals.recv() => match arrival {
                     Some(arrival) => arrival,
                     None => continue,
                 },
+                _ = notice.tick() => {
+                    let list = missing(&joined);
+                    tracing::info!(
+                        "waiting for worker{} {} to join ({} of --join-timeout {}): each \
+                         runs this command with --worker-index I and --coordinator pointing here",
+                        if list.len() == 1 { "" } else { "s" },
+                        list.join(", "),
+                        humantime::format_duration(Duration::from_secs(started.elapsed().as_secs())),
+                        humantime::format_duration(self.config.join_timeout),
+                    );
+                    continue;
+                }
                 _ = interrupt.cancelled() => {
                     watch.cancel();
                     let _ = std::fs::remove_file(&marker);
@@ -318,7 +340,7 @@ impl Leader {
                 _ = tokio::time::sleep_until(deadline) => {
                     watch.cancel();
                     let _ = std::fs::remove_file(&marker);
-                    let list = (1..n).filter(|i| !joined.contains(i)).map(|i| i.to_string()).collect::<Vec<_>>();
+                    let list = missing(&joined);
                     return Err(FleetError::JoinTimeout {
                         missing: list.len(),
                         expected: n - 1,
@@ -542,6 +564,9 @@ struct Link {
 
 /// Time allowed for a records upload (beyond the heartbeat timeout).
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How often the leader says which workers it still waits for.
+const JOIN_NOTICE: Duration = Duration::from_secs(5);
 
 async fn read_task(mut link: Link) {
     let worker = link.worker;

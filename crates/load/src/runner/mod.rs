@@ -223,6 +223,15 @@ pub async fn run<H: StageHook>(
     let measured_seconds =
         ran.measured_seconds + results::late_statistics(&mut stages, ran.interrupted, &shared);
     let (totals, totals_detail) = results::totals(&stages, &shared, measured_seconds);
+    let repeats = shared.repeats.load(std::sync::atomic::Ordering::Relaxed);
+    if repeats > 0 {
+        tracing::warn!(
+            "{repeats} conversation(s) replayed a recorded one already sent: the dataset's \
+             conversations ran out and started over (each repeat with a fresh cache salt, so \
+             that a prefix cache does not serve it; give the workload a cache_salt to choose); \
+             a larger file or shorter stages send each once"
+        );
+    }
     let end_unix = shared.clock.unix(Instant::now());
     let start_unix = shared.clock.unix_start;
     flusher.stop().await;

@@ -274,6 +274,9 @@ pub(super) struct Shared {
     pub(super) inflight: Counter,
     next_id: AtomicU64,
     pub(super) next_conversation: AtomicU64,
+    /// Conversations that replayed a recorded one already sent (its
+    /// dataset ran out and started over).
+    pub(super) repeats: AtomicU64,
     consecutive_errors: AtomicU64,
     max_consecutive_errors: u64,
     pub(super) abort_reason: Mutex<Option<String>>,
@@ -318,6 +321,7 @@ impl Shared {
             inflight: Counter::default(),
             next_id: AtomicU64::new(parts.first_id),
             next_conversation: AtomicU64::new(parts.first_id),
+            repeats: AtomicU64::new(0),
             consecutive_errors: AtomicU64::new(0),
             max_consecutive_errors: u64::from(parts.max_consecutive_errors),
             abort_reason: Mutex::new(None),

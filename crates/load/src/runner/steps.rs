@@ -221,7 +221,7 @@ impl<H: StageHook> Runner<'_, H> {
         let duration = end.duration_since(start).as_secs_f64();
         self.ran.measured_seconds += duration;
         let (client, detail) = shared.slots[index].finish(duration);
-        log_stage_end(&label, &client, &detail);
+        log_stage_end(&label, &client, &detail, stage.concurrency);
         let measured = Measured {
             result: result(StageStatus::Measured),
             client,
@@ -400,8 +400,10 @@ impl<H: StageHook> Runner<'_, H> {
             }
         }
         let bounds = search.bounds;
-        tracing::info!(
-            "capacity search after stage {}: {} stage(s); highest level not congested {}, lowest congested {}",
+        // This process's levels (a fleet's leader runs its share of the
+        // fleet's): the run's conclusion says the capacity.
+        tracing::debug!(
+            "capacity search after stage {}: {} stage(s); this process's highest level not congested {}, lowest congested {}",
             stage.label(index),
             self.ran.searched.len() - first,
             bounds.clean.map_or("none".to_string(), |l| l.to_string()),
@@ -458,7 +460,12 @@ pub(super) async fn drain_all(shared: &Shared, drain: Duration) {
 
 /// The stage's one-line summary, and what the user should know about the
 /// client itself: its own failures, and whether it kept up.
-fn log_stage_end(label: &str, client: &ClientStats, detail: &StageDetail) {
+fn log_stage_end(
+    label: &str,
+    client: &ClientStats,
+    detail: &StageDetail,
+    concurrency: Option<u32>,
+) {
     tracing::info!(
         "stage {label}: ended: {} ok, {} errors, {} rejected, {:.1} req/s, TTFT p50 {:.0} ms, p99 {:.0} ms",
         client.requests_ok,
@@ -468,7 +475,7 @@ fn log_stage_end(label: &str, client: &ClientStats, detail: &StageDetail) {
         client.ttft_p50_seconds * 1000.0,
         client.ttft_p99_seconds * 1000.0,
     );
-    if let Some(warning) = crate::stats::client_warning(client, detail) {
+    if let Some(warning) = crate::stats::client_warning(client, detail, concurrency) {
         tracing::warn!("stage {label}: {warning}");
     }
 }

@@ -40,13 +40,19 @@ impl Conversation {
     /// A fresh conversation (no turn sent yet), with its cache salt.
     pub(super) fn new(shared: &Shared, settings: &StageSettings) -> Self {
         let id = shared.next_conversation.fetch_add(1, Ordering::Relaxed);
-        let salt = match &settings.cache_salt {
-            None => None,
-            Some(CacheSalt::Fixed(s)) => Some(s.clone()),
-            Some(CacheSalt::Random) => Some(format!(
-                "{:016x}",
-                crate::workload::mix(shared.seed ^ 0x5a17, id, 0)
-            )),
+        let random = || format!("{:016x}", crate::workload::mix(shared.seed ^ 0x5a17, id, 0));
+        // A recorded conversation sent again (the file ran out) would find
+        // its prompt in a prefix cache and flatter the TTFT: unless the
+        // scenario chose a salt, a repeat gets a fresh one.
+        let repeat = settings.prompts.pass(id).filter(|&pass| pass > 0);
+        if repeat.is_some() {
+            shared.repeats.fetch_add(1, Ordering::Relaxed);
+        }
+        let salt = match (&settings.cache_salt, repeat) {
+            (None, None) => None,
+            (None, Some(pass)) => Some(format!("repeat-{pass}-{}", random())),
+            (Some(CacheSalt::Fixed(s)), _) => Some(s.clone()),
+            (Some(CacheSalt::Random), _) => Some(random()),
         };
         Conversation {
             id,

@@ -132,6 +132,13 @@ fn nth<T>(order: &[T], conversation: u64) -> Option<&T> {
     order.get(local.checked_rem(order.len())?)
 }
 
+/// Which pass through `order` conversation `conversation` belongs to: 0
+/// the first, 1 the first repeat, ...
+fn pass<T>(order: &[T], conversation: u64) -> Option<u64> {
+    let local = conversation & ((1 << 40) - 1);
+    local.checked_div(order.len() as u64)
+}
+
 /// Generates prompt text for one workload.
 #[derive(Debug, Clone)]
 pub struct PromptGen {
@@ -325,6 +332,16 @@ impl PromptGen {
         replay
             .exchange(conversation, 1)
             .map(|(picked, _)| picked.turns)
+    }
+
+    /// For a ShareGPT replay, which pass through this process's
+    /// conversations `conversation` is: 0 the first time each is sent, 1
+    /// when they ran out and start over, ... (`None`: not a replay).
+    pub fn pass(&self, conversation: u64) -> Option<u64> {
+        match &self.kind {
+            Kind::Replay(replay) => pass(&replay.order, conversation),
+            _ => None,
+        }
     }
 
     /// How many conversations this process replays per pass (`None`: not

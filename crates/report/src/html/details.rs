@@ -205,9 +205,15 @@ fn stage_table(out: &mut String, run: &SavedRun) {
             _ => "",
         };
         let _ = write!(out, "<tr{class}>");
-        for (c, cell) in row.iter().enumerate() {
+        // The verdict (the terminal's last column) right after the status:
+        // a wide table scrolls, and the answer must not be off-screen.
+        let mut cells: Vec<(usize, &String)> = row.iter().enumerate().collect();
+        if let Some(judged) = cells.pop() {
+            cells.insert(2.min(cells.len()), judged);
+        }
+        for (c, cell) in cells {
             let tag = if r == 0 { "th" } else { "td" };
-            let num = if r > 0 && c >= StageTable::LEFT_ALIGNED {
+            let num = if r > 0 && c >= StageTable::LEFT_ALIGNED && c + 1 < row.len() {
                 " class=\"num\""
             } else {
                 ""

@@ -565,19 +565,33 @@ fn fired_roles(record: &CongestionRecord, signal: Signal) -> Option<Vec<String>>
 }
 
 /// The values one parameter of the stop conditions took in a run.
+/// Whether the built-in policy judged with `record`'s parameters.
+pub(super) fn judged_by_builtin(record: &CongestionRecord) -> bool {
+    record.policy.is_builtin()
+}
+
 struct Thresholds {
     /// Per sweep, what its judged stages were judged with.
     by_sweep: Vec<(u32, f64)>,
     /// The policy's default filled it in (the scenario did not write it).
     defaulted: bool,
     param: &'static str,
+    /// A policy other than the built-in judged: its parameters are its own.
+    custom: bool,
 }
 
 impl Thresholds {
     fn of(run: &SavedRun, param: &'static str) -> Thresholds {
         let mut by_sweep = Vec::new();
         let mut defaulted = false;
-        for record in run.records.iter().flatten() {
+        // Only the built-in's parameters are thresholds of these server
+        // signals: a custom policy's `ttft_p99` may be a client figure.
+        for record in run
+            .records
+            .iter()
+            .flatten()
+            .filter(|r| judged_by_builtin(r))
+        {
             if let Some((value, default)) = record.param(param)
                 && let Some(v) = param_value(value)
                 && !by_sweep.iter().any(|(s, _)| *s == record.sweep.index)
@@ -590,12 +604,16 @@ impl Thresholds {
             by_sweep,
             defaulted,
             param,
+            custom: run.records.iter().flatten().any(|r| !judged_by_builtin(r)),
         }
     }
 
     /// The threshold of step `index` (judged or skipped), and whether it
     /// was the policy's default.
     fn at(&self, run: &SavedRun, index: usize) -> Option<(f64, bool)> {
+        if self.custom {
+            return None;
+        }
         let stage = run.result.stages.get(index)?;
         if let Some(record) = run.records.get(index).and_then(Option::as_ref)
             && let Some((value, default)) = record.param(self.param)

@@ -25,8 +25,8 @@ use crate::saved::SavedRun;
 use crate::table::outcome_line;
 use details::run_details;
 use levels::{
-    Latency, SIGNALS, Throughput, accuracy, client_latency, comparison, level_axis, server_signal,
-    throughput,
+    Latency, SIGNALS, Throughput, accuracy, client_latency, comparison, judged_by_builtin,
+    level_axis, server_signal, throughput,
 };
 
 /// The page for `runs` (at least one).
@@ -81,14 +81,23 @@ pub fn page(runs: &[SavedRun]) -> Result<String, ReportError> {
         );
     }
 
-    if runs.iter().any(|r| r.records.iter().any(Option::is_some)) {
+    // Only when some judged stage had server signals (a policy that judges
+    // client figures alone, with no signal source, has none to draw).
+    let records = || runs.iter().flat_map(|r| r.records.iter().flatten());
+    if records().any(|record| !record.roles.is_empty()) {
         section(&mut out, "Server signals the policy judged");
         for signal in SIGNALS {
             figure(&mut out, level_chart(&server_signal(runs, &axis, signal))?);
         }
-        out.push_str(
-            "<p class=\"note\">Per role; the dashed line is the stop condition's threshold \
-             (built-in policy parameters). Grey circles on the axis: no data for that signal (no series found, or the query failed; the policy saw 0).</p>\n</div>\n",
+        let thresholds = if records().any(judged_by_builtin) {
+            "the dashed line is the built-in policy's threshold for the signal. "
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<p class=\"note\">Per role; {thresholds}Grey circles on the axis: no data for that \
+             signal (no series found, or the query failed; the policy saw 0).</p>\n</div>\n",
         );
     }
 
@@ -138,6 +147,21 @@ pub fn esc(text: &str) -> String {
     out
 }
 
+/// `, accuracy 87.0% (95% interval 84.1-89.6%) of 1319 answered` for a
+/// stage that scored eval answers, else nothing.
+fn accuracy_of(stage: Option<&StageResult>) -> String {
+    match stage.and_then(|s| s.client.as_ref()?.eval) {
+        Some(eval) if eval.answered > 0 => format!(
+            ", accuracy {:.1}% (95% interval {:.1}-{:.1}%) of {} answered",
+            eval.accuracy * 100.0,
+            eval.accuracy_low * 100.0,
+            eval.accuracy_high * 100.0,
+            eval.answered
+        ),
+        _ => String::new(),
+    }
+}
+
 fn seconds(s: f64) -> String {
     humantime::format_duration(std::time::Duration::from_secs_f64(s.max(0.0).round())).to_string()
 }
@@ -183,9 +207,10 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
             (None, Some(knee)) => {
                 let _ = write!(
                     out,
-                    "<div>knee (the highest level not congested): <b>{}</b>: {}</div>",
+                    "<div>knee (the highest level not congested): <b>{}</b>: {}{}</div>",
                     esc(&knee.stage.label),
-                    esc(&knee.figures())
+                    esc(&knee.figures()),
+                    esc(&accuracy_of(result.stages.get(knee.stage.stage)))
                 );
             }
             (None, None) => out.push_str("<div>knee: none (no stage ran before congestion)</div>"),
@@ -196,6 +221,25 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
                 "<div class=\"worse\">close call: {}: a level this near can be judged the other way on another run</div>",
                 esc(&close)
             );
+        }
+    }
+    // A run no sweep judged (an eval, plain stages): no knee to name, but
+    // what each eval stage scored.
+    if conclusion.sweeps.is_empty() {
+        for stage in result
+            .stages
+            .iter()
+            .filter(|s| s.status == StageStatus::Measured)
+        {
+            let accuracy = accuracy_of(Some(stage));
+            if !accuracy.is_empty() {
+                let _ = write!(
+                    out,
+                    "<div>eval at <b>{}</b>{}</div>",
+                    esc(&stage.label),
+                    esc(&accuracy)
+                );
+            }
         }
     }
     let skipped: Vec<&StageResult> = result

@@ -658,3 +658,101 @@ fn stages_that_scored_no_eval_answer_are_left_out_of_the_accuracy_chart() {
     assert_eq!(figure.lines[0].points, [(64.0, 0.9), (96.0, 0.85)]);
     assert_eq!(marks_of(&figure, MarkKind::Congested), []);
 }
+
+/// A policy that judged client figures alone, with no signal source, has
+/// no server signals: no chart of them is drawn (four empty ones were).
+#[test]
+fn a_run_without_server_signals_draws_no_signal_chart() {
+    let mut run = sweep();
+    for stage in &mut run.result.stages {
+        if let Some(judged) = &mut stage.annotation {
+            judged.congestion.roles.clear();
+        }
+    }
+    run.records = run
+        .result
+        .stages
+        .iter()
+        .map(|s| CongestionRecord::of(s).cloned())
+        .collect();
+    let html = page(std::slice::from_ref(&run)).unwrap();
+    assert!(!html.contains("Server signals the policy judged"), "{html}");
+    assert!(html.contains("Client latency against the stage level"));
+}
+
+/// A custom policy's parameters are its own (its `ttft_p99` may be a
+/// client figure): they are drawn as no server threshold, and the caption
+/// does not call them the built-in's.
+#[test]
+fn a_custom_policys_parameters_are_no_server_thresholds() {
+    let builtin = sweep();
+    let axis = level_axis(std::slice::from_ref(&builtin));
+    let ttft = server_signal(std::slice::from_ref(&builtin), &axis, SIGNALS[1]);
+    assert!(
+        ttft.lines.iter().any(|l| l.dashed),
+        "the built-in's threshold"
+    );
+    let mut custom = sweep();
+    for stage in &mut custom.result.stages {
+        if let Some(judged) = &mut stage.annotation {
+            judged.congestion.policy.origin = "client-slo.wasm".into();
+        }
+    }
+    custom.records = custom
+        .result
+        .stages
+        .iter()
+        .map(|s| CongestionRecord::of(s).cloned())
+        .collect();
+    let ttft = server_signal(std::slice::from_ref(&custom), &axis, SIGNALS[1]);
+    assert!(!ttft.lines.iter().any(|l| l.dashed), "{:?}", ttft.lines);
+    let html = page(std::slice::from_ref(&custom)).unwrap();
+    assert!(html.contains("Server signals the policy judged"));
+    assert!(!html.contains("built-in policy"), "{html}");
+}
+
+/// The stage table's verdict sits right after the status (it was the last
+/// of 22 columns, off-screen at 1400 px).
+#[test]
+fn the_verdict_column_follows_the_status() {
+    let html = page(std::slice::from_ref(&sweep())).unwrap();
+    assert!(
+        html.contains("<tr><th>stage</th><th>status</th><th>judged</th><th>level</th>"),
+        "{html}"
+    );
+    assert!(
+        html.contains("<td>#1 c=128</td><td>CONGESTED</td><td>congested</td><td>c=128</td>"),
+        "{html}"
+    );
+}
+
+/// An eval run (one stage, no sweep) is not headlined as a "knee": its
+/// headline gives the accuracy it measured.
+#[test]
+fn an_eval_runs_headline_gives_its_accuracy() {
+    let mut stage = stage(0, 64, StageStatus::Measured, 10.0);
+    stage.sweep = None;
+    if let Some(client) = &mut stage.client {
+        client.eval = Some(EvalStats {
+            answered: 1319,
+            correct: 1148,
+            unanswerable: 3,
+            accuracy: 0.8704,
+            accuracy_low: 0.8512,
+            accuracy_high: 0.8873,
+        });
+    }
+    let mut run = sweep();
+    run.result.stages = vec![stage];
+    run.result.outcome = RunOutcome::Completed;
+    run.records = vec![None];
+    run.scenario = None;
+    let html = page(std::slice::from_ref(&run)).unwrap();
+    assert!(
+        html.contains(
+            "<div>eval at <b>#0 c=64</b>, accuracy 87.0% (95% interval 85.1-88.7%) of 1319 answered</div>"
+        ),
+        "{html}"
+    );
+    assert!(!html.contains("knee"), "{html}");
+}

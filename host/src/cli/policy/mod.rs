@@ -34,8 +34,10 @@ pub enum Command {
     },
     /// Print the WIT contract (nyann:policy) policies are built against.
     Wit {
-        /// The interface line: 0.2 (current) or 0.1 (frozen; still loaded).
-        #[arg(long, value_name = "LINE", default_value = "0.2", value_parser = ["0.1", "0.2"])]
+        /// The interface line: the newest (the one the SDK and `policy new`
+        /// build), or an older one (frozen; still loaded).
+        #[arg(long, value_name = "LINE", default_value = Interface::NEWEST.line(),
+              value_parser = clap::builder::PossibleValuesParser::new(Interface::ALL.map(Interface::line)))]
         version: String,
     },
     /// Create a new policy crate in ./NAME: self-contained (the SDK and the
