@@ -415,7 +415,7 @@ fn import_allowed(name: &str) -> bool {
 }
 
 /// An import linked as functions that trap ([`TRAPPED_IMPORTS`]).
-fn import_trapped(name: &str) -> bool {
+pub(crate) fn import_trapped(name: &str) -> bool {
     import_in(name, TRAPPED_IMPORTS)
 }
 

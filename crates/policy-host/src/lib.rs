@@ -310,8 +310,7 @@ impl PolicyHost {
         let trapping;
         let linker = if inspected.traps {
             let mut linker = inner.linker.clone();
-            linker
-                .define_unknown_imports_as_traps(&component)
+            sandbox::link_trapped_imports(&mut linker, &inner.engine, &component)
                 .map_err(|e| load_err(format!("cannot link its imports: {e:#}")))?;
             trapping = linker;
             &trapping

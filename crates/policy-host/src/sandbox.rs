@@ -20,7 +20,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime::{Enabled, Engine, PoolingAllocationConfig, ResourceLimiter, Store};
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::p2::{DynPollable, Pollable};
+use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, DynPollable, Pollable};
 use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use crate::error::{CallFailure, human_bytes, truncate};
@@ -357,6 +357,81 @@ impl VirtualClockView<'_> {
 /// interfaces a Rust `std` links, over an empty context and with the
 /// virtual monotonic clock, and the `host` interface of every version.
 /// Sockets, HTTP and the rest are not linked at all.
+/// What a call into an import linked by [`link_trapped_imports`] fails
+/// with, before the import's name (`wasi:sockets/tcp@0.2.9#...`):
+/// [`forbidden_call`] reads it back.
+const FORBIDDEN: &str = "forbidden import called: `";
+
+/// Link every function of the component's imports of
+/// `inspect::TRAPPED_IMPORTS` (the unused network clients of interpreter
+/// runtimes) as a function that fails naming itself, and their resources
+/// as host resources nothing can create. Only those: the other imports
+/// (WASI's, semver-matched: a runtime built for wasi 0.2.9 links to this
+/// host's 0.2.x) are linked as they are.
+pub(crate) fn link_trapped_imports(
+    linker: &mut Linker<HostState>,
+    engine: &Engine,
+    component: &wasmtime::component::Component,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::ResourceType;
+    use wasmtime::component::types::ComponentItem;
+
+    let ty = component.component_type();
+    // The resources of wasi:io the trapped interfaces use (`pollable`,
+    // streams, `error`) are the ones WASI links (a resource import's type is
+    // its identity): the host types wasmtime-wasi defines them with.
+    let mut wasi_io: Vec<(ResourceType, ResourceType)> = Vec::new();
+    for (name, import) in ty.imports(engine) {
+        let ComponentItem::ComponentInstance(instance) = import.ty else {
+            continue;
+        };
+        let interface = name.split('@').next().unwrap_or(name);
+        for (export, item) in instance.exports(engine) {
+            let ComponentItem::Resource(resource) = item.ty else {
+                continue;
+            };
+            let host = match (interface, export) {
+                ("wasi:io/poll", "pollable") => ResourceType::host::<DynPollable>(),
+                ("wasi:io/streams", "input-stream") => ResourceType::host::<DynInputStream>(),
+                ("wasi:io/streams", "output-stream") => ResourceType::host::<DynOutputStream>(),
+                ("wasi:io/error", "error") => ResourceType::host::<wasmtime::Error>(),
+                _ => continue,
+            };
+            wasi_io.push((resource, host));
+        }
+    }
+    for (name, import) in ty.imports(engine) {
+        if !crate::inspect::import_trapped(name) {
+            continue;
+        }
+        let ComponentItem::ComponentInstance(instance) = import.ty else {
+            continue;
+        };
+        let mut linked = linker.instance(name)?;
+        for (export, item) in instance.exports(engine) {
+            match item.ty {
+                ComponentItem::ComponentFunc(_) => {
+                    let called = format!("{FORBIDDEN}{name}#{export}`");
+                    linked.func_new(export, move |_, _, _, _| {
+                        Err(wasmtime::format_err!("{called}"))
+                    })?;
+                }
+                ComponentItem::Resource(resource) => {
+                    // wasi:io's as WASI links them, the interface's own as
+                    // resources nothing can make (no function makes one).
+                    let host = wasi_io
+                        .iter()
+                        .find(|(used, _)| *used == resource)
+                        .map_or_else(ResourceType::host::<()>, |(_, host)| *host);
+                    linked.resource(export, host, |_, _| Ok(()))?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
     use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
@@ -621,14 +696,12 @@ impl CallStore {
 const STACK_OVERFLOW: &str = "stack overflow: recursion too deep";
 
 /// The interface (without its version) and function of a call into an
-/// import linked as a trap (`inspect::TRAPPED_IMPORTS`): wasmtime's stub
-/// fails with "unknown import: `wasi:sockets/tcp@0.2.9#[method]...` has
-/// not been defined".
+/// import linked as a trap by [`link_trapped_imports`] (`forbidden import
+/// called: `wasi:sockets/tcp@0.2.9#[method]tcp-socket.start-connect``).
 fn forbidden_call(err: &wasmtime::Error) -> Option<(String, String)> {
-    const PREFIX: &str = "unknown import: `";
     err.chain().find_map(|cause| {
         let text = cause.to_string();
-        let rest = &text[text.find(PREFIX)? + PREFIX.len()..];
+        let rest = &text[text.find(FORBIDDEN)? + FORBIDDEN.len()..];
         let name = &rest[..rest.find('`')?];
         let (interface, function) = name.split_once('#').unwrap_or((name, ""));
         let interface = interface.split('@').next().unwrap_or(interface);
