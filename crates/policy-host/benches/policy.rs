@@ -272,18 +272,30 @@ fn judges(cache: &Path, custom: &Path, judge_only: bool) {
 }
 
 /// For each client-slo component (`NAME=FILE`): its size, its first load
-/// (compiled, into an empty code cache), a cached load (median of 5) and
-/// the judge latency (p50 and p99 of 300, synchronous), side by side.
+/// (compiled, into an empty code cache), a cached load (median of 5), the
+/// judge latency (p50 and p99 of 300, synchronous) and that of a call doing
+/// next to nothing (validate), side by side.
 fn languages(files: &[String]) {
     println!(
-        "{:<22} {:>9} {:>11} {:>12} {:>11} {:>11}",
-        "client-slo in", "size", "first load", "cached load", "judge p50", "judge p99"
+        "{:<22} {:>9} {:>11} {:>12} {:>11} {:>11} {:>13}",
+        "client-slo in",
+        "size",
+        "first load",
+        "cached load",
+        "judge p50",
+        "judge p99",
+        "validate p50"
     );
     for arg in files {
         let (name, file) = arg.split_once('=').unwrap_or((arg, arg));
         let file = Path::new(file);
+        // NYANN_POLICY_BENCH_CACHE: a code cache kept between runs (the
+        // first load then reads it), to compare judge latencies quickly.
         let cache = tempfile::tempdir().unwrap();
-        let dir = Some(cache.path().to_path_buf());
+        let dir = Some(
+            std::env::var_os("NYANN_POLICY_BENCH_CACHE")
+                .map_or_else(|| cache.path().to_path_buf(), PathBuf::from),
+        );
         let first = load(dir.clone(), What::File(file));
         let cached = median(
             (0..5)
@@ -304,13 +316,29 @@ fn languages(files: &[String]) {
             })
             .unwrap();
         let (p50, p99) = judge_latency(&policy, &params, 300);
+        // A call that does next to nothing (validate, 100 times): what a
+        // fresh instance costs, apart from the judgment's own work.
+        let stop = StopCondition {
+            params: vec![Param {
+                name: "ttft_p99".into(),
+                value: Value::Text("2s".into()),
+            }],
+            location: None,
+            param_locations: Vec::new(),
+            search: None,
+        };
+        let mut calls: Vec<Duration> = (0..100)
+            .map(|_| time(|| policy.check_params(&stop).unwrap()).0)
+            .collect();
+        calls.sort();
         println!(
-            "{name:<22} {:>5.1} MiB {:>9.2} s {:>9.3} s {:>11} {:>11}",
+            "{name:<22} {:>5.1} MiB {:>9.2} s {:>9.3} s {:>11} {:>11} {:>13}",
             std::fs::metadata(file).map(|m| m.len()).unwrap_or(0) as f64 / f64::from(1 << 20),
             first.as_secs_f64(),
             cached.as_secs_f64(),
             ms(p50),
-            ms(p99)
+            ms(p99),
+            ms(percentile(&calls, 0.5))
         );
     }
 }

@@ -462,6 +462,34 @@ mod tests {
         assert!(!import_allowed("evil"));
     }
 
+    /// A refused import's advice is for the toolchain that built the
+    /// component, told from its runtime's names.
+    #[test]
+    fn the_toolchain_is_told_from_the_runtime_names() {
+        let of = |text: &str| Toolchain::of(text.as_bytes());
+        // QuickJS components carry StarlingMonkey's names too.
+        assert_eq!(of("x componentize_py_runtime rustc y"), Toolchain::Python);
+        assert_eq!(
+            of("ComponentizeJS componentize_qjs_runtime rustc"),
+            Toolchain::QuickJs
+        );
+        assert_eq!(of("ComponentizeJS rustc"), Toolchain::StarlingMonkey);
+        assert_eq!(of("rustc 1.95"), Toolchain::Rust);
+        assert_eq!(of("tinygo"), Toolchain::Unknown);
+        assert!(Toolchain::Python.import_fix().contains("--lang python"));
+        assert!(
+            Toolchain::QuickJs
+                .import_fix()
+                .contains("--backend-qjs-disable-async")
+        );
+        assert!(
+            Toolchain::StarlingMonkey
+                .import_fix()
+                .contains("-d http fetch-event")
+        );
+        assert!(Toolchain::Rust.import_fix().contains("wasm32-wasip2"));
+    }
+
     #[test]
     fn exports_pick_the_newest_supported_line() {
         let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -110,8 +110,8 @@ pub struct HostConfig {
     /// and 1 MiB per function (compiling one function costs more than in
     /// proportion to its size). The built-in has 311 functions and 85 KB
     /// of code; a componentize-py policy, with CPython inside, 13,357 and
-    /// 6.3 MiB (its largest function 417 KiB), and takes 20-22 s and about
-    /// 400 MB to compile on one core.
+    /// 6.3 MiB (its largest function 417 KiB), and takes about 19 s of CPU
+    /// and 400 MB to compile (wasmtime compiles on every core).
     pub code_limits: CodeLimits,
     /// Longest compile of a component before its load is refused (a
     /// backstop: the code limits bound what compiling costs). Default 2 min.
