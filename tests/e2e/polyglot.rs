@@ -61,9 +61,11 @@ fn missing(what: &str, install: &str) -> bool {
     false
 }
 
-/// componentize-py of the pinned version on PATH.
+/// componentize-py of the pinned version: `$COMPONENTIZE_PY` (as the
+/// kit's build.sh reads it), else on PATH.
 fn have_python_tools() -> bool {
-    let version = Command::new("componentize-py").arg("--version").output();
+    let tool = std::env::var_os("COMPONENTIZE_PY").unwrap_or_else(|| "componentize-py".into());
+    let version = Command::new(tool).arg("--version").output();
     match version {
         Ok(out) if text(&out.stdout).trim() == COMPONENTIZE_PY => true,
         _ => missing(
