@@ -13,6 +13,7 @@ mod cli;
 mod evals;
 mod fleet;
 mod policy;
+mod polyglot;
 mod report;
 mod sharegpt;
 mod signals;

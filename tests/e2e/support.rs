@@ -113,10 +113,21 @@ pub async fn generate(sim: &RunningSim, scenario: &str, args: &[String]) -> Run 
 
 /// Run `generate --config <scenario> --output-dir <tmp> --target <target> ARGS`.
 pub async fn generate_at(target: &str, scenario: &str, args: &[String]) -> Run {
+    generate_with_env(target, scenario, args, &[]).await
+}
+
+/// [`generate_at`] with these environment variables set.
+pub async fn generate_with_env(
+    target: &str,
+    scenario: &str,
+    args: &[String],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("scenario.star");
     std::fs::write(&config, scenario).unwrap();
     let output = nyann_bench()
+        .envs(env.iter().copied())
         .arg("generate")
         .arg("--config")
         .arg(&config)

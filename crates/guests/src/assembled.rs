@@ -42,6 +42,10 @@ pub struct Assembled {
     /// A function of the `host` interface to import (and call from
     /// `judge`), of type `func()`: the WIT given must declare it.
     pub host_import: Option<String>,
+    /// The interface `host_import` comes from instead of the policy's
+    /// `host` (e.g. `wasi:sockets/tcp@0.2.9`): the WIT given must declare
+    /// it and import it into the world.
+    pub import_interface: Option<String>,
 }
 
 /// Where the fixed answers live in the main memory.
@@ -88,7 +92,10 @@ fn core_module(interface: &str, spec: &Assembled) -> Vec<u8> {
 
     // The host import comes first: defined functions start after it.
     let mut imports = ImportSection::new();
-    let host = interface.replace("/policy@", "/host@");
+    let host = spec
+        .import_interface
+        .clone()
+        .unwrap_or_else(|| interface.replace("/policy@", "/host@"));
     if let Some(name) = &spec.host_import {
         imports.import(&host, name, EntityType::Function(5));
     }

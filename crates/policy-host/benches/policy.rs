@@ -137,6 +137,17 @@ fn judge_latency_async(policy: &Policy, params: &[Param], n: usize) -> (Duration
 }
 
 fn main() {
+    // `languages FILE...`: the client-slo policy in several languages
+    // (`bench/policy-languages.sh`).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(files) = args
+        .iter()
+        .position(|a| a == "languages")
+        .map(|i| &args[i + 1..])
+    {
+        languages(files);
+        return;
+    }
     // `judge`: the judge latencies only (for profiling, and for
     // `bench/policy-host.sh`, which compares builds).
     let judge_only = std::env::args().skip(1).any(|a| a == "judge");
@@ -258,4 +269,76 @@ fn judges(cache: &Path, custom: &Path, judge_only: bool) {
         ms(p50),
         ms(p99)
     );
+}
+
+/// For each client-slo component (`NAME=FILE`): its size, its first load
+/// (compiled, into an empty code cache), a cached load (median of 5), the
+/// judge latency (p50 and p99 of 300, synchronous) and that of a call doing
+/// next to nothing (validate), side by side.
+fn languages(files: &[String]) {
+    println!(
+        "{:<22} {:>9} {:>11} {:>12} {:>11} {:>11} {:>13}",
+        "client-slo in",
+        "size",
+        "first load",
+        "cached load",
+        "judge p50",
+        "judge p99",
+        "validate p50"
+    );
+    for arg in files {
+        let (name, file) = arg.split_once('=').unwrap_or((arg, arg));
+        let file = Path::new(file);
+        // NYANN_POLICY_BENCH_CACHE: a code cache kept between runs (the
+        // first load then reads it), to compare judge latencies quickly.
+        let cache = tempfile::tempdir().unwrap();
+        let dir = Some(
+            std::env::var_os("NYANN_POLICY_BENCH_CACHE")
+                .map_or_else(|| cache.path().to_path_buf(), PathBuf::from),
+        );
+        let first = load(dir.clone(), What::File(file));
+        let cached = median(
+            (0..5)
+                .map(|_| load(dir.clone(), What::File(file)))
+                .collect(),
+        );
+        let host = PolicyHost::new(config(dir)).unwrap();
+        let policy = host.load_file(file).unwrap();
+        let params = policy
+            .check_params(&StopCondition {
+                params: vec![Param {
+                    name: "ttft_p99".into(),
+                    value: Value::Text("2s".into()),
+                }],
+                location: None,
+                param_locations: Vec::new(),
+                search: None,
+            })
+            .unwrap();
+        let (p50, p99) = judge_latency(&policy, &params, 300);
+        // A call that does next to nothing (validate, 100 times): what a
+        // fresh instance costs, apart from the judgment's own work.
+        let stop = StopCondition {
+            params: vec![Param {
+                name: "ttft_p99".into(),
+                value: Value::Text("2s".into()),
+            }],
+            location: None,
+            param_locations: Vec::new(),
+            search: None,
+        };
+        let mut calls: Vec<Duration> = (0..100)
+            .map(|_| time(|| policy.check_params(&stop).unwrap()).0)
+            .collect();
+        calls.sort();
+        println!(
+            "{name:<22} {:>5.1} MiB {:>9.2} s {:>9.3} s {:>11} {:>11} {:>13}",
+            std::fs::metadata(file).map(|m| m.len()).unwrap_or(0) as f64 / f64::from(1 << 20),
+            first.as_secs_f64(),
+            cached.as_secs_f64(),
+            ms(p50),
+            ms(p99),
+            ms(percentile(&calls, 0.5))
+        );
+    }
 }

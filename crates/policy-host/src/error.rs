@@ -106,13 +106,18 @@ pub enum CallFailure {
     /// The policy called `exit` (WASI's `wasi:cli/exit`) with this status
     /// instead of returning.
     Exited(i32),
+    /// The policy called a function of an interface its runtime imports but
+    /// policies may not use (`wasi:sockets/tcp`, `wasi:http/outgoing-handler`):
+    /// linked as a trap.
+    Forbidden { interface: String, function: String },
     /// Something else failed inside wasmtime.
     Internal(String),
 }
 
 impl CallFailure {
     /// A stable one-word kind for records: `crashed`, `fuel`, `deadline`,
-    /// `memory`, `blocked`, `output`, `rejected`, `exited`, `internal`.
+    /// `memory`, `blocked`, `output`, `rejected`, `exited`, `forbidden`,
+    /// `internal`.
     pub fn kind(&self) -> &'static str {
         match self {
             CallFailure::Crashed { .. } => "crashed",
@@ -123,6 +128,7 @@ impl CallFailure {
             CallFailure::OversizedOutput(_) => "output",
             CallFailure::Rejected(_) => "rejected",
             CallFailure::Exited(_) => "exited",
+            CallFailure::Forbidden { .. } => "forbidden",
             CallFailure::Internal(_) => "internal",
         }
     }
@@ -134,9 +140,20 @@ impl fmt::Display for CallFailure {
             CallFailure::Crashed { trap, stderr } => {
                 // Both carry the guest's words (its panic message, and
                 // function names from its name section in a backtrace).
+                if let Some(raised) = python_exception(stderr) {
+                    return write!(f, "{raised}");
+                }
                 let stderr = one_line(stderr);
                 let trap = printable(trap);
-                if let Some(pos) = stderr.find("panicked at") {
+                if stderr.contains("expected a string, received") {
+                    // StarlingMonkey, given a thrown non-string to return as `err`.
+                    write!(
+                        f,
+                        "threw something other than a string ({stderr}): a JavaScript policy \
+                         returns an error by throwing a string (the kit's SDK turns any \
+                         throw into one)"
+                    )
+                } else if let Some(pos) = stderr.find("panicked at") {
                     write!(f, "panicked ({})", &stderr[pos..])
                 } else if stderr.is_empty() {
                     write!(f, "crashed ({trap})")
@@ -179,9 +196,57 @@ impl fmt::Display for CallFailure {
                 "called exit (status {status}) instead of returning a result: a policy's \
                  functions must return (exit ends only the call)"
             ),
+            CallFailure::Forbidden {
+                interface,
+                function,
+            } => write!(
+                f,
+                "called {}, which policies may not use (`{}`: a policy gets no network; its \
+                 runtime imports the interface, linked to fail when called)",
+                printable(interface),
+                printable(function)
+            ),
             CallFailure::Internal(msg) => write!(f, "failed in the host: {msg}"),
         }
     }
+}
+
+/// A Python exception that escaped a call, from the traceback CPython
+/// printed to stderr (componentize-py then aborts): `raised ValueError:
+/// boom (app.py, line 26, in judge)` with the innermost frame, bounded and
+/// printable; `policy check` shows the whole traceback.
+fn python_exception(stderr: &str) -> Option<String> {
+    const HEADER: &str = "Traceback (most recent call last):";
+    let traceback = &stderr[stderr.rfind(HEADER)? + HEADER.len()..];
+    let lines: Vec<&str> = traceback
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    // The exception is the last line not indented, before the runtime's
+    // own panic message.
+    let end = lines
+        .iter()
+        .position(|l| l.starts_with("thread '"))
+        .unwrap_or(lines.len());
+    let exception = lines[..end].iter().rev().find(|l| !l.starts_with(' '))?;
+    let frame = lines[..end]
+        .iter()
+        .rev()
+        .find(|l| l.trim_start().starts_with("File \""))
+        .map(|l| {
+            let l = l.trim().trim_start_matches("File ");
+            // `"/0/app.py", line 26, in judge`: the file without the
+            // build's directory.
+            let (file, rest) = l.trim_start_matches('"').split_once('"').unwrap_or((l, ""));
+            let file = file.rsplit('/').next().unwrap_or(file);
+            format!(" ({file}{rest})")
+        })
+        .unwrap_or_default();
+    Some(truncate(
+        &printable(&format!("raised {}{frame}", exception.trim())),
+        1000,
+    ))
 }
 
 /// Collapse stderr to one bounded, printable line for a message. Rust's
@@ -332,6 +397,33 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "policy p: panicked (panicked at src/lib.rs:3:5: | boom) at stage 1"
+        );
+    }
+
+    #[test]
+    fn python_tracebacks_name_the_exception_and_the_frame() {
+        let failure = CallFailure::Crashed {
+            trap: "wasm trap: wasm `unreachable` instruction executed".into(),
+            stderr:
+                "Traceback (most recent call last):\n  File \"/0/app.py\", line 40, in judge\n    \
+                     return rule(p)\n  File \"/0/app.py\", line 26, in rule\n    raise \
+                     ValueError(\"boom\")\nValueError: boom\n\nthread '<unnamed>' (1) panicked at \
+                     runtime/src/lib.rs:1293:29:\nPython function threw an unexpected exception\n"
+                    .into(),
+        };
+        assert_eq!(
+            failure.to_string(),
+            "raised ValueError: boom (app.py, line 26, in rule)"
+        );
+        let forbidden = CallFailure::Forbidden {
+            interface: "wasi:sockets/tcp".into(),
+            function: "[method]tcp-socket.start-connect".into(),
+        };
+        assert!(
+            forbidden
+                .to_string()
+                .starts_with("called wasi:sockets/tcp, which policies may not use"),
+            "{forbidden}"
         );
     }
 

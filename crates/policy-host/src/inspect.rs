@@ -13,8 +13,8 @@ use crate::versions::{Interface, PACKAGE, supported_versions};
 /// Interfaces a policy may import: the contract's own, and the WASI 0.2
 /// interfaces a Rust wasm32-wasip2 `std` links, granted over an empty
 /// context (no files, environment, arguments; stdin closed; virtual clocks).
-/// Sockets, HTTP and anything unknown are refused. `sandbox::linker` links
-/// exactly these.
+/// Anything else is refused, except the interfaces in [`TRAPPED_IMPORTS`].
+/// `sandbox::linker` links exactly these.
 const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
     (PACKAGE, &["types", "host"]),
     (
@@ -36,6 +36,28 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
     ("wasi:clocks", &["wall-clock", "monotonic-clock"]),
     ("wasi:filesystem", &["types", "preopens"]),
     ("wasi:random", &["random", "insecure", "insecure-seed"]),
+];
+
+/// Interfaces the runtimes of interpreted languages import and a policy
+/// never needs: componentize-py's CPython links wasi-libc's sockets (its
+/// `socket` module is not built), StarlingMonkey (componentize-js) links
+/// `fetch`'s HTTP client. They are accepted at load and linked as
+/// functions that trap when called: a call fails naming the interface
+/// (`CallFailure::Forbidden`), and nothing of the network is reachable.
+const TRAPPED_IMPORTS: &[(&str, &[&str])] = &[
+    (
+        "wasi:sockets",
+        &[
+            "network",
+            "instance-network",
+            "tcp",
+            "tcp-create-socket",
+            "udp",
+            "udp-create-socket",
+            "ip-name-lookup",
+        ],
+    ),
+    ("wasi:http", &["types", "outgoing-handler"]),
 ];
 
 /// How much code a policy may ask the host to compile: compiling costs
@@ -62,6 +84,68 @@ pub(crate) struct Inspected {
     /// The newest `nyann:policy` version it names (in an export or import),
     /// e.g. `0.2.1`: what it was built for.
     pub built_for: String,
+    /// It imports interfaces of [`TRAPPED_IMPORTS`]: they are to be linked
+    /// as traps.
+    pub traps: bool,
+    /// Bytes of code its core modules define (what compiling costs).
+    pub code_bytes: u64,
+}
+
+/// The toolchain that built a component, told from the names its runtime
+/// leaves in the binary: it picks the advice of a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Toolchain {
+    /// componentize-py (CPython).
+    Python,
+    /// jco's QuickJS backend (componentize-qjs).
+    QuickJs,
+    /// componentize-js (StarlingMonkey).
+    StarlingMonkey,
+    /// rustc (wasm32-wasip2), with or without the SDK.
+    Rust,
+    Unknown,
+}
+
+impl Toolchain {
+    /// Told from the names in `bytes` (runtime symbols and the producers
+    /// section). QuickJS components carry some StarlingMonkey names too, so
+    /// they are told first. A scan of the whole binary: for messages only.
+    pub(crate) fn of(bytes: &[u8]) -> Toolchain {
+        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        if has(b"componentize_qjs_runtime") {
+            Toolchain::QuickJs
+        } else if has(b"componentize_py_runtime") {
+            Toolchain::Python
+        } else if has(b"ComponentizeJS") {
+            Toolchain::StarlingMonkey
+        } else if has(b"rustc") {
+            Toolchain::Rust
+        } else {
+            Toolchain::Unknown
+        }
+    }
+
+    /// What to do about an import policies may not use.
+    fn import_fix(self) -> &'static str {
+        match self {
+            Toolchain::Python => {
+                "build it with componentize-py 0.25 against the policy's WIT and world \
+                 `congestion-policy` (the `build.sh` of `nyann-bench policy new --lang python` \
+                 does), and import no Python package that needs it"
+            }
+            Toolchain::QuickJs | Toolchain::StarlingMonkey => {
+                "build it against the policy's WIT and world `congestion-policy` with \
+                 `jco componentize --backend qjs --backend-qjs-disable-async`, or \
+                 componentize-js with `-d http fetch-event` (the `build.sh` of \
+                 `nyann-bench policy new --lang js` does), and import no module that needs it"
+            }
+            Toolchain::Rust | Toolchain::Unknown => {
+                "build it with `cargo build --release --target wasm32-wasip2` and the \
+                 nyann-policy SDK (`nyann-bench policy new`), and drop the dependency that \
+                 imports it"
+            }
+        }
+    }
 }
 
 /// Check a policy's bytes and return the interface line it implements.
@@ -111,11 +195,17 @@ pub(crate) fn inspect(
             crate::error::human_size(limits.max_function_bytes)
         ));
     }
-    if let Some(name) = sections.imports.iter().find(|n| !import_allowed(n)) {
+    if let Some(name) = sections
+        .imports
+        .iter()
+        .find(|n| !import_allowed(n) && !import_trapped(n))
+    {
         return Err(format!(
             "imports `{name}`, which policies may not use (allowed: {PACKAGE}/host, and the \
              wasi:cli, wasi:io, wasi:clocks, wasi:filesystem and wasi:random 0.2 interfaces \
-             a Rust std links, granted over an empty context)"
+             over an empty context; the wasi:sockets and wasi:http client interfaces of \
+             language runtimes only as functions that fail when called); {}",
+            Toolchain::of(bytes).import_fix()
         ));
     }
     if sections.memories > MAX_MEMORIES {
@@ -150,6 +240,8 @@ pub(crate) fn inspect(
     Ok(Inspected {
         interface,
         built_for,
+        traps: sections.imports.iter().any(|n| import_trapped(n)),
+        code_bytes: sections.code_bytes,
     })
 }
 
@@ -319,6 +411,15 @@ fn exported_interface(exports: &[String]) -> Result<Interface, String> {
 }
 
 fn import_allowed(name: &str) -> bool {
+    import_in(name, ALLOWED_IMPORTS)
+}
+
+/// An import linked as functions that trap ([`TRAPPED_IMPORTS`]).
+pub(crate) fn import_trapped(name: &str) -> bool {
+    import_in(name, TRAPPED_IMPORTS)
+}
+
+fn import_in(name: &str, list: &[(&str, &[&str])]) -> bool {
     let (path, version) = name.split_once('@').unwrap_or((name, ""));
     let Some((package, interface)) = path.split_once('/') else {
         return false;
@@ -329,7 +430,7 @@ fn import_allowed(name: &str) -> bool {
         version.starts_with("0.2.")
     };
     version_ok
-        && ALLOWED_IMPORTS
+        && list
             .iter()
             .any(|(p, interfaces)| *p == package && interfaces.contains(&interface))
 }
@@ -349,8 +450,44 @@ mod tests {
         assert!(!import_allowed("nyann:policy/host@0.5.0"));
         assert!(!import_allowed("wasi:sockets/tcp@0.2.3"));
         assert!(!import_allowed("wasi:http/outgoing-handler@0.2.3"));
+        // The runtimes' unused clients: linked as traps.
+        assert!(import_trapped("wasi:sockets/tcp@0.2.9"));
+        assert!(import_trapped("wasi:sockets/ip-name-lookup@0.2.0"));
+        assert!(import_trapped("wasi:http/outgoing-handler@0.2.10"));
+        assert!(import_trapped("wasi:http/types@0.2.10"));
+        assert!(!import_trapped("wasi:http/incoming-handler@0.2.10"));
+        assert!(!import_trapped("wasi:sockets/tcp@0.3.0"));
+        assert!(!import_trapped("wasi:cli/environment@0.2.3"));
         assert!(!import_allowed("wasi:cli/environment@0.3.0"));
         assert!(!import_allowed("evil"));
+    }
+
+    /// A refused import's advice is for the toolchain that built the
+    /// component, told from its runtime's names.
+    #[test]
+    fn the_toolchain_is_told_from_the_runtime_names() {
+        let of = |text: &str| Toolchain::of(text.as_bytes());
+        // QuickJS components carry StarlingMonkey's names too.
+        assert_eq!(of("x componentize_py_runtime rustc y"), Toolchain::Python);
+        assert_eq!(
+            of("ComponentizeJS componentize_qjs_runtime rustc"),
+            Toolchain::QuickJs
+        );
+        assert_eq!(of("ComponentizeJS rustc"), Toolchain::StarlingMonkey);
+        assert_eq!(of("rustc 1.95"), Toolchain::Rust);
+        assert_eq!(of("tinygo"), Toolchain::Unknown);
+        assert!(Toolchain::Python.import_fix().contains("--lang python"));
+        assert!(
+            Toolchain::QuickJs
+                .import_fix()
+                .contains("--backend-qjs-disable-async")
+        );
+        assert!(
+            Toolchain::StarlingMonkey
+                .import_fix()
+                .contains("-d http fetch-event")
+        );
+        assert!(Toolchain::Rust.import_fix().contains("wasm32-wasip2"));
     }
 
     #[test]

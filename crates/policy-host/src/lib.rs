@@ -61,6 +61,7 @@ pub use versions::{Interface, supported_versions};
 
 use bounded::Unfinished;
 use error::{human_bytes, truncate};
+pub use sandbox::CallOutput;
 use sandbox::{Budget, CallStore, CallWorld, HostState, Limits};
 use versions::Pre;
 
@@ -109,8 +110,8 @@ pub struct HostConfig {
     /// and 1 MiB per function (compiling one function costs more than in
     /// proportion to its size). The built-in has 311 functions and 85 KB
     /// of code; a componentize-py policy, with CPython inside, 13,357 and
-    /// 6.3 MiB (its largest function 417 KiB), and takes 20-22 s and about
-    /// 400 MB to compile on one core.
+    /// 6.3 MiB (its largest function 417 KiB), and takes about 19 s of CPU
+    /// and 400 MB to compile (wasmtime compiles on every core).
     pub code_limits: CodeLimits,
     /// Longest compile of a component before its load is refused (a
     /// backstop: the code limits bound what compiling costs). Default 2 min.
@@ -298,12 +299,25 @@ impl PolicyHost {
                 config.compile_timeout,
                 bytes,
                 &digest,
+                inspected.code_bytes,
             )
             .map_err(load_err)?,
         };
         shape::check(&inner.engine, &component, interface).map_err(load_err)?;
-        let instance_pre = inner
-            .linker
+        // The runtimes' unused network clients (and only those: the
+        // inspection refused any other unknown import) become functions
+        // that trap, on a copy of the linker of this component's own.
+        let trapping;
+        let linker = if inspected.traps {
+            let mut linker = inner.linker.clone();
+            sandbox::link_trapped_imports(&mut linker, &inner.engine, &component)
+                .map_err(|e| load_err(format!("cannot link its imports: {e:#}")))?;
+            trapping = linker;
+            &trapping
+        } else {
+            &inner.linker
+        };
+        let instance_pre = linker
             .instantiate_pre(&component)
             .map_err(|e| load_err(link_error(&inspected.built_for, &e)))?;
         let pre = Pre::new(interface, instance_pre).map_err(|e| {
@@ -332,21 +346,20 @@ impl PolicyHost {
             max_reason_bytes: config.max_reason_bytes,
         });
         let provisional: Arc<str> = Arc::from(origin);
-        let info = policy
-            .call(
-                &provisional,
-                "describe",
-                None,
-                load,
-                CallWorld::at_load(0),
-                |s, p| p.describe(s),
-            )
-            .map_err(|e| {
-                load_err(format!(
-                    "describe() failed: {}",
-                    e.failure().map(ToString::to_string).unwrap_or_default()
-                ))
-            })?;
+        let (info, load_output) = policy.call(
+            &provisional,
+            "describe",
+            None,
+            load,
+            CallWorld::at_load(0),
+            |s, p| p.describe(s),
+        );
+        let info = info.map_err(|e| {
+            load_err(format!(
+                "describe() failed: {}",
+                e.failure().map(ToString::to_string).unwrap_or_default()
+            ))
+        })?;
         check_info(&info, config.max_reason_bytes)
             .map_err(|m| load_err(format!("describe() returned {m}")))?;
         let info = printable_info(info);
@@ -356,6 +369,7 @@ impl PolicyHost {
             inner: policy,
             code_source,
             digest,
+            load_output: Arc::new(load_output),
         })
     }
 }
@@ -391,6 +405,8 @@ pub struct Policy {
     name: Arc<str>,
     code_source: CodeSource,
     digest: ComponentDigest,
+    /// What `describe` wrote at load.
+    load_output: Arc<CallOutput>,
 }
 
 /// Where a loaded policy's machine code came from.
@@ -463,6 +479,15 @@ impl Policy {
     /// name one, else at the call. Returns the parameters to pass to
     /// [`Policy::judge`].
     pub fn check_params(&self, stop: &StopCondition) -> Result<Vec<Param>, PolicyError> {
+        self.check_params_with_output(stop).0
+    }
+
+    /// [`Policy::check_params`], and what `validate` wrote (nothing when
+    /// the parameters were refused before it was called).
+    pub fn check_params_with_output(
+        &self,
+        stop: &StopCondition,
+    ) -> (Result<Vec<Param>, PolicyError>, CallOutput) {
         let params_err = |message: String| PolicyError::Params {
             policy: self.name().to_string(),
             location: params::offending(&stop.params, &message)
@@ -471,10 +496,13 @@ impl Policy {
                 .cloned(),
             message,
         };
-        let params = params::check(&self.info, &stop.params).map_err(params_err)?;
+        let params = match params::check(&self.info, &stop.params) {
+            Ok(params) => params,
+            Err(message) => return (Err(params_err(message)), CallOutput::default()),
+        };
         let checked = params.clone();
         let world = CallWorld::at_load(1);
-        let result = self.inner.call(
+        let (result, output) = self.inner.call(
             &self.name,
             "validate",
             None,
@@ -482,7 +510,7 @@ impl Policy {
             world,
             move |s, p| p.validate(s, &checked),
         );
-        match result {
+        let result = match result {
             Ok(Ok(())) => Ok(params),
             Ok(Err(msg)) => Err(params_err(truncate(
                 &printable(&msg),
@@ -492,7 +520,8 @@ impl Policy {
                 "the policy's validate() {}",
                 err.failure().map(ToString::to_string).unwrap_or_default()
             ))),
-        }
+        };
+        (result, output)
     }
 
     /// Judge a finished stage: `params` from [`Policy::check_params`],
@@ -507,9 +536,20 @@ impl Policy {
         stage: &StageObservation,
         history: &[StageObservation],
     ) -> Result<Verdict, PolicyError> {
+        self.judge_with_output(params, stage, history).await.0
+    }
+
+    /// [`Policy::judge`], and what the call wrote (stdout, stderr, log
+    /// lines): `policy check` shows it.
+    pub async fn judge_with_output(
+        &self,
+        params: &[Param],
+        stage: &StageObservation,
+        history: &[StageObservation],
+    ) -> (Result<Verdict, PolicyError>, CallOutput) {
         let args = self.inner.pre.judge_args(params, stage, history);
         let (index, world) = (stage.index, CallWorld::of_stage(stage));
-        let result = self
+        let (result, output) = self
             .inner
             .call_async(
                 &self.name,
@@ -520,7 +560,7 @@ impl Policy {
                 move |s, p| p.judge(s, &args),
             )
             .await;
-        self.judged(index, result)
+        (self.judged(index, result), output)
     }
 
     /// [`Policy::judge`] for synchronous callers (it blocks the calling
@@ -533,7 +573,7 @@ impl Policy {
     ) -> Result<Verdict, PolicyError> {
         let args = self.inner.pre.judge_args(params, stage, history);
         let (index, world) = (stage.index, CallWorld::of_stage(stage));
-        let result = self.inner.call(
+        let (result, _) = self.inner.call(
             &self.name,
             "judge",
             Some(index),
@@ -542,6 +582,11 @@ impl Policy {
             move |s, p| p.judge(s, &args),
         );
         self.judged(index, result)
+    }
+
+    /// What `describe` wrote when the policy was loaded.
+    pub fn load_output(&self) -> &CallOutput {
+        &self.load_output
     }
 
     /// The verdict of a finished `judge` call, checked and made printable.
@@ -656,7 +701,8 @@ impl CallWorld {
 
 impl PolicyInner {
     /// Run one export in a fresh store and instance on a worker thread,
-    /// bounded by `budget`; classify failures.
+    /// bounded by `budget`; classify failures. Returns what the call wrote
+    /// too (nothing when it was abandoned).
     fn call<R: Send + 'static>(
         self: &Arc<Self>,
         name: &Arc<str>,
@@ -665,7 +711,7 @@ impl PolicyInner {
         budget: Budget,
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
-    ) -> Result<R, PolicyError> {
+    ) -> (Result<R, PolicyError>, CallOutput) {
         let started = Instant::now();
         let (inner, policy) = (self.clone(), name.clone());
         let limit = budget.wall.saturating_add(ABANDON_GRACE);
@@ -686,7 +732,7 @@ impl PolicyInner {
         budget: Budget,
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R> + Send + 'static,
-    ) -> Result<R, PolicyError> {
+    ) -> (Result<R, PolicyError>, CallOutput) {
         let started = Instant::now();
         let (inner, policy) = (self.clone(), name.clone());
         let limit = budget.wall.saturating_add(ABANDON_GRACE);
@@ -706,23 +752,27 @@ impl PolicyInner {
         budget: Budget,
         world: CallWorld,
         f: impl FnOnce(&mut Store<HostState>, &Pre) -> wasmtime::Result<R>,
-    ) -> (Result<R, CallFailure>, Option<CallStore>) {
+    ) -> ((Result<R, CallFailure>, CallOutput), Option<CallStore>) {
         match CallStore::new(&self.engine, policy.clone(), &self.limits, budget, world) {
             Ok(mut cs) => {
                 let result = self.call_in(&mut cs, &policy, function, budget, f);
-                (result, Some(cs))
+                let output = cs.take_output();
+                ((result, output), Some(cs))
             }
             Err(e) => (
-                Err(CallFailure::Internal(format!(
-                    "cannot create the store: {e:#}"
-                ))),
+                (
+                    Err(CallFailure::Internal(format!(
+                        "cannot create the store: {e:#}"
+                    ))),
+                    CallOutput::default(),
+                ),
                 None,
             ),
         }
     }
 
     /// Call `f` in the fresh store `cs`; log what the call left (dropped
-    /// log lines, stderr, fuel used) and classify a failure.
+    /// log lines, stdout and stderr, fuel used) and classify a failure.
     fn call_in<R>(
         &self,
         cs: &mut CallStore,
@@ -744,13 +794,14 @@ impl PolicyInner {
         }
         match result {
             Ok(value) => {
-                let stderr = cs.stderr();
-                if !stderr.trim().is_empty() {
-                    tracing::debug!(
-                        policy,
-                        "{function} wrote to stderr: {}",
-                        truncate(&printable(stderr.trim()), 4096)
-                    );
+                for (name, text) in [("stdout", cs.stdout()), ("stderr", cs.stderr())] {
+                    if !text.trim().is_empty() {
+                        tracing::debug!(
+                            policy,
+                            "{function} wrote to {name}: {}",
+                            truncate(&printable(text.trim()), 4096)
+                        );
+                    }
                 }
                 tracing::trace!(
                     policy,
@@ -778,16 +829,16 @@ fn engine_config() -> Config {
     config
 }
 
-/// A call's result, or its failure classified: a call abandoned past its
-/// wall-clock limit (plus grace) missed its deadline.
+/// A call's result, or its failure classified, and what it wrote: a call
+/// abandoned past its wall-clock limit (plus grace) missed its deadline.
 fn call_outcome<R>(
-    outcome: Result<Result<R, CallFailure>, Unfinished>,
+    outcome: Result<(Result<R, CallFailure>, CallOutput), Unfinished>,
     name: &Arc<str>,
     function: &'static str,
     stage: Option<u32>,
     budget: Budget,
     started: Instant,
-) -> Result<R, PolicyError> {
+) -> (Result<R, PolicyError>, CallOutput) {
     let fail = |failure| PolicyError::Call {
         policy: name.to_string(),
         function,
@@ -795,12 +846,15 @@ fn call_outcome<R>(
         failure,
     };
     match outcome {
-        Ok(result) => result.map_err(fail),
-        Err(Unfinished::Abandoned { .. }) => Err(fail(CallFailure::Deadline {
-            limit: budget.wall,
-            elapsed: started.elapsed(),
-        })),
-        Err(Unfinished::Failed(e)) => Err(fail(CallFailure::Internal(e))),
+        Ok((result, output)) => (result.map_err(fail), output),
+        Err(Unfinished::Abandoned { .. }) => (
+            Err(fail(CallFailure::Deadline {
+                limit: budget.wall,
+                elapsed: started.elapsed(),
+            })),
+            CallOutput::default(),
+        ),
+        Err(Unfinished::Failed(e)) => (Err(fail(CallFailure::Internal(e))), CallOutput::default()),
     }
 }
 

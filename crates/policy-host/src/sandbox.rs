@@ -20,7 +20,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime::{Enabled, Engine, PoolingAllocationConfig, ResourceLimiter, Store};
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::p2::{DynPollable, Pollable};
+use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, DynPollable, Pollable};
 use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use crate::error::{CallFailure, human_bytes, truncate};
@@ -180,11 +180,13 @@ struct VirtualClock {
     waited: Option<Duration>,
 }
 
-/// The guest's `log` import: forwarded to `tracing`, bounded per call.
+/// The guest's `log` import: forwarded to `tracing` and kept for the
+/// call's [`CallOutput`], bounded per call.
 struct LogSink {
     policy: Arc<str>,
     budget: usize,
     dropped: usize,
+    lines: Vec<String>,
 }
 
 impl HostState {
@@ -201,11 +203,21 @@ impl HostState {
         // One line of the host's log: no line breaks or escape sequences.
         let msg = truncate(&crate::error::printable(msg), MAX_LINE);
         let policy = &*sink.policy;
-        match level {
-            LogLevel::Debug => tracing::debug!(policy, "{msg}"),
-            LogLevel::Info => tracing::info!(policy, "{msg}"),
-            LogLevel::Warn => tracing::warn!(policy, "{msg}"),
-        }
+        let word = match level {
+            LogLevel::Debug => {
+                tracing::debug!(policy, "{msg}");
+                "debug"
+            }
+            LogLevel::Info => {
+                tracing::info!(policy, "{msg}");
+                "info"
+            }
+            LogLevel::Warn => {
+                tracing::warn!(policy, "{msg}");
+                "warn"
+            }
+        };
+        sink.lines.push(format!("[{word}] {msg}"));
     }
 }
 
@@ -345,6 +357,81 @@ impl VirtualClockView<'_> {
 /// interfaces a Rust `std` links, over an empty context and with the
 /// virtual monotonic clock, and the `host` interface of every version.
 /// Sockets, HTTP and the rest are not linked at all.
+/// What a call into an import linked by [`link_trapped_imports`] fails
+/// with, before the import's name (`wasi:sockets/tcp@0.2.9#...`):
+/// [`forbidden_call`] reads it back.
+const FORBIDDEN: &str = "forbidden import called: `";
+
+/// Link every function of the component's imports of
+/// `inspect::TRAPPED_IMPORTS` (the unused network clients of interpreter
+/// runtimes) as a function that fails naming itself, and their resources
+/// as host resources nothing can create. Only those: the other imports
+/// (WASI's, semver-matched: a runtime built for wasi 0.2.9 links to this
+/// host's 0.2.x) are linked as they are.
+pub(crate) fn link_trapped_imports(
+    linker: &mut Linker<HostState>,
+    engine: &Engine,
+    component: &wasmtime::component::Component,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::ResourceType;
+    use wasmtime::component::types::ComponentItem;
+
+    let ty = component.component_type();
+    // The resources of wasi:io the trapped interfaces use (`pollable`,
+    // streams, `error`) are the ones WASI links (a resource import's type is
+    // its identity): the host types wasmtime-wasi defines them with.
+    let mut wasi_io: Vec<(ResourceType, ResourceType)> = Vec::new();
+    for (name, import) in ty.imports(engine) {
+        let ComponentItem::ComponentInstance(instance) = import.ty else {
+            continue;
+        };
+        let interface = name.split('@').next().unwrap_or(name);
+        for (export, item) in instance.exports(engine) {
+            let ComponentItem::Resource(resource) = item.ty else {
+                continue;
+            };
+            let host = match (interface, export) {
+                ("wasi:io/poll", "pollable") => ResourceType::host::<DynPollable>(),
+                ("wasi:io/streams", "input-stream") => ResourceType::host::<DynInputStream>(),
+                ("wasi:io/streams", "output-stream") => ResourceType::host::<DynOutputStream>(),
+                ("wasi:io/error", "error") => ResourceType::host::<wasmtime::Error>(),
+                _ => continue,
+            };
+            wasi_io.push((resource, host));
+        }
+    }
+    for (name, import) in ty.imports(engine) {
+        if !crate::inspect::import_trapped(name) {
+            continue;
+        }
+        let ComponentItem::ComponentInstance(instance) = import.ty else {
+            continue;
+        };
+        let mut linked = linker.instance(name)?;
+        for (export, item) in instance.exports(engine) {
+            match item.ty {
+                ComponentItem::ComponentFunc(_) => {
+                    let called = format!("{FORBIDDEN}{name}#{export}`");
+                    linked.func_new(export, move |_, _, _, _| {
+                        Err(wasmtime::format_err!("{called}"))
+                    })?;
+                }
+                ComponentItem::Resource(resource) => {
+                    // wasi:io's as WASI links them, the interface's own as
+                    // resources nothing can make (no function makes one).
+                    let host = wasi_io
+                        .iter()
+                        .find(|(used, _)| *used == resource)
+                        .map_or_else(ResourceType::host::<()>, |(_, host)| *host);
+                    linked.resource(export, host, |_, _| Ok(()))?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
     use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
@@ -432,9 +519,27 @@ pub(crate) fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// One call's store plus the handle on its captured stderr.
+/// What a call wrote: to stdout, to stderr (each bounded, escaped when
+/// shown) and through the `log` import (`[level] line`). `policy check`
+/// shows it; a run logs stdout and stderr at debug level.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub log: Vec<String>,
+}
+
+impl CallOutput {
+    /// Nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.stdout.is_empty() && self.stderr.is_empty() && self.log.is_empty()
+    }
+}
+
+/// One call's store plus the handles on its captured stdout and stderr.
 pub(crate) struct CallStore {
     pub store: Store<HostState>,
+    stdout: MemoryOutputPipe,
     stderr: MemoryOutputPipe,
     /// Given back after `store` is dropped (fields drop in order).
     _slot: SlotPermit,
@@ -451,11 +556,14 @@ impl CallStore {
         world: CallWorld,
     ) -> wasmtime::Result<Self> {
         let slot = limits.slots.acquire();
+        let stdout = MemoryOutputPipe::new(limits.stderr_bytes);
         let stderr = MemoryOutputPipe::new(limits.stderr_bytes);
         let wall = Duration::try_from_secs_f64(world.wall_unix_seconds).unwrap_or_default();
         // Built from scratch: no inherit_*, no preopens, env or args; stdin
-        // closed, stdout discarded. Sockets are not even linked.
+        // closed, stdout and stderr captured. Sockets and HTTP are linked
+        // as traps at most.
         let wasi = WasiCtx::builder()
+            .stdout(stdout.clone())
             .stderr(stderr.clone())
             .wall_clock(FixedWallClock(wall))
             .secure_random(SeededRandom(world.seed))
@@ -478,6 +586,7 @@ impl CallStore {
                 policy,
                 budget: limits.log_bytes,
                 dropped: 0,
+                lines: Vec::new(),
             },
         };
         let mut store = Store::new(engine, state);
@@ -487,6 +596,7 @@ impl CallStore {
         store.set_epoch_deadline(deadline_ticks(budget.wall, limits.epoch_tick));
         Ok(CallStore {
             store,
+            stdout,
             stderr,
             _slot: slot,
         })
@@ -495,6 +605,20 @@ impl CallStore {
     /// What the guest wrote to stderr.
     pub fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.stderr.contents()).into_owned()
+    }
+
+    /// What the guest wrote to stdout.
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.contents()).into_owned()
+    }
+
+    /// Everything the call wrote (taken: the log lines leave the store).
+    pub fn take_output(&mut self) -> CallOutput {
+        CallOutput {
+            stdout: self.stdout(),
+            stderr: self.stderr(),
+            log: std::mem::take(&mut self.store.data_mut().log.lines),
+        }
     }
 
     /// Log lines dropped for exceeding the per-call volume.
@@ -527,6 +651,12 @@ impl CallStore {
         if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
             return CallFailure::Exited(exit.0);
         }
+        if let Some((interface, function)) = forbidden_call(err) {
+            return CallFailure::Forbidden {
+                interface,
+                function,
+            };
+        }
         let trap = err.downcast_ref::<wasmtime::Trap>();
         match trap {
             Some(wasmtime::Trap::OutOfFuel) => return CallFailure::Fuel(budget.fuel),
@@ -538,13 +668,15 @@ impl CallStore {
             }
             _ => {}
         }
-        // A full stderr pipe makes the guest's next write fail (Rust's
-        // `eprintln!` then panics, unable to print why): the flood is the cause.
-        if self.stderr.contents().len() >= limits.stderr_bytes {
-            return CallFailure::OversizedOutput(format!(
-                "wrote more than {} to stderr",
-                human_bytes(limits.stderr_bytes)
-            ));
+        // A full pipe makes the guest's next write fail (Rust's `eprintln!`
+        // then panics, unable to print why): the flood is the cause.
+        for (pipe, name) in [(&self.stderr, "stderr"), (&self.stdout, "stdout")] {
+            if pipe.contents().len() >= limits.stderr_bytes {
+                return CallFailure::OversizedOutput(format!(
+                    "wrote more than {} to {name}",
+                    human_bytes(limits.stderr_bytes)
+                ));
+            }
         }
         let trap = match trap {
             Some(wasmtime::Trap::StackOverflow) => STACK_OVERFLOW.to_string(),
@@ -562,6 +694,20 @@ impl CallStore {
 }
 
 const STACK_OVERFLOW: &str = "stack overflow: recursion too deep";
+
+/// The interface (without its version) and function of a call into an
+/// import linked as a trap by [`link_trapped_imports`] (`forbidden import
+/// called: `wasi:sockets/tcp@0.2.9#[method]tcp-socket.start-connect``).
+fn forbidden_call(err: &wasmtime::Error) -> Option<(String, String)> {
+    err.chain().find_map(|cause| {
+        let text = cause.to_string();
+        let rest = &text[text.find(FORBIDDEN)? + FORBIDDEN.len()..];
+        let name = &rest[..rest.find('`')?];
+        let (interface, function) = name.split_once('#').unwrap_or((name, ""));
+        let interface = interface.split('@').next().unwrap_or(interface);
+        Some((truncate(interface, 200), truncate(function, 200)))
+    })
+}
 
 /// Frames captured in a trap's backtrace: enough to tell deep recursion.
 pub(crate) const BACKTRACE_FRAMES: usize = 32;

@@ -236,9 +236,10 @@ pub(crate) fn load_or_compile(
     compile_timeout: Duration,
     bytes: &[u8],
     digest: &ComponentDigest,
+    code_bytes: u64,
 ) -> Result<(Component, CodeSource), String> {
     let Some(cache) = cache else {
-        let component = compile(engine, bytes, compile_timeout)?;
+        let component = compile(engine, bytes, compile_timeout, code_bytes, false)?;
         return Ok((component, CodeSource::Compiled));
     };
     let entry = cache.entry(engine, digest);
@@ -253,7 +254,7 @@ pub(crate) fn load_or_compile(
             );
         }
     }
-    let component = compile(engine, bytes, compile_timeout)?;
+    let component = compile(engine, bytes, compile_timeout, code_bytes, true)?;
     if let Err(err) = cache.store(&component, &entry, bytes.len()) {
         tracing::debug!(
             "cannot write policy code cache entry {}: {err}",
@@ -263,19 +264,60 @@ pub(crate) fn load_or_compile(
     Ok((component, CodeSource::Compiled))
 }
 
-/// Compiles taking longer than this say so while they run.
-const SLOW_COMPILE: Duration = Duration::from_secs(1);
+/// Compiles expected to take at least this long say so before they start;
+/// others say so if they take longer.
+const SLOW_COMPILE: Duration = Duration::from_secs(2);
 
-/// Compile on a worker thread, abandoned past `timeout`.
-fn compile(engine: &Engine, bytes: &[u8], timeout: Duration) -> Result<Component, String> {
+/// Bytes of WebAssembly code Cranelift compiles per second on one core
+/// (measured with wasmtime 48 on the CI machine: CPython's 6.3 MiB in
+/// componentize-py's component took 19.7 s, StarlingMonkey's 8.8 MiB 21.9 s,
+/// QuickJS's 1.1 MiB 3.2 s): the estimate said before a long compile.
+const CODE_BYTES_PER_CORE_SECOND: u64 = 360_000;
+
+/// About how long compiling `code_bytes` of code takes here, with
+/// wasmtime's parallel compilation on every core.
+pub(crate) fn compile_estimate(code_bytes: u64) -> Duration {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    // Two cores do not halve it: the largest functions and the linking
+    // that follows run on one.
+    let rate = CODE_BYTES_PER_CORE_SECOND * (1 + cores) / 2;
+    Duration::from_secs_f64(code_bytes as f64 / rate as f64)
+}
+
+/// Compile on a worker thread, abandoned past `timeout`. A compile
+/// expected to be long says so first, with the estimate; `cached`: its code
+/// goes to the disk cache (later loads skip it).
+fn compile(
+    engine: &Engine,
+    bytes: &[u8],
+    timeout: Duration,
+    code_bytes: u64,
+    cached: bool,
+) -> Result<Component, String> {
     let (engine, size) = (engine.clone(), bytes.len() as u64);
     let bytes = bytes.to_vec();
-    let notice = move || {
+    let once = if cached {
+        "once: later loads read the compiled code from the cache"
+    } else {
+        "the code cache is off: every load compiles"
+    };
+    let estimate = compile_estimate(code_bytes);
+    let slow = estimate >= SLOW_COMPILE;
+    if slow {
         tracing::info!(
-            "compiling the policy ({}) is taking more than {} s (once: the compiled code is cached)",
+            "compiling the policy ({}) ({once}, about {} s)",
             human_size(size),
-            SLOW_COMPILE.as_secs()
+            estimate.as_secs_f64().ceil()
         );
+    }
+    let notice = move || {
+        if !slow {
+            tracing::info!(
+                "compiling the policy ({}) is taking more than {} s ({once})",
+                human_size(size),
+                SLOW_COMPILE.as_secs()
+            );
+        }
     };
     match bounded::run_noting_delay(timeout, (SLOW_COMPILE, notice), move || {
         (Component::from_binary(&engine, &bytes), ())

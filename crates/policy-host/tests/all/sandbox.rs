@@ -349,11 +349,15 @@ fn forbidden_imports_are_refused_before_compiling_or_caching() {
     let err = host
         .load_bytes(
             "net.wasm",
-            &wat_component(Some("wasi:sockets/tcp@0.2.3"), "nyann:policy/policy@0.2.0"),
+            &wat_component(
+                Some("wasi:http/incoming-handler@0.2.3"),
+                "nyann:policy/policy@0.2.0",
+            ),
         )
         .unwrap_err();
     assert!(
-        err.to_string().contains("imports `wasi:sockets/tcp@0.2.3`"),
+        err.to_string()
+            .contains("imports `wasi:http/incoming-handler@0.2.3`"),
         "{err}"
     );
     let cached: Vec<_> = std::fs::read_dir(dir.path())
@@ -917,11 +921,26 @@ fn wat_component(import: Option<&str>, export: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn disallowed_import_is_refused_at_load() {
-    let err = load_err(&wat_component(
-        Some("wasi:sockets/tcp@0.2.3"),
-        "nyann:policy/policy@0.1.0",
-    ));
-    assert!(err.starts_with("cannot load policy test.wasm: imports `wasi:sockets/tcp@0.2.3`, which policies may not use"), "{err}");
+    // A server interface, and the client interfaces of another WASI
+    // release: refused, not linked as traps.
+    for import in ["wasi:http/incoming-handler@0.2.3", "wasi:sockets/tcp@0.3.0"] {
+        let err = load_err(&wat_component(Some(import), "nyann:policy/policy@0.1.0"));
+        assert!(
+            err.starts_with(&format!(
+                "cannot load policy test.wasm: imports `{import}`, which policies may not use"
+            )),
+            "{err}"
+        );
+        // Built by no known toolchain: the Rust advice.
+        assert!(
+            err.ends_with(
+                "build it with `cargo build --release --target wasm32-wasip2` and the \
+                 nyann-policy SDK (`nyann-bench policy new`), and drop the dependency that \
+                 imports it"
+            ),
+            "{err}"
+        );
+    }
     let err = load_err(&wat_component(
         Some("acme:net/http@1.0.0"),
         "nyann:policy/policy@0.1.0",
@@ -991,6 +1010,50 @@ async fn core_module_and_random_bytes_are_refused() {
         missing
             .to_string()
             .starts_with("cannot load policy /nonexistent/policy.wasm: cannot read it")
+    );
+    assert_host_healthy().await;
+}
+
+/// The network clients of interpreter runtimes (componentize-py's
+/// wasi:sockets, StarlingMonkey's wasi:http) load, linked as functions that
+/// fail when called: the policy runs, and a call into one fails naming the
+/// interface, recorded as `forbidden`. Nothing else changes: the same
+/// component without the import answers the same.
+#[tokio::test]
+async fn runtime_network_imports_load_and_fail_when_called() {
+    let wit = format!(
+        "{}\npackage wasi:sockets@0.2.9 {{\n    interface tcp {{\n        start-connect: func();\n    }}\n}}\n",
+        Interface::V0_4.wit().replace(
+            "    import host;",
+            "    import host;\n    import wasi:sockets/tcp@0.2.9;"
+        )
+    );
+    let component = nyann_guests::assembled::component(
+        &wit,
+        "0.4.0",
+        &Assembled {
+            host_import: Some("start-connect".into()),
+            import_interface: Some("wasi:sockets/tcp@0.2.9".into()),
+            ..Assembled::default()
+        },
+    )
+    .unwrap();
+    let policy = common::host().load_bytes("net.wasm", &component).unwrap();
+    assert_eq!(policy.name(), "assembled");
+    let err = policy.judge(&[], &stage(4), &[]).await.unwrap_err();
+    assert_eq!(
+        err.failure(),
+        Some(&CallFailure::Forbidden {
+            interface: "wasi:sockets/tcp".into(),
+            function: "start-connect".into(),
+        })
+    );
+    assert_eq!(err.failure().map(CallFailure::kind), Some("forbidden"));
+    assert!(
+        err.to_string().starts_with(
+            "policy assembled: called wasi:sockets/tcp, which policies may not use (`start-connect`"
+        ),
+        "{err}"
     );
     assert_host_healthy().await;
 }

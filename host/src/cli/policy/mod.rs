@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use nyann_model::observation::{ClientStats, ParamKind, PolicyInfo, RoleSignals, StageObservation};
 use nyann_model::scenario::{Param, StopCondition, Value};
-use nyann_policy_host::{BUILTIN, Interface, Policy};
+use nyann_policy_host::{BUILTIN, CallOutput, CodeSource, Interface, Policy, printable};
 use serde::Deserialize;
 
 use crate::cli::check::SandboxArgs;
@@ -40,12 +40,16 @@ pub enum Command {
               value_parser = clap::builder::PossibleValuesParser::new(Interface::ALL.map(Interface::line)))]
         version: String,
     },
-    /// Create a new policy crate in ./NAME: self-contained (the SDK and the
-    /// WIT are copied into it), it builds anywhere with cargo and the
-    /// wasm32-wasip2 target.
+    /// Create a new policy in ./NAME: self-contained (the SDK and the WIT
+    /// are copied into it), it builds anywhere: a Rust crate (cargo and the
+    /// wasm32-wasip2 target), or with --lang python|js a directory whose
+    /// build.sh installs the pinned componentize-py or JavaScript tools.
     New {
         /// Crate and policy name (lowercase letters, digits, `-`).
         name: String,
+        /// The policy's language.
+        #[arg(long, value_enum, default_value_t = scaffold::Lang::Rust)]
+        lang: scaffold::Lang,
     },
     /// Load a policy, run describe and validate, and judge canned stages,
     /// or with --fixture the stages of a recorded run (exit 1 when a
@@ -102,18 +106,20 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             print!("{}", line.wit());
             Ok(ExitCode::SUCCESS)
         }
-        Command::New { name } => scaffold::new(&name),
+        Command::New { name, lang } => scaffold::new(&name, lang),
         Command::Check {
             policy,
             params,
             fixture,
             sandbox,
         } => {
+            let started = std::time::Instant::now();
             let policy = sandbox.load(&policy)?;
+            let load_time = started.elapsed();
             let params = parse_params(&params)?;
             match fixture {
                 Some(dir) => check_fixture(&policy, &params, &dir).await,
-                None => check(&policy, params).await,
+                None => check(&policy, params, load_time).await,
             }
         }
         Command::Replay {
@@ -327,8 +333,53 @@ fn parse_params(args: &[String]) -> anyhow::Result<Vec<Param>> {
     args.iter().map(|a| parse_param(a)).collect()
 }
 
-async fn check(policy: &Policy, mut given: Vec<Param>) -> anyhow::Result<ExitCode> {
-    println!("load and describe: ok\n");
+/// How `check` got the policy's machine code: its first load on a machine
+/// compiles it (20 s for a Python or JavaScript runtime) and `check` is
+/// where an author pays for it, once.
+fn code_source_note(policy: &Policy, load_time: std::time::Duration) -> String {
+    let took = format!("{:.1} s", load_time.as_secs_f64());
+    match policy.code_source() {
+        CodeSource::Precompiled => format!("shipped precompiled in this binary, {took}"),
+        CodeSource::Cached => format!("machine code from the code cache, {took}"),
+        CodeSource::Compiled => {
+            format!("compiled in {took}; the code cache, when on, keeps it for later loads")
+        }
+    }
+}
+
+/// What a call wrote (stdout, stderr, log lines), indented under it, each
+/// line escaped: `print` debugging and a Python traceback show here.
+fn render_output(output: &CallOutput) -> String {
+    let mut out = String::new();
+    let log = output.log.join("\n");
+    for (name, text) in [
+        ("stdout", output.stdout.as_str()),
+        ("stderr", output.stderr.as_str()),
+        ("log", log.as_str()),
+    ] {
+        let text = text.trim_end();
+        if text.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "  {name}:");
+        for line in text.lines() {
+            let _ = writeln!(out, "    | {}", printable(line));
+        }
+    }
+    out
+}
+
+async fn check(
+    policy: &Policy,
+    mut given: Vec<Param>,
+    load_time: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
+    println!(
+        "load and describe: ok ({})",
+        code_source_note(policy, load_time)
+    );
+    print!("{}", render_output(policy.load_output()));
+    println!();
     print!("{}", render_info(policy));
 
     for spec in &policy.info().params {
@@ -344,18 +395,21 @@ async fn check(policy: &Policy, mut given: Vec<Param>) -> anyhow::Result<ExitCod
         .map(|p| format!("{}={}", p.name, show_value(&p.value, ParamKind::Number)))
         .collect();
     println!("\nvalidate({}):", shown.join(", "));
-    let params = match policy.check_params(&StopCondition {
+    let (checked, output) = policy.check_params_with_output(&StopCondition {
         params: given,
         location: None,
         param_locations: Vec::new(),
         search: None,
-    }) {
+    });
+    let params = match checked {
         Ok(params) => {
             println!("  ok");
+            print!("{}", render_output(&output));
             params
         }
         Err(e) => {
             println!("  FAILED: {e}");
+            print!("{}", render_output(&output));
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -364,7 +418,8 @@ async fn check(policy: &Policy, mut given: Vec<Param>) -> anyhow::Result<ExitCod
     let mut failed = false;
     for (i, stage) in stages.iter().enumerate() {
         println!("\njudge(stage {:?}, history of {}):", stage.name, i);
-        match policy.judge(&params, stage, &stages[..i]).await {
+        let (judged, output) = policy.judge_with_output(&params, stage, &stages[..i]).await;
+        match judged {
             Ok(v) => {
                 println!(
                     "  {}",
@@ -383,6 +438,7 @@ async fn check(policy: &Policy, mut given: Vec<Param>) -> anyhow::Result<ExitCod
                 failed = true;
             }
         }
+        print!("{}", render_output(&output));
     }
     println!(
         "\n{}",

@@ -1,6 +1,8 @@
 //! `nyann-bench policy new NAME`: a new policy crate that builds anywhere
 //! with only cargo and the wasm32-wasip2 target, without a nyann-bench
-//! checkout. The SDK (`nyann-policy`, with the WIT it implements) is copied
+//! checkout; `--lang python|js`, a directory that builds anywhere with the
+//! Python or JavaScript tools its `build.sh` pins (`policies/sdk-python`,
+//! `policies/sdk-js`, copied with the current WIT). The SDK (`nyann-policy`, with the WIT it implements) is copied
 //! into it from the sources this binary was built with, as
 //! `vendor/nyann-policy`; the crate depends on that copy by path, and on
 //! nothing but crates.io otherwise.
@@ -33,7 +35,79 @@ const SDK_FILES: [(&str, &str); 4] = [
 /// Where the SDK goes in the new crate.
 const VENDORED_SDK: &str = "vendor/nyann-policy";
 
-pub fn new(name: &str) -> anyhow::Result<ExitCode> {
+/// The language of a new policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    /// A Rust crate with the nyann-policy SDK (cargo, wasm32-wasip2).
+    Rust,
+    /// A Python app with nyann_policy.py (componentize-py 0.25.1).
+    Python,
+    /// A JavaScript module with nyann_policy.js (QuickJS by default).
+    Js,
+}
+
+/// The Python kit (`policies/sdk-python`): copied verbatim but `app.py`,
+/// whose policy is renamed.
+const PYTHON_FILES: [(&str, &str); 6] = [
+    (
+        "nyann_policy.py",
+        include_str!("../../../../policies/sdk-python/nyann_policy.py"),
+    ),
+    (
+        "app.py",
+        include_str!("../../../../policies/sdk-python/app.py"),
+    ),
+    (
+        "test_app.py",
+        include_str!("../../../../policies/sdk-python/test_app.py"),
+    ),
+    (
+        "build.sh",
+        include_str!("../../../../policies/sdk-python/build.sh"),
+    ),
+    (
+        "README.md",
+        include_str!("../../../../policies/sdk-python/README.md"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../../policies/sdk-python/.gitignore"),
+    ),
+];
+
+/// The JavaScript kit (`policies/sdk-js`): copied verbatim but
+/// `policy.js`, whose policy is renamed.
+const JS_FILES: [(&str, &str); 6] = [
+    (
+        "nyann_policy.js",
+        include_str!("../../../../policies/sdk-js/nyann_policy.js"),
+    ),
+    (
+        "policy.js",
+        include_str!("../../../../policies/sdk-js/policy.js"),
+    ),
+    (
+        "package.json",
+        include_str!("../../../../policies/sdk-js/package.json"),
+    ),
+    (
+        "build.sh",
+        include_str!("../../../../policies/sdk-js/build.sh"),
+    ),
+    (
+        "README.md",
+        include_str!("../../../../policies/sdk-js/README.md"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../../policies/sdk-js/.gitignore"),
+    ),
+];
+
+/// The name the kits' example policy goes by, replaced by the new one's.
+const KIT_POLICY_NAME: &str = "my-policy";
+
+pub fn new(name: &str, lang: Lang) -> anyhow::Result<ExitCode> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -52,7 +126,11 @@ pub fn new(name: &str) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
-    for (path, content) in files(name) {
+    let files = match lang {
+        Lang::Rust => files(name),
+        Lang::Python | Lang::Js => kit_files(name, lang),
+    };
+    for (path, content) in files {
         let path = dir.join(path);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
@@ -60,6 +138,25 @@ pub fn new(name: &str) -> anyhow::Result<ExitCode> {
         }
         std::fs::write(&path, content)
             .with_context(|| format!("cannot write {}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "sh") {
+            make_executable(&path)?;
+        }
+    }
+    if lang != Lang::Rust {
+        let (source, tool) = match lang {
+            Lang::Python => ("app.py", "python3 and pip (componentize-py 0.25.1, once)"),
+            _ => ("policy.js", "node and npm (componentize-qjs 0.4.5, once)"),
+        };
+        println!(
+            "created {name}/ ({source}, nyann_policy.{}: the SDK, wit/policy.wit, build.sh, \
+             README.md)\n",
+            if lang == Lang::Python { "py" } else { "js" }
+        );
+        println!("build it:   cd {name} && ./build.sh");
+        println!("check it:   nyann-bench policy check {name}/policy.wasm");
+        println!("use it:     nyann-bench generate --policy {name}/policy.wasm ...");
+        println!("\n(build.sh installs the pinned tools it needs: {tool})");
+        return Ok(ExitCode::SUCCESS);
     }
     let wasm = format!(
         "{name}/target/wasm32-wasip2/release/{}.wasm",
@@ -93,6 +190,38 @@ pub fn files(name: &str) -> Vec<(String, String)> {
             .map(|(path, content)| (format!("{VENDORED_SDK}/{path}"), content.to_string())),
     );
     files
+}
+
+/// Every file of a new Python or JavaScript policy: the kit, its example
+/// policy renamed, and the WIT it implements.
+pub fn kit_files(name: &str, lang: Lang) -> Vec<(String, String)> {
+    let (kit, source): (&[(&str, &str)], &str) = match lang {
+        Lang::Python => (&PYTHON_FILES, "app.py"),
+        _ => (&JS_FILES, "policy.js"),
+    };
+    let mut files: Vec<(String, String)> = kit
+        .iter()
+        .map(|(path, content)| {
+            let content = if *path == source {
+                content.replace(KIT_POLICY_NAME, name)
+            } else {
+                content.to_string()
+            };
+            (path.to_string(), content)
+        })
+        .collect();
+    files.push((
+        "wit/policy.wit".to_string(),
+        nyann_policy_host::Interface::NEWEST.wit().to_string(),
+    ));
+    files
+}
+
+/// `chmod +x` (rwxr-xr-x): the build scripts.
+fn make_executable(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("cannot make {} executable", path.display()))
 }
 
 /// The toolchain the SDK needs (its `wit-bindgen` needs Rust 1.95), with
@@ -286,6 +415,47 @@ mod tests {
             toolchain.contains("channel = \"1.95.0\"") && toolchain.contains("wasm32-wasip2"),
             "{toolchain}"
         );
+    }
+
+    /// The Python and JavaScript kits are complete and self-contained:
+    /// the SDK, the policy renamed, the current WIT, a build script that
+    /// pins its tools, nothing that points at this checkout.
+    #[test]
+    fn the_python_and_js_kits_are_self_contained() {
+        for (lang, source, sdk, pins) in [
+            (Lang::Python, "app.py", "nyann_policy.py", "VERSION=0.25.1"),
+            (
+                Lang::Js,
+                "policy.js",
+                "nyann_policy.js",
+                "QJS_VERSION=0.4.5",
+            ),
+        ] {
+            let files = kit_files("slo-guard", lang);
+            let app = file(&files, source);
+            assert!(
+                app.contains("\"slo-guard\"") || app.contains("'slo-guard'"),
+                "{app}"
+            );
+            assert!(!app.contains(KIT_POLICY_NAME), "{app}");
+            assert!(file(&files, sdk).contains("INTERFACE_VERSION"));
+            assert!(file(&files, "build.sh").contains(pins));
+            assert!(file(&files, "README.md").contains("Rules that bite"));
+            let wit = file(&files, "wit/policy.wit");
+            assert!(wit.contains(&format!(
+                "package nyann:policy@{}.0;",
+                nyann_policy_host::Interface::NEWEST.line()
+            )));
+            for (path, content) in &files {
+                assert!(!content.contains("/work/"), "{path} points at a checkout");
+                assert!(
+                    !content.contains("../../"),
+                    "{path} reaches outside the policy's directory"
+                );
+            }
+        }
+        let js = kit_files("slo-guard", Lang::Js);
+        assert!(file(&js, "package.json").contains("\"componentize-qjs\": \"0.4.5\""));
     }
 
     /// The SDK's README shows exactly what `policy new my-policy` writes.
