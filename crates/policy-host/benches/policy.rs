@@ -148,6 +148,13 @@ fn main() {
         languages(files);
         return;
     }
+    // `budgets`: how long a judge that never ends takes to use up its
+    // fuel, by what it loops on (what the default --policy-timeout must
+    // stay above).
+    if args.iter().any(|a| a == "budgets") {
+        budgets();
+        return;
+    }
     // `judge`: the judge latencies only (for profiling, and for
     // `bench/policy-host.sh`, which compares builds).
     let judge_only = std::env::args().skip(1).any(|a| a == "judge");
@@ -339,6 +346,55 @@ fn languages(files: &[String]) {
             ms(p50),
             ms(p99),
             ms(percentile(&calls, 0.5))
+        );
+    }
+}
+
+/// A judge looping on its own instructions, on the host's `log` and on
+/// the clock, with the default fuel and no wall-clock limit in reach: how
+/// long until its budgets (fuel, the log's call count) stop it (a few runs each: the spread is the
+/// machine's).
+fn budgets() {
+    let fuel = HostConfig::default().judge_fuel;
+    let host = PolicyHost::new(HostConfig {
+        call_timeout: Duration::from_secs(600),
+        ..config(None)
+    })
+    .unwrap();
+    let hostile = nyann_guests::test_guest("hostile-policy").unwrap_or_else(|e| panic!("{e}"));
+    let policy = host.load_file(&hostile).unwrap();
+    println!("a judge that never ends, stopped by {fuel} fuel (no wall-clock limit in reach)");
+    println!(
+        "{:<12} {:>10} {:>10} {:>10}",
+        "loops on", "min", "median", "max"
+    );
+    for mode in ["loop", "log-loop", "clock-loop"] {
+        let params = policy
+            .check_params(&StopCondition {
+                params: vec![Param {
+                    name: "mode".into(),
+                    value: Value::Text(mode.into()),
+                }],
+                location: None,
+                param_locations: Vec::new(),
+                search: None,
+            })
+            .unwrap();
+        let mut stopped_by = "";
+        let mut runs: Vec<Duration> = (0..5)
+            .map(|_| {
+                let (took, result) = time(|| policy.judge_blocking(&params, &stages()[0], &[]));
+                let err = result.expect_err("a judge that never ends");
+                stopped_by = err.failure().map_or("?", |f| f.kind());
+                took
+            })
+            .collect();
+        runs.sort();
+        println!(
+            "{mode:<12} {:>10} {:>10} {:>10}  stopped by: {stopped_by}",
+            ms(runs[0]),
+            ms(runs[runs.len() / 2]),
+            ms(runs[runs.len() - 1])
         );
     }
 }

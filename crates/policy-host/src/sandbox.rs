@@ -187,19 +187,35 @@ struct LogSink {
     budget: usize,
     dropped: usize,
     lines: Vec<String>,
+    calls: usize,
 }
 
+/// Most `log` calls in one policy call: a host call costs the guest almost
+/// no fuel, so without a count a loop of them would run for seconds (17 s
+/// on 500 million fuel) before the fuel stopped it.
+pub(crate) const MAX_LOG_CALLS: usize = 10_000;
+
 impl HostState {
-    /// The `log` import of every interface version.
-    pub fn log(&mut self, level: LogLevel, msg: &str) {
+    /// The `log` import of every interface version: fails (the call traps)
+    /// past [`MAX_LOG_CALLS`].
+    pub fn log(&mut self, level: LogLevel, msg: &str) -> wasmtime::Result<()> {
         const MAX_LINE: usize = 4096;
+        // What a kept line costs the host beyond its text (the level word,
+        // the Vec entry): an empty line is not free, or a guest logging ""
+        // in a loop grows the host's memory without bound.
+        const LINE_OVERHEAD: usize = 32;
         let sink = &mut self.log;
-        if msg.len() > sink.budget {
+        sink.calls += 1;
+        if sink.calls > MAX_LOG_CALLS {
+            return Err(wasmtime::Error::msg("too many log calls"));
+        }
+        let cost = msg.len() + LINE_OVERHEAD;
+        if cost > sink.budget {
             sink.dropped += 1;
             sink.budget = 0;
-            return;
+            return Ok(());
         }
-        sink.budget -= msg.len();
+        sink.budget -= cost;
         // One line of the host's log: no line breaks or escape sequences.
         let msg = truncate(&crate::error::printable(msg), MAX_LINE);
         let policy = &*sink.policy;
@@ -218,6 +234,7 @@ impl HostState {
             }
         };
         sink.lines.push(format!("[{word}] {msg}"));
+        Ok(())
     }
 }
 
@@ -587,6 +604,7 @@ impl CallStore {
                 budget: limits.log_bytes,
                 dropped: 0,
                 lines: Vec::new(),
+                calls: 0,
             },
         };
         let mut store = Store::new(engine, state);
@@ -647,6 +665,12 @@ impl CallStore {
         }
         if let Some(wanted) = state.clock.waited {
             return CallFailure::Blocked(wanted);
+        }
+        if state.log.calls > MAX_LOG_CALLS {
+            return CallFailure::OversizedOutput(format!(
+                "called log more than {} times",
+                crate::error::thousands(MAX_LOG_CALLS as u64)
+            ));
         }
         if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
             return CallFailure::Exited(exit.0);

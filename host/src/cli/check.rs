@@ -78,10 +78,10 @@ pub struct SandboxArgs {
     #[arg(long, value_name = "INSTRUCTIONS", default_value_t = HostConfig::default().judge_fuel)]
     pub policy_fuel: u64,
 
-    /// Wall-clock limit of one policy `judge` call: a backstop well above
-    /// what the fuel takes even on a busy machine, so that the fuel is what
-    /// stops a runaway policy (ten times as much for `describe`/`validate`).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = nyann_model::parse_duration)]
+    /// Wall-clock limit of one policy `judge` call: a backstop above what
+    /// the fuel takes (0.1-0.7 s), so that the fuel is what stops a runaway
+    /// policy (ten times as much for `describe`/`validate`).
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = nyann_model::parse_duration)]
     pub policy_timeout: Duration,
 
     /// Largest policy component accepted (e.g. `64MiB`, `100MB`), checked

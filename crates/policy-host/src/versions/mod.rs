@@ -22,14 +22,18 @@ macro_rules! version_glue {
         impl wit::Host for HostState {}
 
         impl nyann::policy::host::Host for HostState {
-            fn log(&mut self, level: nyann::policy::host::Level, msg: String) {
+            fn log(
+                &mut self,
+                level: nyann::policy::host::Level,
+                msg: String,
+            ) -> wasmtime::Result<()> {
                 use nyann::policy::host::Level;
                 let level = match level {
                     Level::Debug => LogLevel::Debug,
                     Level::Info => LogLevel::Info,
                     Level::Warn => LogLevel::Warn,
                 };
-                self.log(level, &msg);
+                self.log(level, &msg)
             }
         }
 

@@ -706,6 +706,32 @@ async fn log_flood_is_dropped_not_fatal() {
     assert!(!verdict.congested);
 }
 
+/// A loop of log calls: each costs the guest almost no fuel, so it ran for
+/// 17 s on the default fuel (and kept every empty line: millions) before
+/// the fuel or the wall clock stopped it. Past 10,000 calls it is stopped,
+/// and the lines kept stay within the log budget.
+#[tokio::test]
+async fn a_loop_of_log_calls_is_stopped_promptly() {
+    let hostile = common::guest("hostile-policy");
+    let (result, output) = hostile
+        .judge_with_output(&mode("log-loop"), &stage(1), &[])
+        .await;
+    let err = result.unwrap_err();
+    assert_eq!(
+        err.failure(),
+        Some(&CallFailure::OversizedOutput(
+            "called log more than 10,000 times".into()
+        )),
+        "{err}"
+    );
+    let most = HostConfig::default().max_log_bytes / 32;
+    assert!(
+        !output.log.is_empty() && output.log.len() <= most,
+        "{} log lines kept, at most {most} expected",
+        output.log.len()
+    );
+}
+
 #[tokio::test]
 async fn err_result_is_reported() {
     let err = judge_err("err", 8).await;

@@ -47,6 +47,14 @@ impl Policy for Hostile {
     ) -> Result<Verdict, String> {
         match params.text("mode")? {
             "loop" => spin(),
+            // Loops whose every turn is a host call: what the wall-clock
+            // backstop, not the guest's own instructions, must bound.
+            "log-loop" => loop {
+                nyann_policy::log::info("");
+            },
+            "clock-loop" => loop {
+                std::hint::black_box(std::time::Instant::now());
+            },
             "grow" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
