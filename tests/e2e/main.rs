@@ -11,6 +11,7 @@ mod browser;
 mod cache;
 mod cli;
 mod evals;
+mod failures;
 mod fleet;
 mod policy;
 mod polyglot;

@@ -149,10 +149,11 @@ pub fn marker_name(run: &str) -> String {
 pub enum WireError {
     #[error("the connection closed")]
     Closed,
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The cause is in the message (not a `source`, or it is said twice).
     #[error("unreadable message: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
 }
 
 /// Writes one message line.
@@ -160,7 +161,7 @@ pub async fn send<W: AsyncWrite + Unpin>(
     w: &mut W,
     message: &impl Serialize,
 ) -> Result<(), WireError> {
-    let mut line = serde_json::to_vec(message)?;
+    let mut line = serde_json::to_vec(message).map_err(WireError::Json)?;
     line.push(b'\n');
     w.write_all(&line).await?;
     w.flush().await?;
@@ -221,7 +222,7 @@ pub async fn receive<R: AsyncBufRead + Unpin, M: for<'de> Deserialize<'de>>(
     if n == 0 || line.last() != Some(&b'\n') {
         return Err(WireError::Closed);
     }
-    Ok(serde_json::from_slice(&line)?)
+    serde_json::from_slice(&line).map_err(WireError::Json)
 }
 
 /// FNV-1a of the scenario's JSON: "same scenario" across workers.

@@ -19,17 +19,20 @@ use std::path::{Path, PathBuf};
 pub use saved::SavedRun;
 pub use table::{outcome_line, stage_table};
 
-/// Why a report could not be built or written.
+/// Why a report could not be built or written. A cause is said once:
+/// either in the message or as the `source` (which `main` prints after
+/// it), never both.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error(transparent)]
     Read(#[from] nyann_results::ReadError),
-    #[error("reading the request records: {0}")]
-    Records(#[source] nyann_results::RecordError),
+    /// Its message names `requests.jsonl` and the cause.
+    #[error(transparent)]
+    Records(nyann_results::RecordError),
     /// plotters' error, as text (its type is generic over the backend).
     #[error("drawing a chart: {0}")]
     Chart(String),
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}", path.display())]
     Write {
         path: PathBuf,
         source: std::io::Error,

@@ -59,8 +59,9 @@ const FAST_MAX_MODEL_LEN: u32 = 1 << 20;
 /// Why the simulator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// The cause is in the message (not a `source`, or it is said twice).
     #[error("invalid simulator settings: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     /// The profile with the overrides applied is out of range.
     #[error("invalid simulator settings: {0}")]
     InvalidProfile(String),
@@ -236,7 +237,7 @@ fn local_addr(l: &TcpListener, host: &str) -> Result<SocketAddr, SimError> {
 
 /// Start the simulator: bind every listener, spawn the engines and servers.
 pub async fn start(args: SimConfig) -> Result<RunningSim, SimError> {
-    args.validate()?;
+    args.validate().map_err(SimError::Config)?;
     let profile = args.server_profile().await?;
     if let Some(p) = &profile {
         p.validate().map_err(SimError::InvalidProfile)?;

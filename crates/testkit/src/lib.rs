@@ -60,12 +60,8 @@ pub enum TestkitError {
     Timeout { what: String, timeout: Duration },
     #[error("prometheus exited during start-up ({status}); its log:\n{log}")]
     Exited { status: String, log: String },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
 }
 
 /// A scrape job: `job_name` plus its targets.
@@ -210,15 +206,15 @@ fn config_yaml(jobs: &[ScrapeJob]) -> String {
 }
 
 fn free_port() -> Result<u16, TestkitError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| TestkitError::Io {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|error| TestkitError::Io {
         what: "binding 127.0.0.1:0 to pick a port".into(),
-        source,
+        error,
     })?;
     l.local_addr()
         .map(|a| a.port())
-        .map_err(|source| TestkitError::Io {
+        .map_err(|error| TestkitError::Io {
             what: "reading the picked port".into(),
-            source,
+            error,
         })
 }
 
@@ -270,7 +266,7 @@ impl PrometheusServer {
     ) -> Result<Self, TestkitError> {
         let io = |what: &str| {
             let what = what.to_string();
-            move |source| TestkitError::Io { what, source }
+            move |error| TestkitError::Io { what, error }
         };
         let dir = tempfile::Builder::new()
             .prefix("nyann-prometheus-")
@@ -295,7 +291,7 @@ impl PrometheusServer {
         }
         let http = http.build().map_err(|e| TestkitError::Io {
             what: "building the HTTP client".into(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         let child = command
             .arg(format!("--config.file={}", config.display()))

@@ -31,9 +31,9 @@ impl PrivateCa {
         let dir = tempfile::Builder::new()
             .prefix("nyann-ca-")
             .tempdir()
-            .map_err(|source| TestkitError::Io {
+            .map_err(|error| TestkitError::Io {
                 what: "creating a temporary directory".into(),
-                source,
+                error,
             })?;
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -53,9 +53,9 @@ impl PrivateCa {
         let (client_cert, client_key) = leaf("nyann-bench", ExtendedKeyUsagePurpose::ClientAuth);
         let write = |name: &str, pem: &str| -> Result<PathBuf, TestkitError> {
             let path = dir.path().join(name);
-            std::fs::write(&path, pem).map_err(|source| TestkitError::Io {
+            std::fs::write(&path, pem).map_err(|error| TestkitError::Io {
                 what: format!("writing {name}"),
-                source,
+                error,
             })?;
             Ok(path)
         };
@@ -93,9 +93,9 @@ impl PrivateCa {
         builder: reqwest::ClientBuilder,
     ) -> Result<reqwest::ClientBuilder, TestkitError> {
         let read = |p: &Path| {
-            std::fs::read(p).map_err(|source| TestkitError::Io {
+            std::fs::read(p).map_err(|error| TestkitError::Io {
                 what: format!("reading {}", p.display()),
-                source,
+                error,
             })
         };
         let ca = reqwest::Certificate::from_pem(&read(&self.ca_pem)?).map_err(other)?;
@@ -109,6 +109,6 @@ impl PrivateCa {
 fn other(e: reqwest::Error) -> TestkitError {
     TestkitError::Io {
         what: "loading the test certificates".into(),
-        source: std::io::Error::other(e),
+        error: std::io::Error::other(e),
     }
 }

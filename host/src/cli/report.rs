@@ -6,8 +6,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::Context;
-
 use nyann_report::SavedRun;
 
 use super::Ui;
@@ -42,8 +40,8 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     let mut labels = args.labels.into_iter();
     let mut runs = Vec::with_capacity(args.dirs.len());
     for dir in &args.dirs {
-        let run = SavedRun::load(dir, labels.next())
-            .with_context(|| format!("reading the run in {}", dir.display()))?;
+        // Its errors name the directory or the file already.
+        let run = SavedRun::load(dir, labels.next())?;
         runs.push(run);
     }
     let output = match (&args.output, args.dirs.as_slice()) {

@@ -11,8 +11,9 @@ pub enum HttpError {
         /// The client's own resources failed (see [`HttpError::is_client_side`]).
         client_side: bool,
     },
+    /// The cause is in the message (not a `source`, or it is said twice).
     #[error("connection error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("the server closed the connection {0}")]
     Closed(&'static str),
     #[error("invalid response: {0}")]
@@ -21,6 +22,12 @@ pub enum HttpError {
     /// by the server; the new connection it was sent on failed too.
     #[error("{0} (sent again on a new connection: the kept-alive one had been closed)")]
     Resent(Box<HttpError>),
+}
+
+impl From<std::io::Error> for HttpError {
+    fn from(error: std::io::Error) -> Self {
+        HttpError::Io(error)
+    }
 }
 
 impl HttpError {

@@ -109,7 +109,15 @@ pub fn read_ca_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String
     use rustls::pki_types::pem::PemObject;
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| {
+            // rustls says "I/O error: " before an OS error: the OS's words
+            // are enough.
+            let why = match e {
+                rustls::pki_types::pem::Error::Io(io) => io.to_string(),
+                other => other.to_string(),
+            };
+            format!("cannot read {}: {why}", path.display())
+        })?;
     if certs.is_empty() {
         return Err(format!(
             "{} holds no certificate: expected PEM blocks starting with -----BEGIN CERTIFICATE-----",
