@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# What a capacity search costs and finds against a fine sweep (README, "The
-# capacity between two levels"): against the twin of the reference vLLM
-# (`sim --profile vllm-cpu-ref`) and the queueing rule the reference run
-# used (waiting p50 8, TTFT p99 1 s, KV rule off), runs the fine sweep
-# [8, 12, ..., 32], the coarse grid [8, 32, 128] with refine=4, and the same
-# with confirm=1 (a close call judged again), and prints where each says the
-# server congests and how much load each sent.
+# What a capacity search costs and finds against a fine sweep
+# (docs/scenarios.md, "The capacity between two levels"): against the twin
+# of the reference vLLM (`sim --profile vllm-cpu-ref`) and the queueing rule
+# the reference run used (waiting p50 8, TTFT p99 1 s, KV rule off), runs
+# the fine sweep [8, 12, ..., 32], the coarse grid [8, 32, 128] with
+# refine=4, and the same with confirm=1 (a close call judged again), and
+# prints where each says the server congests and how much load each sent.
 #
 # Usage: bench/capacity.sh [SECONDS_PER_STAGE]   (default 10)
 # Env:   SEED (default 1), BIN (a nyann-bench binary instead of building one),

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The simulator's prefix cache under conversation_pool load (README, "The
-# prefix cache"): for each pool size, a fresh `nyann-bench sim` (default
-# profile) with the cache on and off, one closed-loop conversation_pool
-# stage of multi-turn chats against it, and then the stage's first-turn and
-# later-turn TTFT p50 (stages.json) and the server's hit rate
-# (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total). A pool
-# larger than the KV cache (224 blocks of 16 tokens) evicts conversations
-# before they come back: the hit rate falls and later turns slow down.
+# The simulator's prefix cache under conversation_pool load
+# (docs/simulator.md, "The prefix cache"): for each pool size, a fresh
+# `nyann-bench sim` (default profile) with the cache on and off, one
+# closed-loop conversation_pool stage of multi-turn chats against it, and
+# then the stage's first-turn and later-turn TTFT p50 (stages.json) and the
+# server's hit rate (vllm:prefix_cache_hits_total /
+# vllm:prefix_cache_queries_total). A pool larger than the KV cache (224
+# blocks of 16 tokens) evicts conversations before they come back: the hit
+# rate falls and later turns slow down.
 #
 # Usage: bench/prefix-cache.sh [SECONDS] [POOL_SIZES]   (default 8, "4 8 16 32")
 # Env:   SEED (default 1), CONCURRENCY (default 4), BIN (a nyann-bench

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The simulator as a twin of the reference vLLM (README, "The simulator"):
+# The simulator as a twin of the reference vLLM (docs/simulator.md):
 # sweeps `nyann-bench sim --profile PROFILE` the way the reference server was
 # swept (closed loop, streaming chat, synthetic prompts of isl 60, osl 128,
 # one stage per level, server signals scraped from /metrics every second)

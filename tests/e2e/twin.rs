@@ -553,7 +553,7 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
 /// queueing rule out of reach, the KV rule at the defaults). The KV cache
 /// and the preemptions are the server's limits at work, which the twin
 /// shares: the KV rule stops both at c=12 (a short search keeps the test
-/// quick; README gives the full fit's figures).
+/// quick; docs/simulator.md gives the full fit's figures).
 #[tokio::test]
 async fn a_twin_predicts_a_run_it_was_not_fitted_to() {
     let runs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../reference/vllm-cpu-runs");

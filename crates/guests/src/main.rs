@@ -8,7 +8,7 @@
 //! [FUNCTION_KIB]`: writes an assembled policy component (see
 //! `nyann_guests::assembled`) for the interface line `0.1` or `0.2`, its
 //! filler code in functions of FUNCTION_KIB (default 4), for the sandbox
-//! benchmarks (`bench/policy-sandbox.sh`, `bench/policy-compile.sh`).
+//! benchmark (`bench/policy-sandbox.sh`).
 
 use std::process::ExitCode;
 

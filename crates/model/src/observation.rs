@@ -1,10 +1,10 @@
 //! What a congestion policy sees after a stage, and what it answers.
 //!
-//! These mirror the records of `wit/policy.wit`; the policy host converts
-//! between them and the bindgen types. [`ClientStats`] carries a few counts
-//! the interface does not have yet (rejected and late requests): they reach
-//! `stages.json` and the stage table, not the policy. Every time is in
-//! seconds.
+//! These mirror the records of `wit/0.4/policy.wit` (the current interface
+//! line); the policy host converts between them and the bindgen types.
+//! [`ClientStats`] carries a few counts the interface does not have yet
+//! (rejected and late requests): they reach `stages.json` and the stage table,
+//! not the policy. Every time is in seconds.
 
 use serde::{Deserialize, Serialize};
 

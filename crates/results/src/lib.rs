@@ -1,6 +1,14 @@
-//! The run directory: what `generate --output-dir DIR` writes, and the one
-//! place that writes and reads it back (the report, replay, `sim fit` and
-//! the fleet's merge all go through [`RunDir`]).
+//! The run directory: what `generate --output-dir DIR` writes, its file
+//! names, and the one place that reads a finished run back (the report,
+//! replay and `sim fit` all go through [`RunDir`]).
+//!
+//! [`RunDir`] writes `stages.json`, `summary.json`, the scenario,
+//! `server.json` and `metrics/`. The other files are written where they
+//! are made, under the names defined here: `requests.jsonl` by the load
+//! runner's record writer (`nyann_load::record`), streamed as requests
+//! complete, and in a fleet by the leader's merge (`nyann_fleet::merge`),
+//! which reads each worker's records as the bytes the worker reported and
+//! also writes `fleet.json`; `report.html` by `nyann_report::write_html`.
 //!
 //! | file | what | written |
 //! |------|------|---------|

@@ -8,7 +8,8 @@
 //! and its record), [`steps`] (the stage loop), [`sweeps`] (what a stop
 //! skips), [`results`] (statistics, totals, outcome).
 //!
-//! Rules (the README documents them in the same words):
+//! Rules (docs/scenarios.md and docs/client.md document them in the same
+//! words):
 //! - A request belongs to the stage in which it was SENT. A stage's
 //!   statistics wait for its requests still in flight when its time ran out,
 //!   for at most the drain time (`drain_timeout`, or twice the stage's E2E
