@@ -171,7 +171,7 @@ pub struct FleetFile {
     pub decision_waits: Vec<(usize, Vec<(usize, f64)>)>,
 }
 
-/// The fleet's result, as [`write`] made it.
+/// The fleet's result, as [`write()`] made it.
 #[derive(Debug)]
 pub struct Merged<A> {
     /// With the check's records as the leader made them: what the stage

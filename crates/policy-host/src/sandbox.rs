@@ -720,8 +720,9 @@ impl CallStore {
 const STACK_OVERFLOW: &str = "stack overflow: recursion too deep";
 
 /// The interface (without its version) and function of a call into an
-/// import linked as a trap by [`link_trapped_imports`] (`forbidden import
-/// called: `wasi:sockets/tcp@0.2.9#[method]tcp-socket.start-connect``).
+/// import linked as a trap by [`link_trapped_imports`], from its message
+/// (e.g. "forbidden import called:" and
+/// `wasi:sockets/tcp@0.2.9#[method]tcp-socket.start-connect`).
 fn forbidden_call(err: &wasmtime::Error) -> Option<(String, String)> {
     err.chain().find_map(|cause| {
         let text = cause.to_string();

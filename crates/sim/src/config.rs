@@ -161,7 +161,7 @@ pub struct SimConfig {
     /// Fraction of requests answered with HTTP 500 (0..1).
     pub fault_error_rate: f64,
 
-    /// Fraction of streams cut (connection closed, no [DONE]) after `fault_cut_after` chunks (0..1).
+    /// Fraction of streams cut (connection closed, no `[DONE]`) after `fault_cut_after` chunks (0..1).
     pub fault_cut_rate: f64,
 
     /// Chunks sent before a cut stream is closed.

@@ -163,7 +163,7 @@ pub struct Response {
     pub status: u16,
     /// `Retry-After` of a 429 or 503.
     pub retry_after: Option<Duration>,
-    /// The request was sent again on a new connection (see [`Target::send`]).
+    /// The request was sent again on a new connection (see [`Target::send`](super::Target::send)).
     pub resent: bool,
     pub(super) body: Body,
     pub(super) keep_alive: bool,

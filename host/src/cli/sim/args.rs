@@ -167,7 +167,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     pub fault_error_rate: f64,
 
-    /// Fraction of streams cut (connection closed, no [DONE]) after --fault-cut-after chunks (0..1).
+    /// Fraction of streams cut (connection closed, no `[DONE]`) after --fault-cut-after chunks (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub fault_cut_rate: f64,
 
