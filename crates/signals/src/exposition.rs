@@ -8,7 +8,8 @@
 //! hand because `prometheus-parse` 0.2 matches metric names with `\w+` (so
 //! none of vLLM's `vllm:*` names) and splits label values on `,` and `=`,
 //! and the OpenMetrics parsers pull in a grammar engine for a small need; it
-//! is fuzz-tested (tests/parser_fuzz.rs).
+//! is fuzz-tested (tests/parser_fuzz.rs, and the `exposition` target of
+//! `fuzz/`, docs/fuzzing.md).
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]

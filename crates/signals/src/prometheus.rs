@@ -343,7 +343,7 @@ impl PromClient {
 }
 
 /// Checks the HTTP status and the API envelope, and extracts the series.
-fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
+pub(crate) fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
     let text = || excerpt(&String::from_utf8_lossy(body));
     // Only an object is an envelope: serde would read a list field by
     // field (`["error"]` as an API error without a message).
