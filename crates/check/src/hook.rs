@@ -298,13 +298,27 @@ impl StageHook for CongestionCheck {
 /// Polls `source` until no role has requests waiting, for at most `wait`.
 /// A failed query reads 0 (fail-open, like a stage's signals).
 async fn wait_for_server_drain(source: &SignalSource, wait: Duration) {
+    drain(wait, DRAIN_POLL, || source.waiting_now()).await;
+}
+
+/// How often the wait for the server to drain asks again.
+const DRAIN_POLL: Duration = Duration::from_millis(250);
+
+/// Asks `waiting_now` every `poll` until no role has requests waiting, for
+/// at most `wait` (zero: not at all); returns the roles still waiting when
+/// it gave up (`decode 3`), none when the server drained.
+async fn drain<F: Future<Output = StageSignals>>(
+    wait: Duration,
+    poll: Duration,
+    mut waiting_now: impl FnMut() -> F,
+) -> Vec<String> {
     if wait.is_zero() {
-        return;
+        return Vec::new();
     }
     let started = Instant::now();
     let mut said = false;
     loop {
-        let now = source.waiting_now().await;
+        let now = waiting_now().await;
         let waiting: Vec<String> = now
             .roles
             .iter()
@@ -318,7 +332,7 @@ async fn wait_for_server_drain(source: &SignalSource, wait: Duration) {
                     started.elapsed().as_secs_f64()
                 );
             }
-            return;
+            return waiting;
         }
         if started.elapsed() >= wait {
             tracing::warn!(
@@ -328,7 +342,7 @@ async fn wait_for_server_drain(source: &SignalSource, wait: Duration) {
                 humantime::format_duration(wait),
                 waiting.join(", ")
             );
-            return;
+            return waiting;
         }
         if !said {
             tracing::info!(
@@ -339,7 +353,7 @@ async fn wait_for_server_drain(source: &SignalSource, wait: Duration) {
             );
             said = true;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(poll).await;
     }
 }
 
@@ -438,5 +452,407 @@ fn log_verdict(label: &str, verdict: &Verdict) {
             "stage {label}: not congested ({})",
             verdict.reasons.join("; ")
         );
+    }
+}
+
+/// The check's decisions, judged by the client-slo example policy (client
+/// figures only: no signal source, no simulator). It says congested when
+/// the client's TTFT p99 is over `ttft_p99` for `consecutive` stages in a
+/// row; its component is built once per test binary, the built-in loads
+/// precompiled.
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use nyann_load::StageDetail;
+    use nyann_load::stats::StageAccumulator;
+    use nyann_model::{ClientStats, Value};
+    use nyann_policy_host::{HostConfig, PolicyHost};
+
+    use super::*;
+
+    fn host() -> &'static PolicyHost {
+        static HOST: OnceLock<PolicyHost> = OnceLock::new();
+        // No code cache: tests must not touch the user's cache directory.
+        HOST.get_or_init(|| {
+            PolicyHost::new(HostConfig {
+                cache_dir: None,
+                ..HostConfig::default()
+            })
+            .unwrap()
+        })
+    }
+
+    fn client_slo() -> Policy {
+        static POLICY: OnceLock<Policy> = OnceLock::new();
+        POLICY
+            .get_or_init(|| {
+                let wasm = nyann_guests::repository_guest("client-slo-policy")
+                    .unwrap_or_else(|e| panic!("{e}"));
+                host().load_file(&wasm).unwrap()
+            })
+            .clone()
+    }
+
+    /// A concurrency stage of `level` streams; with `stop: (sweep, N)`,
+    /// judged by `until_congested(ttft_p99="1s", consecutive=N)`, the
+    /// sweep's call, written at line `sweep + 1`.
+    fn stage(level: u32, stop: Option<(u32, u32)>) -> serde_json::Value {
+        let sweep = stop.map_or(0, |(sweep, _)| sweep);
+        let stop = stop.map(|(sweep, consecutive)| {
+            serde_json::json!({
+                "params": [
+                    {"name": "ttft_p99", "value": "1s"},
+                    {"name": "consecutive", "value": consecutive},
+                ],
+                "location": {"file": "sweep.star", "line": sweep + 1, "column": 5},
+            })
+        });
+        serde_json::json!({"stage": {
+            "duration_s": 10.0, "mode": "concurrent", "concurrency": level,
+            "stop": stop, "sweep": sweep,
+        }})
+    }
+
+    fn scenario(steps: &[serde_json::Value]) -> Scenario {
+        serde_json::from_value(serde_json::json!({
+            "workload": {"type": "faker", "isl": 16, "osl": 16, "turns": 1},
+            "steps": steps,
+        }))
+        .unwrap()
+    }
+
+    /// One sweep of two judged stages (4 and 8 streams) and a stage
+    /// outside it, judged stage by stage (`consecutive=1`).
+    fn one_sweep() -> Scenario {
+        scenario(&[
+            stage(4, Some((0, 1))),
+            stage(8, Some((0, 1))),
+            stage(16, None),
+        ])
+    }
+
+    fn check(scenario: &Scenario, mode: PolicyMode, on_error: OnPolicyError) -> CongestionCheck {
+        let settings = CheckSettings {
+            mode,
+            on_error,
+            server_drain_wait: Duration::from_secs(3600),
+        };
+        CongestionCheck::new(scenario, client_slo(), None, settings).unwrap()
+    }
+
+    /// What the runner shows the hook of a finished stage.
+    struct Finished {
+        stage: Stage,
+        client: ClientStats,
+        detail: StageDetail,
+        stats: StageAccumulator,
+    }
+
+    impl Finished {
+        /// Step `index` of `scenario`, its client TTFT p99 `ttft`.
+        fn step(scenario: &Scenario, index: usize, ttft: f64) -> Finished {
+            let Step::Stage(stage) = &scenario.steps[index] else {
+                panic!("step {index} is a barrier")
+            };
+            Finished {
+                stage: stage.clone(),
+                client: ClientStats {
+                    requests_ok: 100,
+                    ttft_p99_seconds: ttft,
+                    ..ClientStats::default()
+                },
+                detail: StageDetail::default(),
+                stats: StageAccumulator::default(),
+            }
+        }
+
+        fn shown(&self, index: usize, refines: Option<usize>) -> FinishedStage<'_, Judged> {
+            FinishedStage {
+                index,
+                stage: &self.stage,
+                label: "#stage",
+                start_unix: 1_700_000_000.0,
+                end_unix: 1_700_000_010.0,
+                client: &self.client,
+                detail: &self.detail,
+                stats: &self.stats,
+                history: &[],
+                refines,
+            }
+        }
+    }
+
+    /// Judges step `index` (or, with `refines`, a search stage past the
+    /// steps refining that step) with client TTFT p99 `ttft`.
+    async fn judge(
+        check: &mut CongestionCheck,
+        scenario: &Scenario,
+        index: usize,
+        refines: Option<usize>,
+        ttft: f64,
+    ) -> (HookOutcome<Judged>, Option<CongestionRecord>) {
+        let finished = Finished::step(scenario, refines.unwrap_or(index), ttft);
+        let outcome = check.after_stage(&finished.shown(index, refines)).await;
+        let record = outcome.annotation.clone().map(|a| a.congestion);
+        (outcome, record)
+    }
+
+    /// Makes the policy's `judge` fail for step `index`'s condition: it
+    /// refuses `consecutive=0` (which its `validate` refused up front), as
+    /// a policy with a bug in `judge` would fail.
+    fn break_judge(check: &mut CongestionCheck, index: usize) {
+        let stop = check.stops.get_mut(&index).unwrap();
+        let consecutive = stop
+            .params
+            .iter_mut()
+            .find(|p| p.name == "consecutive")
+            .unwrap();
+        consecutive.value = Value::Integer(0);
+    }
+
+    fn stopped_with(outcome: &HookOutcome<Judged>) -> Option<&str> {
+        match &outcome.decision {
+            HookDecision::Stop { reason } => Some(reason),
+            HookDecision::Continue => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn enforce_stops_on_a_congested_verdict_monitor_only_records_it() {
+        let scenario = one_sweep();
+        let mut enforce = check(&scenario, PolicyMode::Enforce, OnPolicyError::Continue);
+        let (calm, record) = judge(&mut enforce, &scenario, 0, None, 0.5).await;
+        let record = record.unwrap();
+        assert_eq!(stopped_with(&calm), None);
+        assert_eq!(record.verdict.map(|v| v.congested), Some(false));
+        assert!(!record.stopped);
+
+        let (congested, record) = judge(&mut enforce, &scenario, 1, None, 2.5).await;
+        let record = record.unwrap();
+        let reason = stopped_with(&congested).unwrap();
+        assert!(reason.starts_with("congested: client SLO"), "{reason}");
+        assert!(congested.congested, "a congested stop may start a search");
+        assert!(record.stopped);
+        assert_eq!(record.mode, PolicyMode::Enforce);
+        assert_eq!(record.policy.name, "client-slo");
+
+        let mut monitor = check(&scenario, PolicyMode::Monitor, OnPolicyError::Continue);
+        let (watched, record) = judge(&mut monitor, &scenario, 1, None, 2.5).await;
+        let record = record.unwrap();
+        assert_eq!(stopped_with(&watched), None, "monitor never stops");
+        assert!(!watched.congested);
+        let verdict = record.verdict.unwrap();
+        assert!(verdict.congested, "the verdict is recorded all the same");
+        assert!(!record.stopped);
+        assert_eq!(record.mode, PolicyMode::Monitor);
+    }
+
+    /// A policy call that fails (here: parameters the policy's `judge`
+    /// refuses, as a buggy policy would) is recorded; the sweep goes on or
+    /// stops as asked, and such a stop is no congestion to search from.
+    #[tokio::test]
+    async fn a_failed_policy_call_continues_or_stops_as_asked() {
+        let scenario = one_sweep();
+        for on_error in [OnPolicyError::Continue, OnPolicyError::Stop] {
+            let mut check = check(&scenario, PolicyMode::Enforce, on_error);
+            break_judge(&mut check, 0);
+            // Congested figures: only the failure decides.
+            let (outcome, record) = judge(&mut check, &scenario, 0, None, 2.5).await;
+            let record = record.unwrap();
+            let error = record.policy_error.as_deref().unwrap();
+            assert!(
+                error.contains("consecutive must be from 1 to 100"),
+                "{error}"
+            );
+            assert_eq!(record.verdict, None);
+            assert!(!outcome.congested);
+            match on_error {
+                OnPolicyError::Continue => {
+                    assert_eq!(stopped_with(&outcome), None);
+                    assert!(!record.stopped);
+                }
+                OnPolicyError::Stop => {
+                    let reason = stopped_with(&outcome).unwrap();
+                    assert!(
+                        reason.starts_with("policy error at stage #stage: "),
+                        "{reason}"
+                    );
+                    assert!(record.stopped);
+                }
+            }
+        }
+    }
+
+    /// A capacity-search stage (past the steps, refining a sweep stage) is
+    /// judged by that stage's condition; a congested verdict or a failed
+    /// call stops it (bounding the search) but never marks the stage as
+    /// the one that stopped its sweep, which had stopped already.
+    #[tokio::test]
+    async fn search_stages_never_mark_their_sweep_stopped() {
+        let scenario = one_sweep();
+        let search = scenario.steps.len();
+        let mut enforce = check(&scenario, PolicyMode::Enforce, OnPolicyError::Stop);
+        let (congested, record) = judge(&mut enforce, &scenario, search, Some(1), 2.5).await;
+        let record = record.unwrap();
+        assert!(stopped_with(&congested).is_some() && congested.congested);
+        assert_eq!(record.verdict.map(|v| v.congested), Some(true));
+        assert!(!record.stopped);
+        let (calm, record) = judge(&mut enforce, &scenario, search + 1, Some(1), 0.5).await;
+        assert_eq!(stopped_with(&calm), None);
+        assert!(!record.unwrap().stopped);
+
+        break_judge(&mut enforce, 1);
+        let (failed, record) = judge(&mut enforce, &scenario, search + 2, Some(1), 2.5).await;
+        let record = record.unwrap();
+        assert!(record.policy_error.is_some());
+        assert!(stopped_with(&failed).is_some() && !failed.congested);
+        assert!(!record.stopped);
+    }
+
+    #[tokio::test]
+    async fn a_stage_without_a_stop_condition_is_not_judged() {
+        let scenario = one_sweep();
+        let mut check = check(&scenario, PolicyMode::Enforce, OnPolicyError::Stop);
+        let (outcome, record) = judge(&mut check, &scenario, 2, None, 9.0).await;
+        assert_eq!(outcome, HookOutcome::proceed());
+        assert_eq!(record, None);
+        assert!(check.history.is_empty(), "nothing shown to the policy");
+    }
+
+    /// Each `until_congested(...)` call is a sweep of its own: the policy's
+    /// history holds that sweep's stages only. With `consecutive=2`, a
+    /// slow stage is congested only after a slow stage below it in its own
+    /// sweep: the slow 2 streams of the other sweep do not count.
+    #[tokio::test]
+    async fn each_sweep_has_its_own_history() {
+        let scenario = scenario(&[
+            stage(4, Some((0, 2))),
+            stage(8, Some((0, 2))),
+            stage(2, Some((1, 2))),
+        ]);
+        let mut check = check(&scenario, PolicyMode::Enforce, OnPolicyError::Stop);
+        let (other, record) = judge(&mut check, &scenario, 2, None, 2.5).await;
+        assert_eq!(stopped_with(&other), None, "one slow stage of two");
+        assert_eq!(record.unwrap().sweep.name, "sweep.star:2:5");
+        let (first, record) = judge(&mut check, &scenario, 0, None, 2.5).await;
+        assert_eq!(
+            stopped_with(&first),
+            None,
+            "the other sweep's slow stage does not count"
+        );
+        assert_eq!(record.unwrap().sweep.index, 0);
+        let (second, _) = judge(&mut check, &scenario, 1, None, 2.5).await;
+        let reason = stopped_with(&second).unwrap();
+        assert!(reason.contains("2 stages in a row"), "{reason}");
+        assert_eq!(check.history[&0].len(), 2);
+        assert_eq!(check.history[&1].len(), 1);
+    }
+
+    /// Only a policy that judges client figures alone runs without server
+    /// signals; the built-in reads them, and the error names the call.
+    #[test]
+    fn a_policy_that_reads_server_signals_needs_a_source() {
+        let scenario = one_sweep();
+        let settings = CheckSettings {
+            mode: PolicyMode::Enforce,
+            on_error: OnPolicyError::Continue,
+            server_drain_wait: Duration::ZERO,
+        };
+        assert!(!client_slo().info().server_signals);
+        let builtin = host().load_builtin().unwrap();
+        let Err(error) = CongestionCheck::new(&scenario, builtin, None, settings) else {
+            panic!("the built-in judged without server signals");
+        };
+        assert!(
+            matches!(&error, CheckError::NoSignalSource { at: Some(at) } if at == "sweep.star:1:5"),
+            "{error}"
+        );
+    }
+
+    /// Without a signal source there is nothing to wait for: the search
+    /// stage the bisection proposes starts at once (the wait is an hour).
+    #[tokio::test]
+    async fn without_a_source_a_search_stage_starts_at_once() {
+        let scenario = one_sweep();
+        let mut check = check(&scenario, PolicyMode::Enforce, OnPolicyError::Continue);
+        let Step::Stage(like) = &scenario.steps[1] else {
+            unreachable!()
+        };
+        let next = |level| NextSearch {
+            slot: 3,
+            refines: 1,
+            like,
+            level,
+        };
+        let started = Instant::now();
+        let stage = check.before_search(&next(Some(6.0))).await.unwrap();
+        assert_eq!(stage.concurrency, Some(6));
+        assert!(stage.stop.is_some(), "judged like the stage it refines");
+        assert_eq!(check.before_search(&next(None)).await, None);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// What a source answers while `decode` has `waiting` requests queued.
+    fn waiting(waiting: f64) -> StageSignals {
+        StageSignals {
+            roles: vec![
+                RoleSignals {
+                    role: "prefill".into(),
+                    ..RoleSignals::default()
+                },
+                RoleSignals {
+                    role: "decode".into(),
+                    waiting_requests_p50: waiting,
+                    ..RoleSignals::default()
+                },
+            ],
+            ..StageSignals::default()
+        }
+    }
+
+    /// The wait for the server to drain asks until no role has a request
+    /// waiting (under half a request counts as none), gives up after its
+    /// limit naming the roles still waiting, and asks nothing when the
+    /// limit is zero.
+    #[tokio::test]
+    async fn the_drain_wait_ends_when_the_server_drained_or_at_its_limit() {
+        let poll = Duration::from_millis(4);
+        let asked = AtomicUsize::new(0);
+        // Waiting requests 3, 2, 1, 0.4: drained at the fourth answer.
+        let draining = || {
+            let n = asked.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(waiting([3.0, 2.0, 1.0, 0.4][n.min(3)]))
+        };
+        let left = drain(Duration::from_secs(60), poll, draining).await;
+        assert_eq!(left, Vec::<String>::new());
+        assert_eq!(asked.load(Ordering::SeqCst), 4);
+
+        let asked = AtomicUsize::new(0);
+        let stuck = || {
+            asked.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(waiting(7.0))
+        };
+        let limit = Duration::from_millis(40);
+        let started = Instant::now();
+        let left = drain(limit, poll, stuck).await;
+        assert_eq!(left, vec!["decode 7".to_string()]);
+        assert!(started.elapsed() >= limit);
+        let asks = asked.load(Ordering::SeqCst);
+        // One ask per poll (sleeps may run late), not a busy loop.
+        assert!(
+            (2..=11).contains(&asks),
+            "{asks} asks in {limit:?}, one per {poll:?}"
+        );
+
+        let asked = AtomicUsize::new(0);
+        let left = drain(Duration::ZERO, poll, || {
+            asked.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(waiting(7.0))
+        })
+        .await;
+        assert!(left.is_empty());
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "a zero wait asks nothing");
     }
 }

@@ -9,6 +9,9 @@
 
 pub mod backoff;
 pub mod client;
+/// The checks of the fuzz targets (`fuzz/`), shared with the corpus tests.
+#[doc(hidden)]
+pub mod fuzz_check;
 pub mod hook;
 pub mod http;
 pub mod live;

@@ -339,6 +339,26 @@ fn chunk_event(raw: RawChunk<'_>) -> Event<'_> {
     Event::Chunk(chunk)
 }
 
+/// The differential oracle of the fast path: when [`fast::parse`] reads
+/// `bytes` (trimmed as [`parse_chunk`] trims them), serde_json must read them
+/// too, and to the same event; panics otherwise. Returns whether the fast
+/// path read them. Run by the unit tests and the `sse_chunk` fuzz target.
+pub(crate) fn check_fast_path(bytes: &[u8]) -> bool {
+    let trimmed = bytes.trim_ascii();
+    let Some(raw) = fast::parse(trimmed) else {
+        return false;
+    };
+    let fast = chunk_event(raw);
+    let reference = parse_chunk_serde(trimmed);
+    assert!(
+        !matches!(reference, Event::Error(_)),
+        "fast path accepted what serde rejects: {:?} -> {reference:?}",
+        String::from_utf8_lossy(bytes)
+    );
+    assert_eq!(fast, reference, "{:?}", String::from_utf8_lossy(bytes));
+    true
+}
+
 /// The message of an OpenAI-style error object (`{"message": ...}`), else its JSON.
 pub fn error_message(error: &serde_json::Value) -> String {
     match error.get("message").and_then(|m| m.as_str()) {
@@ -569,16 +589,7 @@ mod tests {
     fn fast_path_agrees_with_serde() {
         let accepted = std::cell::Cell::new(0usize);
         let check = |bytes: &[u8]| {
-            let trimmed = bytes.trim_ascii();
-            if let Some(raw) = fast::parse(trimmed) {
-                let fast = chunk_event(raw);
-                let reference = parse_chunk_serde(trimmed);
-                assert!(
-                    !matches!(reference, Event::Error(_)),
-                    "fast path accepted what serde rejects: {:?} -> {reference:?}",
-                    String::from_utf8_lossy(bytes)
-                );
-                assert_eq!(fast, reference, "{:?}", String::from_utf8_lossy(bytes));
+            if check_fast_path(bytes) {
                 accepted.set(accepted.get() + 1);
             }
         };

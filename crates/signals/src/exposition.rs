@@ -8,7 +8,8 @@
 //! hand because `prometheus-parse` 0.2 matches metric names with `\w+` (so
 //! none of vLLM's `vllm:*` names) and splits label values on `,` and `=`,
 //! and the OpenMetrics parsers pull in a grammar engine for a small need; it
-//! is fuzz-tested (tests/parser_fuzz.rs).
+//! is fuzz-tested (tests/parser_fuzz.rs, and the `exposition` target of
+//! `fuzz/`, docs/fuzzing.md).
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,27 +43,55 @@ pub struct Parsed {
 /// Prometheus query results as an exposition body (one sample line per
 /// series: its name, its other labels escaped, its last value), so that a
 /// series read from Prometheus is saved as `/metrics` would have shown it.
+/// A metric or label name beyond the classic characters (Prometheus 3
+/// allows any UTF-8) is written quoted, in the UTF-8 form
+/// (`{"my.metric","my-label"="v"} 1`), so that [`parse`] reads it back.
 pub fn render(series: &[crate::prometheus::Series]) -> String {
-    let escape = |v: &str| {
-        v.replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n")
-    };
     let mut out = String::new();
     for s in series {
         let Some((_, value)) = s.points.last() else {
             continue;
         };
         let name = s.labels.get("__name__").map_or("", String::as_str);
-        let labels: Vec<String> = s
-            .labels
-            .iter()
-            .filter(|(k, _)| *k != "__name__")
-            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-            .collect();
-        out.push_str(&format!("{name}{{{}}} {value}\n", labels.join(",")));
+        let labels = s.labels.iter().filter(|(k, _)| *k != "__name__");
+        let mut parts: Vec<String> = Vec::new();
+        let classic = is_metric_name(name);
+        if !classic {
+            parts.push(format!("\"{}\"", escape(name)));
+        }
+        for (k, v) in labels {
+            let v = escape(v);
+            parts.push(if is_label_name(k) {
+                format!("{k}=\"{v}\"")
+            } else {
+                format!("\"{}\"=\"{v}\"", escape(k))
+            });
+        }
+        let name = if classic { name } else { "" };
+        out.push_str(&format!("{name}{{{}}} {value}\n", parts.join(",")));
     }
     out
+}
+
+/// A label value (or quoted name) with `\`, `"` and line feeds escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `[a-zA-Z_:][a-zA-Z0-9_:]*`: a name written without quotes.
+fn is_metric_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// `[a-zA-Z_][a-zA-Z0-9_]*`: a label name written without quotes.
+fn is_label_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Parses a text exposition body. Never fails: bad lines are skipped and
@@ -258,6 +287,45 @@ mod tests {
         assert_eq!(sample.label("num_gpu_blocks"), Some("64"));
         assert_eq!(sample.label("odd"), Some("a \"b\" \\ c\nd"));
         assert_eq!(sample.value, 1.0);
+    }
+
+    /// Found by the `prometheus_response` fuzz target: a label name
+    /// Prometheus 3 allows (`nu-m`) was written bare, and the whole line
+    /// read back as a skipped one, every other label lost with it.
+    #[test]
+    fn rendered_series_with_any_names_parse_back() {
+        let series = |labels: &[(&str, &str)]| crate::prometheus::Series {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            points: vec![(1.0, 2.5)],
+        };
+        let text = render(&[
+            series(&[("__name__", "vllm:x"), ("nu-m", "1"), ("k", "v")]),
+            series(&[("__name__", "my.metric"), ("0b", "\"q\"\n"), ("é", "")]),
+            series(&[("__name__", "9lives")]),
+        ]);
+        assert_eq!(
+            text,
+            "vllm:x{k=\"v\",\"nu-m\"=\"1\"} 2.5\n\
+             {\"my.metric\",\"0b\"=\"\\\"q\\\"\\n\",\"é\"=\"\"} 2.5\n\
+             {\"9lives\"} 2.5\n"
+        );
+        let parsed = parse(&text);
+        assert_eq!(parsed.skipped_lines, 0, "{:?}", parsed.first_error);
+        let [x, my, nine] = &parsed.samples[..] else {
+            panic!("{:?}", parsed.samples)
+        };
+        assert_eq!(
+            (x.name.as_str(), x.label("nu-m"), x.label("k")),
+            ("vllm:x", Some("1"), Some("v"))
+        );
+        assert_eq!(
+            (my.name.as_str(), my.label("0b"), my.label("é")),
+            ("my.metric", Some("\"q\"\n"), Some(""))
+        );
+        assert_eq!((nine.name.as_str(), nine.value), ("9lives", 2.5));
     }
 
     #[test]

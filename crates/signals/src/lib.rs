@@ -48,6 +48,9 @@ use nyann_model::{RoleCoverage, RoleSignals};
 
 pub mod config;
 pub mod exposition;
+/// The checks of the fuzz targets (`fuzz/`), shared with the corpus tests.
+#[doc(hidden)]
+pub mod fuzz_check;
 mod http;
 mod preflight;
 pub mod profile;

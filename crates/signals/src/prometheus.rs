@@ -343,13 +343,20 @@ impl PromClient {
 }
 
 /// Checks the HTTP status and the API envelope, and extracts the series.
-fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
+pub(crate) fn decode(status: u16, body: &[u8]) -> Result<Vec<Series>, QueryError> {
     let text = || excerpt(&String::from_utf8_lossy(body));
-    let env: Envelope = match serde_json::from_slice(body) {
+    // Only an object is an envelope: serde would read a list field by
+    // field (`["error"]` as an API error without a message).
+    let env = if body.trim_ascii_start().starts_with(b"{") {
+        serde_json::from_slice::<Envelope>(body).map_err(|e| e.to_string())
+    } else {
+        Err("not a JSON object".to_string())
+    };
+    let env = match env {
         Ok(env) => env,
-        Err(e) if (200..300).contains(&status) => {
+        Err(why) if (200..300).contains(&status) => {
             return Err(QueryError::Malformed {
-                why: e.to_string(),
+                why,
                 excerpt: text(),
             });
         }
@@ -983,6 +990,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert_eq!(e, "prometheus: execution: too many samples (HTTP 422)");
+    }
+
+    /// Found by the `prometheus_response` fuzz target: a JSON list is no
+    /// envelope, whatever the status (serde read `["[",0]` field by field,
+    /// as an API error without a message).
+    #[test]
+    fn a_json_list_is_no_envelope() {
+        let e = decode(200, br#"["[",0]"#).unwrap_err().to_string();
+        assert!(e.contains("malformed response (not a JSON object)"), "{e}");
+        let e = decode(502, br#"["error","x"]"#).unwrap_err().to_string();
+        assert!(
+            e.contains("HTTP 502 with a non-API body: [\"error\",\"x\"]"),
+            "{e}"
+        );
     }
 
     /// A range-query series longer than Prometheus ever answers is refused

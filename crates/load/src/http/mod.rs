@@ -30,6 +30,7 @@ mod body;
 mod connect;
 mod connection;
 mod error;
+pub(crate) mod fuzz;
 mod pool;
 mod proxy;
 mod response;

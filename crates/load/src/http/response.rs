@@ -141,7 +141,7 @@ fn framing(
 }
 
 /// A `Retry-After` header: seconds, or an HTTP date (RFC 9110 §10.2.3).
-fn retry_after(headers: &[httparse::Header<'_>]) -> Option<Duration> {
+pub(super) fn retry_after(headers: &[httparse::Header<'_>]) -> Option<Duration> {
     let header = headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("retry-after"))?;
