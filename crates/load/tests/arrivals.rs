@@ -46,23 +46,33 @@ async fn poisson_sends_are_a_poisson_process_of_the_rate() {
     nyann_load::run(&sc, options(&server, dir.path()), NoHook)
         .await
         .unwrap();
-    let mut sent: Vec<f64> = records(dir.path())
-        .iter()
+    let measured: Vec<_> = records(dir.path())
+        .into_iter()
         .filter(|r| r.phase == Phase::Measured)
-        .map(|r| r.sent_at.unwrap())
         .collect();
     // Mean 300, sd ~17: 5 sd.
-    let n = sent.len();
+    let n = measured.len();
     assert!((215..=385).contains(&n), "{n}");
-    // What went out, not only the schedule, is Poisson: exponential gaps
-    // (coefficient of variation 1, standard error ~0.06 at 300), neither
-    // bunched on a timer's ticks nor evened out.
-    sent.sort_by(f64::total_cmp);
-    let gaps: Vec<f64> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    // The schedule is Poisson: exponential gaps (coefficient of variation
+    // 1, standard error ~0.06 at 300).
+    let scheduled: Vec<f64> = measured.iter().map(|r| r.scheduled_at.unwrap()).collect();
+    let cv = gaps_cv(scheduled);
+    assert!((0.75..=1.25).contains(&cv), "scheduled: cv {cv}");
+    // What went out follows it, not a timer's ticks (sends bunched on 10 ms
+    // ticks at 100/s give a cv near 3). Generous: a busy machine stalls the
+    // sender now and then (1.4 and 1.9 seen with other builds running).
+    let sent: Vec<f64> = measured.iter().map(|r| r.sent_at.unwrap()).collect();
+    let cv = gaps_cv(sent);
+    assert!((0.5..=2.5).contains(&cv), "sent: cv {cv}");
+}
+
+/// The coefficient of variation of the gaps between the sorted `times`.
+fn gaps_cv(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
     let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
     let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
-    let cv = var.sqrt() / mean;
-    assert!((0.75..=1.25).contains(&cv), "cv {cv}");
+    var.sqrt() / mean
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
