@@ -159,6 +159,14 @@ impl ClientArgs {
     }
 }
 
+/// The `--ca-cert` certificates of `options` (DER): the signal sources
+/// trust them for Prometheus and `--scrape` URLs as the client does for
+/// the target.
+pub fn ca_certs(options: &RunOptions) -> Vec<Vec<u8>> {
+    let certs = options.client.ca_certs.iter();
+    certs.map(|c| c.as_ref().to_vec()).collect()
+}
+
 /// A load library error as users read it: with the flags that fix it.
 pub fn explain(err: RunError) -> anyhow::Error {
     match &err {
