@@ -26,6 +26,15 @@ use crate::prepare::{Lead, PreviousRun, refuse_a_run_in};
 use crate::spec::{Output, RunSpec};
 use crate::stop::Stop;
 
+/// A peer (worker or leader) that sends nothing for this long is lost,
+/// unless told otherwise.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a leader waits for its workers to join, and a worker for its
+/// leader to answer, unless told otherwise.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
+/// The port a leader listens on, unless told otherwise.
+pub const COORDINATOR_PORT: u16 = 7300;
+
 /// A leader, prepared: its endpoint bound, its workers not gathered yet.
 pub(crate) struct Leading {
     pub(crate) spec: RunSpec,

@@ -1,5 +1,6 @@
 //! The congestion policy's flags (`--policy`, its mode and its sandbox),
-//! resolved into the run library's [`PolicySpec`], and the policy's and
+//! resolved into the run library's [`PolicySpec`] (the check's and the
+//! policy host's `Default`s give the defaults they show), and the policy's and
 //! the check's errors worded for the command line (the check itself is
 //! `nyann_check`, set up before load by `nyann_run`).
 
@@ -8,6 +9,8 @@ use std::time::Duration;
 use nyann_check::{CheckError, CheckSettings, OnPolicyError, PolicyMode};
 use nyann_policy_host::{HostConfig, Policy, PolicyError};
 use nyann_run::{PolicySource, PolicySpec};
+
+use super::defaults::{duration, size};
 
 /// `--policy-mode`: how the verdicts are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -28,6 +31,24 @@ pub enum OnErrorArg {
     Stop,
 }
 
+impl From<PolicyMode> for ModeArg {
+    fn from(mode: PolicyMode) -> ModeArg {
+        match mode {
+            PolicyMode::Enforce => ModeArg::Enforce,
+            PolicyMode::Monitor => ModeArg::Monitor,
+        }
+    }
+}
+
+impl From<OnPolicyError> for OnErrorArg {
+    fn from(on_error: OnPolicyError) -> OnErrorArg {
+        match on_error {
+            OnPolicyError::Continue => OnErrorArg::Continue,
+            OnPolicyError::Stop => OnErrorArg::Stop,
+        }
+    }
+}
+
 /// Flags of the congestion policy.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Congestion policy")]
@@ -35,23 +56,23 @@ pub struct PolicyArgs {
     /// The policy judging `until_congested` stages: `builtin`, or a
     /// WebAssembly component file implementing nyann:policy
     /// (see `nyann-bench policy wit`).
-    #[arg(long, value_name = "FILE|builtin", default_value = "builtin")]
+    #[arg(long, value_name = "FILE|builtin", default_value = nyann_policy_host::BUILTIN)]
     pub policy: String,
 
     /// `enforce` stops the sweep at the first congested stage; `monitor`
     /// records every verdict and never stops.
-    #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
+    #[arg(long, value_enum, default_value_t = ModeArg::from(CheckSettings::default().mode))]
     pub policy_mode: ModeArg,
 
     /// What a failed policy call does (it is always recorded).
-    #[arg(long, value_enum, default_value_t = OnErrorArg::Continue)]
+    #[arg(long, value_enum, default_value_t = OnErrorArg::from(CheckSettings::default().on_error))]
     pub on_policy_error: OnErrorArg,
 
     /// Before each stage of a capacity search (`refine=`), the longest
     /// wait for the server to drain what the stage before left: every
     /// role's waiting requests back to 0 (read from the server signals).
     /// 0s starts each search stage as soon as this client's requests ended.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = nyann_model::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = shown!(duration(CheckSettings::default().server_drain_wait)), value_parser = nyann_model::parse_duration)]
     pub server_drain_wait: Duration,
 
     #[command(flatten)]
@@ -71,18 +92,20 @@ pub struct SandboxArgs {
     /// Wall-clock limit of one policy `judge` call: a backstop above what
     /// the fuel takes (0.1-0.7 s), so that the fuel is what stops a runaway
     /// policy (ten times as much for `describe`/`validate`).
-    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = nyann_model::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = shown!(duration(HostConfig::default().call_timeout)), value_parser = nyann_model::parse_duration)]
     pub policy_timeout: Duration,
 
     /// Largest policy component accepted (e.g. `64MiB`, `100MB`), checked
     /// before it is read or compiled.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = shown!(size(HostConfig::default().max_component_bytes)), value_parser = parse_size)]
     pub policy_max_size: u64,
 
     /// `off` compiles the policy at every load instead of keeping its
     /// compiled code on disk (in $NYANN_BENCH_CACHE_DIR, else
     /// ~/.cache/nyann-bench; each entry checked against a key of yours in
     /// ~/.local/state/nyann-bench before its code is run).
+    // `on` written here: the library's default depends on whether this
+    // machine has a home for the cache, which the help must not.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = CacheArg::On, env = "NYANN_BENCH_POLICY_CACHE")]
     pub policy_cache: CacheArg,
 }

@@ -20,6 +20,7 @@ use nyann_run::fleet::{JoinError, Worker, WorkerRunError, WorkerSpec};
 use nyann_run::{LeadSpec, Output, Run, RunSpec};
 
 use super::Ui;
+use super::defaults::duration;
 use super::interrupt::cancel_on_signals;
 use super::run::{self, Summary, print_summary, show_ending};
 
@@ -49,12 +50,12 @@ pub struct FleetArgs {
     pub coordinator_listen: Option<SocketAddr>,
 
     /// A worker (or leader) that sends nothing for this long is lost.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = parse_duration, default_value = shown!(duration(nyann_run::fleet::HEARTBEAT_TIMEOUT)))]
     pub heartbeat_timeout: Duration,
 
     /// How long the leader waits for every worker to join, and a worker
     /// for the leader to answer.
-    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = parse_duration, default_value = shown!(duration(nyann_run::fleet::JOIN_TIMEOUT)))]
     pub join_timeout: Duration,
 
     /// What the leader does when a worker is lost or leaves: `continue`
@@ -78,9 +79,6 @@ fn parse_workers(s: &str) -> Result<usize, String> {
         Err(err) => Err(err.to_string()),
     }
 }
-
-/// The coordination port a leader listens on without --coordinator-listen.
-const DEFAULT_COORDINATOR_PORT: u16 = 7300;
 
 /// What this process is in a run.
 pub enum Role {
@@ -173,7 +171,7 @@ impl FleetArgs {
             }
             (Some(listen), _) => Ok(listen),
             (None, Some(told)) => Ok(SocketAddr::new(any, told.port)),
-            (None, None) => Ok(SocketAddr::new(any, DEFAULT_COORDINATOR_PORT)),
+            (None, None) => Ok(SocketAddr::new(any, nyann_run::fleet::COORDINATOR_PORT)),
         }
     }
 }

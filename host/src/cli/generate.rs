@@ -14,7 +14,9 @@ use nyann_run::{LeadSpec, Output, RunSpec};
 use super::Ui;
 use super::check::PolicyArgs;
 use super::client::ClientArgs;
+use super::defaults::duration;
 use super::fleet::{self, FleetArgs, Role};
+use super::progress;
 use super::run::{self, Summary};
 use super::signals::SignalArgs;
 
@@ -42,7 +44,7 @@ pub struct Args {
     /// Off a terminal (a CI log, a pod's log), a progress line this often
     /// during each stage: its figures so far and how long the run has left
     /// at most. On a terminal a progress bar says the same.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = shown!(duration(progress::DEFAULT_INTERVAL)), value_parser = parse_duration)]
     pub progress_interval: Duration,
 
     #[command(flatten)]
@@ -81,7 +83,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 impl Args {
     /// The run these flags describe: the scenario compiled, the client's
     /// files read, every flag turned into its typed value.
-    fn spec(&self, lead: Option<LeadSpec>) -> anyhow::Result<RunSpec> {
+    pub(super) fn spec(&self, lead: Option<LeadSpec>) -> anyhow::Result<RunSpec> {
         let (scenario, source) = self.scenario()?;
         let load = self.client.to_options()?;
         let signals = self.signals.to_options(super::client::ca_certs(&load));
@@ -127,7 +129,13 @@ impl Args {
     }
 }
 
-/// A one-stage scenario from flags (only without --config).
+/// A single stage's duration without --duration (its help says so).
+const STAGE_DURATION: Duration = Duration::from_secs(60);
+/// A single stage's streams without --concurrency (its help says so).
+const STAGE_CONCURRENCY: u32 = 1;
+
+/// A one-stage scenario from flags (only without --config): what the
+/// flags leave out is the workload's `Default` and the two values above.
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Single stage (without --config)")]
 pub struct SingleStageArgs {
@@ -181,7 +189,7 @@ impl SingleStageArgs {
             || self.turns.is_some()
     }
 
-    fn scenario(&self) -> anyhow::Result<Scenario> {
+    pub(super) fn scenario(&self) -> anyhow::Result<Scenario> {
         // The scenario language refuses these too: a stage is a closed loop
         // of streams or an open loop at a rate, never both.
         match (self.mode.as_deref(), self.rate, self.concurrency) {
@@ -208,26 +216,25 @@ impl SingleStageArgs {
         if mode != Mode::Concurrent && self.rate.is_none() {
             anyhow::bail!("--mode constant/poisson needs --rate");
         }
+        let defaults = Workload::default();
         let kind = match self.workload.as_deref() {
             Some("synthetic") => WorkloadType::Synthetic,
             Some("corpus") => WorkloadType::Corpus,
-            _ => WorkloadType::Faker,
+            Some("faker") => WorkloadType::Faker,
+            _ => defaults.kind,
         };
-        let defaults = Workload::default();
         let workload = Workload {
             kind,
             isl: self.isl.unwrap_or(defaults.isl),
             osl: self.osl.unwrap_or(defaults.osl),
-            turns: self.turns.unwrap_or(1),
+            turns: self.turns.unwrap_or(defaults.turns),
             corpus_path: self.corpus.clone(),
             ..defaults
         };
-        let duration_s = self
-            .duration
-            .unwrap_or(Duration::from_secs(60))
-            .as_secs_f64();
+        let duration_s = self.duration.unwrap_or(STAGE_DURATION).as_secs_f64();
         let stage = Stage {
-            concurrency: (mode == Mode::Concurrent).then(|| self.concurrency.unwrap_or(1)),
+            concurrency: (mode == Mode::Concurrent)
+                .then(|| self.concurrency.unwrap_or(STAGE_CONCURRENCY)),
             rate: if mode == Mode::Concurrent {
                 None
             } else {

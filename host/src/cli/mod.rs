@@ -3,6 +3,9 @@
 //! resolve their flags into `nyann_run`'s spec and share its words on the
 //! terminal (`run`, `fleet`).
 
+// First: its `shown!` serves the flags of the modules below.
+#[macro_use]
+mod defaults;
 mod check;
 mod client;
 mod demo;
