@@ -61,6 +61,18 @@ pub struct CheckSettings {
     pub server_drain_wait: Duration,
 }
 
+impl Default for CheckSettings {
+    /// Verdicts enforced, a failed policy call recorded and the sweep
+    /// going on, a minute at most for the server to drain.
+    fn default() -> Self {
+        CheckSettings {
+            mode: PolicyMode::Enforce,
+            on_error: OnPolicyError::Continue,
+            server_drain_wait: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Why a congestion check cannot judge the scenario.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {

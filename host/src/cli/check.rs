@@ -1,16 +1,16 @@
-//! The congestion policy's flags (`--policy`, its mode and its sandbox)
-//! and the check they set up before load: the policy loaded, the signal
-//! source built and its preflight passed, errors and warnings worded for
-//! the command line (the check itself is `nyann_check`).
+//! The congestion policy's flags (`--policy`, its mode and its sandbox),
+//! resolved into the run library's [`PolicySpec`] (the check's and the
+//! policy host's `Default`s give the defaults they show), and the policy's and
+//! the check's errors worded for the command line (the check itself is
+//! `nyann_check`, set up before load by `nyann_run`).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
-use nyann_check::{CheckError, CheckSettings, CongestionCheck, OnPolicyError, PolicyMode};
-use nyann_model::Scenario;
-use nyann_policy_host::{HostConfig, Policy, PolicyError, PolicyHost};
-use nyann_signals::{SignalOptions, SignalSource};
+use nyann_check::{CheckError, CheckSettings, OnPolicyError, PolicyMode};
+use nyann_policy_host::{HostConfig, Policy, PolicyError};
+use nyann_run::{PolicySource, PolicySpec};
+
+use super::defaults::{duration, size};
 
 /// `--policy-mode`: how the verdicts are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,6 +31,24 @@ pub enum OnErrorArg {
     Stop,
 }
 
+impl From<PolicyMode> for ModeArg {
+    fn from(mode: PolicyMode) -> ModeArg {
+        match mode {
+            PolicyMode::Enforce => ModeArg::Enforce,
+            PolicyMode::Monitor => ModeArg::Monitor,
+        }
+    }
+}
+
+impl From<OnPolicyError> for OnErrorArg {
+    fn from(on_error: OnPolicyError) -> OnErrorArg {
+        match on_error {
+            OnPolicyError::Continue => OnErrorArg::Continue,
+            OnPolicyError::Stop => OnErrorArg::Stop,
+        }
+    }
+}
+
 /// Flags of the congestion policy.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Congestion policy")]
@@ -38,34 +56,27 @@ pub struct PolicyArgs {
     /// The policy judging `until_congested` stages: `builtin`, or a
     /// WebAssembly component file implementing nyann:policy
     /// (see `nyann-bench policy wit`).
-    #[arg(long, value_name = "FILE|builtin", default_value = "builtin")]
+    #[arg(long, value_name = "FILE|builtin", default_value = nyann_policy_host::BUILTIN)]
     pub policy: String,
 
     /// `enforce` stops the sweep at the first congested stage; `monitor`
     /// records every verdict and never stops.
-    #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
+    #[arg(long, value_enum, default_value_t = ModeArg::from(CheckSettings::default().mode))]
     pub policy_mode: ModeArg,
 
     /// What a failed policy call does (it is always recorded).
-    #[arg(long, value_enum, default_value_t = OnErrorArg::Continue)]
+    #[arg(long, value_enum, default_value_t = OnErrorArg::from(CheckSettings::default().on_error))]
     pub on_policy_error: OnErrorArg,
 
     /// Before each stage of a capacity search (`refine=`), the longest
     /// wait for the server to drain what the stage before left: every
     /// role's waiting requests back to 0 (read from the server signals).
     /// 0s starts each search stage as soon as this client's requests ended.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = nyann_model::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = shown!(duration(CheckSettings::default().server_drain_wait)), value_parser = nyann_model::parse_duration)]
     pub server_drain_wait: Duration,
 
     #[command(flatten)]
     pub sandbox: SandboxArgs,
-}
-
-impl PolicyArgs {
-    /// Load the policy these flags name.
-    pub fn load(&self) -> anyhow::Result<Policy> {
-        self.sandbox.load(&self.policy)
-    }
 }
 
 /// The sandbox's budgets, for every command that loads a policy.
@@ -81,18 +92,20 @@ pub struct SandboxArgs {
     /// Wall-clock limit of one policy `judge` call: a backstop above what
     /// the fuel takes (0.1-0.7 s), so that the fuel is what stops a runaway
     /// policy (ten times as much for `describe`/`validate`).
-    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = nyann_model::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = shown!(duration(HostConfig::default().call_timeout)), value_parser = nyann_model::parse_duration)]
     pub policy_timeout: Duration,
 
     /// Largest policy component accepted (e.g. `64MiB`, `100MB`), checked
     /// before it is read or compiled.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = shown!(size(HostConfig::default().max_component_bytes)), value_parser = parse_size)]
     pub policy_max_size: u64,
 
     /// `off` compiles the policy at every load instead of keeping its
     /// compiled code on disk (in $NYANN_BENCH_CACHE_DIR, else
     /// ~/.cache/nyann-bench; each entry checked against a key of yours in
     /// ~/.local/state/nyann-bench before its code is run).
+    // `on` written here: the library's default depends on whether this
+    // machine has a home for the cache, which the help must not.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = CacheArg::On, env = "NYANN_BENCH_POLICY_CACHE")]
     pub policy_cache: CacheArg,
 }
@@ -105,33 +118,68 @@ pub enum CacheArg {
 }
 
 impl SandboxArgs {
-    /// Load `policy` (`builtin` or a component file) under these budgets.
-    pub fn load(&self, policy: &str) -> anyhow::Result<Policy> {
+    /// The sandbox these flags describe.
+    pub fn host_config(&self) -> HostConfig {
         let config = HostConfig {
             judge_fuel: self.policy_fuel,
             call_timeout: self.policy_timeout,
             max_component_bytes: self.policy_max_size,
             ..HostConfig::default()
         };
-        let config = match self.policy_cache {
+        match self.policy_cache {
             CacheArg::On => config,
             CacheArg::Off => HostConfig {
                 cache_dir: None,
                 ..config
             },
-        };
-        let host = PolicyHost::new(config)?;
-        let loaded = if policy == nyann_policy_host::BUILTIN {
-            host.load_builtin()
-        } else {
-            host.load_file(&PathBuf::from(policy))
-        };
-        loaded.map_err(|e| match e {
-            PolicyError::TooLarge { .. } => {
-                anyhow::anyhow!("{e}; raise the limit with --policy-max-size if you trust it")
-            }
-            e => e.into(),
-        })
+        }
+    }
+
+    /// Load `policy` (`builtin` or a component file) under these budgets.
+    pub fn load(&self, policy: &str) -> anyhow::Result<Policy> {
+        PolicySource::named(policy)
+            .load(self.host_config())
+            .map_err(explain_policy)
+    }
+}
+
+/// The sandbox at its defaults, for a command without its flags that
+/// loads a policy (the demo): `NYANN_BENCH_POLICY_CACHE` is followed as
+/// `--policy-cache` follows it.
+pub fn default_host_config() -> anyhow::Result<HostConfig> {
+    let cache = match std::env::var("NYANN_BENCH_POLICY_CACHE") {
+        Ok(value) => <CacheArg as clap::ValueEnum>::from_str(&value, false).map_err(|_| {
+            anyhow::anyhow!("NYANN_BENCH_POLICY_CACHE={value:?}: expected on or off")
+        })?,
+        Err(_) => CacheArg::On,
+    };
+    Ok(match cache {
+        CacheArg::On => HostConfig::default(),
+        CacheArg::Off => HostConfig {
+            cache_dir: None,
+            ..HostConfig::default()
+        },
+    })
+}
+
+/// A policy that could not be loaded, as users read it.
+pub fn explain_policy(err: PolicyError) -> anyhow::Error {
+    match err {
+        PolicyError::TooLarge { .. } => {
+            anyhow::anyhow!("{err}; raise the limit with --policy-max-size if you trust it")
+        }
+        err => err.into(),
+    }
+}
+
+/// A congestion check that cannot judge the scenario, as users read it.
+pub fn explain(err: CheckError) -> anyhow::Error {
+    match err {
+        err @ CheckError::NoSignalSource { .. } => anyhow::anyhow!(
+            "{err}: give --prometheus-url URL with --deploy-name NAME (or --selector \
+             ROLE='{{...}}'), or --scrape [ROLE=]URL to sample the servers' /metrics directly"
+        ),
+        err => err.into(),
     }
 }
 
@@ -163,8 +211,17 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 impl PolicyArgs {
+    /// The policy these flags name, its sandbox and how its verdicts are used.
+    pub fn spec(&self) -> PolicySpec {
+        PolicySpec {
+            source: PolicySource::named(&self.policy),
+            host: self.sandbox.host_config(),
+            settings: self.settings(),
+        }
+    }
+
     /// How the check uses its verdicts.
-    pub fn settings(&self) -> CheckSettings {
+    fn settings(&self) -> CheckSettings {
         CheckSettings {
             mode: match self.policy_mode {
                 ModeArg::Enforce => PolicyMode::Enforce,
@@ -177,66 +234,4 @@ impl PolicyArgs {
             server_drain_wait: self.server_drain_wait,
         }
     }
-}
-
-/// Everything that can fail before load is sent: `Ok(None)` when no stage
-/// carries a stop condition; otherwise the policy must load, a signal
-/// source must be configured unless the policy reads no server signals,
-/// every `until_congested(...)` call's parameters must pass the policy's
-/// checks, and the source's preflight must find every role's server.
-pub async fn prepare(
-    scenario: &Scenario,
-    signal_options: &SignalOptions,
-    policy_args: &PolicyArgs,
-) -> anyhow::Result<Option<CongestionCheck>> {
-    if !nyann_check::judges_any_stage(scenario) {
-        if signal_options.prometheus_url.is_some() || !signal_options.scrape.is_empty() {
-            tracing::warn!(
-                "no stage of the scenario is judged (no until_congested(...)): the server \
-                 signals of --scrape/--prometheus-url are not read; wrap the stages in \
-                 until_congested(...) to judge them (with --policy-mode monitor to record \
-                 the verdicts without stopping)"
-            );
-        }
-        return Ok(None);
-    }
-    if policy_args.policy_mode == ModeArg::Monitor && scenario.searches_capacity() {
-        tracing::warn!(
-            "refine= has no effect with --policy-mode monitor: no sweep stops, so no capacity \
-             is searched (every stage is run and judged instead)"
-        );
-    }
-    // Its errors name the policy already ("cannot load policy X: ...").
-    let policy = policy_args.load()?;
-    let source = SignalSource::from_options(signal_options)
-        .await
-        .map_err(super::signals::explain)?;
-    let check = match CongestionCheck::new(scenario, policy, source, policy_args.settings()) {
-        Ok(check) => check,
-        Err(err @ CheckError::NoSignalSource { .. }) => bail!(
-            "{err}: give --prometheus-url URL with --deploy-name NAME (or --selector \
-             ROLE='{{...}}'), or --scrape [ROLE=]URL to sample the servers' /metrics directly"
-        ),
-        Err(err) => return Err(err.into()),
-    };
-    if let Some(source) = check.source() {
-        let warnings = source.preflight().await.map_err(super::signals::explain)?;
-        for warning in &warnings {
-            tracing::warn!("{}", super::signals::warning(warning));
-        }
-    }
-    let policy = check.policy();
-    let info = policy.info();
-    tracing::info!(
-        "congestion policy {} {} ({}, mode {}); server signals: {}",
-        info.name,
-        info.version,
-        policy.origin(),
-        format!("{:?}", policy_args.policy_mode).to_lowercase(),
-        match check.source() {
-            Some(source) => source.to_string(),
-            None => "none (the policy judges client figures only)".to_string(),
-        }
-    );
-    Ok(Some(check))
 }

@@ -1,5 +1,6 @@
 //! The client and run flags of `nyann-bench generate` (flattened into the
-//! commands that send load), turned into the load library's [`RunOptions`].
+//! commands that send load), turned into the load library's [`RunOptions`],
+//! whose `Default` gives the defaults they show.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +11,8 @@ use nyann_load::http::{Proxies, TargetError, read_ca_certs};
 use nyann_load::{Api, CancellationToken, ClientConfig, RunError, RunOptions};
 use nyann_model::{parse_duration, parse_header};
 
+use super::defaults::duration;
+
 /// `--api`: which OpenAI API to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ApiFlag {
@@ -17,6 +20,15 @@ pub enum ApiFlag {
     Chat,
     /// `/completions` with a text `prompt`.
     Completions,
+}
+
+impl From<Api> for ApiFlag {
+    fn from(api: Api) -> ApiFlag {
+        match api {
+            Api::Chat => ApiFlag::Chat,
+            Api::Completions => ApiFlag::Completions,
+        }
+    }
 }
 
 impl From<ApiFlag> for Api {
@@ -44,7 +56,7 @@ pub struct ClientArgs {
     pub model: Option<String>,
 
     /// Which OpenAI API to call.
-    #[arg(long, value_enum, default_value_t = ApiFlag::Chat)]
+    #[arg(long, value_enum, default_value_t = ApiFlag::from(RunOptions::default().client.api))]
     pub api: ApiFlag,
 
     /// Ask for token usage in the stream (`stream_options.include_usage`), so
@@ -72,12 +84,12 @@ pub struct ClientArgs {
     pub ca_cert: Vec<PathBuf>,
 
     /// Time limit of one request, from send to the end of its stream.
-    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    #[arg(long, value_parser = parse_duration, default_value = shown!(duration(RunOptions::default().client.request_timeout)))]
     pub request_timeout: Duration,
 
     /// Abort the run after this many failed requests in a row (0 = never).
     /// Rejections (429, 503 with Retry-After: a busy server) do not count.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = RunOptions::default().max_consecutive_errors)]
     pub max_consecutive_errors: u32,
 
     /// Seed of every random choice (prompts, Poisson arrivals, cache salts)
@@ -86,20 +98,20 @@ pub struct ClientArgs {
     pub seed: Option<u64>,
 
     /// How long to wait for GET /v1/models to answer before sending load.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_duration, default_value = shown!(duration(RunOptions::default().ready_timeout)))]
     pub ready_timeout: Duration,
 
     /// After Ctrl-C/SIGTERM or an abort: how long in-flight requests may still
     /// finish before they are cancelled (a second Ctrl-C/SIGTERM cancels
     /// them at once; results are written either way).
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = parse_duration, default_value = shown!(duration(RunOptions::default().grace)))]
     pub grace: Duration,
 
     /// At a stage's end, how long its requests still in flight may take to
     /// finish (at least: twice the stage's E2E p99 when that is longer)
     /// before they are abandoned, recorded as `late`, and the next stage
     /// starts.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_duration, default_value = shown!(duration(RunOptions::default().drain_timeout)))]
     pub drain_timeout: Duration,
 
     /// Serve client-side Prometheus metrics (`nyann_*`) on this address, e.g. 127.0.0.1:9400.
@@ -114,7 +126,8 @@ impl ClientArgs {
         if self.request_timeout.is_zero() {
             bail!(
                 "--request-timeout 0s would time out every request: give it a time \
-                 that a whole response fits in (default 10m)"
+                 that a whole response fits in (default {})",
+                duration(RunOptions::default().client.request_timeout)
             );
         }
         let headers = self
@@ -157,6 +170,14 @@ impl ClientArgs {
             dataset_share: None,
         })
     }
+}
+
+/// The `--ca-cert` certificates of `options` (DER): the signal sources
+/// trust them for Prometheus and `--scrape` URLs as the client does for
+/// the target.
+pub fn ca_certs(options: &RunOptions) -> Vec<Vec<u8>> {
+    let certs = options.client.ca_certs.iter();
+    certs.map(|c| c.as_ref().to_vec()).collect()
 }
 
 /// A load library error as users read it: with the flags that fix it.

@@ -9,11 +9,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use nyann_load::RunOptions;
+use nyann_run::{Output, PolicySpec, RunSpec};
+use nyann_signals::SignalOptions;
 use nyann_sim::SimConfig;
 
 use super::Ui;
-use super::generate;
-use super::run::Summary;
+use super::progress;
+use super::run::{self, Summary};
 
 const SCENARIO_PATH: &str = "examples/scenarios/demo.star";
 const SCENARIO: &str = include_str!("../../../examples/scenarios/demo.star");
@@ -56,18 +59,33 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
         );
     }
 
-    // generate's flags at their defaults, then the demo's values.
-    let mut run = generate::Args::defaults()?;
-    run.client.target = Some(sim.base_url());
-    run.client.seed = Some(args.seed);
-    run.signals.scrape = vec![format!("aggregate=http://{metrics}/metrics")];
-    // Sixteen samples of a 4-second stage rather than four: the KV usage
-    // swings at each preemption, and its max should not depend on where
-    // four samples happen to fall.
-    run.signals.scrape_interval = Duration::from_millis(250);
-    run.output_dir = args.output_dir.clone();
-    run.overwrite = args.overwrite;
-    let code = generate::run_scenario(&scenario, Some(SCENARIO), &run, Summary::Quiet, ui).await;
+    // Every setting at its default but the demo's own.
+    let spec = RunSpec {
+        source: Some(SCENARIO.to_string()),
+        load: RunOptions {
+            target: Some(sim.base_url()),
+            seed: args.seed,
+            ..RunOptions::default()
+        },
+        signals: SignalOptions {
+            scrape: vec![format!("aggregate=http://{metrics}/metrics")],
+            // Sixteen samples of a 4-second stage rather than four: the KV
+            // usage swings at each preemption, and its max should not
+            // depend on where four samples happen to fall.
+            scrape_interval: Duration::from_millis(250),
+            ..SignalOptions::default()
+        },
+        policy: PolicySpec {
+            host: super::check::default_host_config()?,
+            ..PolicySpec::default()
+        },
+        output: args.output_dir.clone().map(|dir| Output {
+            dir,
+            overwrite: args.overwrite,
+        }),
+        ..RunSpec::new(scenario)
+    };
+    let code = run::alone(spec, Summary::Quiet, progress::DEFAULT_INTERVAL, ui).await;
     sim.shutdown().await;
     if code.is_ok() && !ui.quiet {
         eprintln!("{}", next_steps(args.output_dir.as_deref()));

@@ -1,19 +1,23 @@
 //! `nyann-bench eval gsm8k|gpqa`: one closed-loop stage whose requests are
 //! an eval dataset's questions, each asked once and every reply scored, as
 //! the Go nyann-bench's `eval` commands run it. The stage is built from the
-//! flags and run by `generate` (fleets included); a sweep with evals is a
-//! scenario (`workload("gsm8k", ...)` in `until_congested`).
+//! flags and run as `generate` runs a scenario (fleets included), with no
+//! signal source and the default policy (it judges nothing); a sweep with
+//! evals is a scenario (`workload("gsm8k", ...)` in `until_congested`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
+use nyann_run::{LeadSpec, Output, PolicySpec, RunSpec};
+use nyann_signals::SignalOptions;
 
 use super::Ui;
 use super::client::ClientArgs;
-use super::fleet::FleetArgs;
-use super::generate;
+use super::fleet::{self, FleetArgs, Role};
+use super::progress;
+use super::run::{self, Summary};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -53,7 +57,7 @@ pub struct GpqaArgs {
     stage: StageArgs,
 }
 
-/// The stage and how it is run: `generate`'s client and fleet flags.
+/// The stage and how it is run: the client and fleet flags `generate` has.
 #[derive(Debug, clap::Args)]
 struct StageArgs {
     /// Questions asked at once (closed-loop streams).
@@ -87,7 +91,18 @@ struct StageArgs {
 
 pub async fn run(command: Command, ui: Ui) -> anyhow::Result<ExitCode> {
     let (scenario, stage) = plan(command)?;
-    generate::run(stage.into_generate(scenario)?, ui).await
+    let summary = Summary::Stdout { json: stage.json };
+    match stage.fleet.role(stage.output())? {
+        Role::Alone => {
+            let spec = stage.spec(scenario, None)?;
+            run::alone(spec, summary, progress::DEFAULT_INTERVAL, ui).await
+        }
+        Role::Lead(lead) => fleet::lead(stage.spec(scenario, Some(lead))?, summary, ui).await,
+        Role::Work(work) => {
+            let spec = work.spec(stage.client.to_options()?, Some(scenario));
+            fleet::work(spec, stage.json, ui).await
+        }
+    }
 }
 
 /// The scenario of `command`, and the flags it is run with.
@@ -146,16 +161,31 @@ impl StageArgs {
         }
     }
 
-    /// `generate`'s flags at their defaults, with these and `scenario`.
-    fn into_generate(self, scenario: Scenario) -> anyhow::Result<generate::Args> {
-        let mut args = generate::Args::defaults()?;
-        args.scenario = Some(scenario);
-        args.output_dir = self.output_dir;
-        args.overwrite = self.overwrite;
-        args.json = self.json;
-        args.client = self.client;
-        args.fleet = self.fleet;
-        Ok(args)
+    /// The run of `scenario` with these flags.
+    fn spec(&self, scenario: Scenario, lead: Option<LeadSpec>) -> anyhow::Result<RunSpec> {
+        let load = self.client.to_options()?;
+        let signals = SignalOptions {
+            ca_certs: super::client::ca_certs(&load),
+            ..SignalOptions::default()
+        };
+        Ok(RunSpec {
+            scenario,
+            source: None,
+            load,
+            signals,
+            policy: PolicySpec::default(),
+            output: self.output(),
+            client_metrics: self.client.metrics,
+            lead,
+        })
+    }
+
+    fn output(&self) -> Option<Output> {
+        let dir = self.output_dir.clone()?;
+        Some(Output {
+            dir,
+            overwrite: self.overwrite,
+        })
     }
 }
 

@@ -1,22 +1,23 @@
 //! `nyann-bench generate`: run a scenario (or a single stage described by
 //! flags) against an OpenAI-compatible server, print the per-stage table and
 //! the conclusion on stderr, the JSON summary on stdout when it is not a
-//! terminal (or with `--json`), and write `--output-dir` files.
+//! terminal (or with `--json`), and write `--output-dir` files. The flags
+//! are resolved once into the run library's spec ([`Args::spec`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use nyann_load::Live;
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
+use nyann_run::{LeadSpec, Output, RunSpec};
 
 use super::Ui;
 use super::check::PolicyArgs;
 use super::client::ClientArgs;
-use super::progress::{Plan, Progress, Show};
-use super::run::{self, Ending, Prepared, Summary};
+use super::defaults::duration;
+use super::fleet::{self, FleetArgs, Role};
+use super::progress;
+use super::run::{self, Summary};
 use super::signals::SignalArgs;
 
 #[derive(Debug, clap::Args)]
@@ -43,7 +44,7 @@ pub struct Args {
     /// Off a terminal (a CI log, a pod's log), a progress line this often
     /// during each stage: its figures so far and how long the run has left
     /// at most. On a terminal a progress bar says the same.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = shown!(duration(progress::DEFAULT_INTERVAL)), value_parser = parse_duration)]
     pub progress_interval: Duration,
 
     #[command(flatten)]
@@ -59,32 +60,82 @@ pub struct Args {
     pub policy: PolicyArgs,
 
     #[command(flatten)]
-    pub fleet: Box<super::fleet::FleetArgs>,
-
-    /// A scenario another command built (`eval`), run in place of
-    /// --config and the single-stage flags.
-    #[arg(skip)]
-    pub scenario: Option<Scenario>,
+    pub fleet: Box<FleetArgs>,
 }
 
-/// `generate`'s flags alone, for their defaults.
-#[derive(Debug, clap::Parser)]
-struct GenerateCommand {
-    #[command(flatten)]
-    args: Args,
-}
-
-impl Args {
-    /// Every flag at its default (as `generate` with no flag has them).
-    pub fn defaults() -> anyhow::Result<Args> {
-        use clap::Parser;
-        Ok(GenerateCommand::try_parse_from(["generate"])
-            .context("generate's default flags")?
-            .args)
+pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
+    let summary = Summary::Stdout { json: args.json };
+    match args.fleet.role(args.output())? {
+        Role::Alone => run::alone(args.spec(None)?, summary, args.progress_interval, ui).await,
+        Role::Lead(lead) => fleet::lead(args.spec(Some(lead))?, summary, ui).await,
+        Role::Work(work) => {
+            // A worker needs no scenario; given one, it must be the leader's.
+            let given = match &args.config {
+                Some(_) => Some(args.scenario()?.0),
+                None => None,
+            };
+            let spec = work.spec(args.client.to_options()?, given);
+            fleet::work(spec, args.json, ui).await
+        }
     }
 }
 
-/// A one-stage scenario from flags (only without --config).
+impl Args {
+    /// The run these flags describe: the scenario compiled, the client's
+    /// files read, every flag turned into its typed value.
+    pub(super) fn spec(&self, lead: Option<LeadSpec>) -> anyhow::Result<RunSpec> {
+        let (scenario, source) = self.scenario()?;
+        let load = self.client.to_options()?;
+        let signals = self.signals.to_options(super::client::ca_certs(&load));
+        Ok(RunSpec {
+            scenario,
+            source,
+            load,
+            signals,
+            policy: self.policy.spec(),
+            output: self.output(),
+            client_metrics: self.client.metrics,
+            lead,
+        })
+    }
+
+    fn output(&self) -> Option<Output> {
+        let dir = self.output_dir.clone()?;
+        Some(Output {
+            dir,
+            overwrite: self.overwrite,
+        })
+    }
+
+    /// The scenario of `--config`, or of the single-stage flags; with the
+    /// Starlark source when it was compiled from one.
+    fn scenario(&self) -> anyhow::Result<(Scenario, Option<String>)> {
+        Ok(match &self.config {
+            Some(path) => {
+                if self.single.any() {
+                    anyhow::bail!(
+                        "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
+                    );
+                }
+                // Its errors name the file (and line) themselves.
+                let (scenario, source) = nyann_scenario::load_file_with_source(path)?;
+                // The source is saved with the results when it was Starlark (a
+                // JSON IR is saved as scenario.json anyway).
+                let starlark = path.extension().is_some_and(|e| e == "star");
+                (scenario, starlark.then_some(source))
+            }
+            None => (self.single.scenario()?, None),
+        })
+    }
+}
+
+/// A single stage's duration without --duration (its help says so).
+const STAGE_DURATION: Duration = Duration::from_secs(60);
+/// A single stage's streams without --concurrency (its help says so).
+const STAGE_CONCURRENCY: u32 = 1;
+
+/// A one-stage scenario from flags (only without --config): what the
+/// flags leave out is the workload's `Default` and the two values above.
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Single stage (without --config)")]
 pub struct SingleStageArgs {
@@ -138,7 +189,7 @@ impl SingleStageArgs {
             || self.turns.is_some()
     }
 
-    fn scenario(&self) -> anyhow::Result<Scenario> {
+    pub(super) fn scenario(&self) -> anyhow::Result<Scenario> {
         // The scenario language refuses these too: a stage is a closed loop
         // of streams or an open loop at a rate, never both.
         match (self.mode.as_deref(), self.rate, self.concurrency) {
@@ -165,26 +216,25 @@ impl SingleStageArgs {
         if mode != Mode::Concurrent && self.rate.is_none() {
             anyhow::bail!("--mode constant/poisson needs --rate");
         }
+        let defaults = Workload::default();
         let kind = match self.workload.as_deref() {
             Some("synthetic") => WorkloadType::Synthetic,
             Some("corpus") => WorkloadType::Corpus,
-            _ => WorkloadType::Faker,
+            Some("faker") => WorkloadType::Faker,
+            _ => defaults.kind,
         };
-        let defaults = Workload::default();
         let workload = Workload {
             kind,
             isl: self.isl.unwrap_or(defaults.isl),
             osl: self.osl.unwrap_or(defaults.osl),
-            turns: self.turns.unwrap_or(1),
+            turns: self.turns.unwrap_or(defaults.turns),
             corpus_path: self.corpus.clone(),
             ..defaults
         };
-        let duration_s = self
-            .duration
-            .unwrap_or(Duration::from_secs(60))
-            .as_secs_f64();
+        let duration_s = self.duration.unwrap_or(STAGE_DURATION).as_secs_f64();
         let stage = Stage {
-            concurrency: (mode == Mode::Concurrent).then(|| self.concurrency.unwrap_or(1)),
+            concurrency: (mode == Mode::Concurrent)
+                .then(|| self.concurrency.unwrap_or(STAGE_CONCURRENCY)),
             rate: if mode == Mode::Concurrent {
                 None
             } else {
@@ -201,96 +251,4 @@ impl SingleStageArgs {
             steps: vec![Step::Stage(stage)],
         })
     }
-}
-
-pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
-    if args.fleet.active() {
-        return super::fleet::run(args, ui).await;
-    }
-    let (scenario, source) = load_scenario(&args)?;
-    let summary = Summary::Stdout { json: args.json };
-    run_scenario(&scenario, source.as_deref(), &args, summary, ui).await
-}
-
-/// The scenario of `--config`, or of the single-stage flags; with the
-/// Starlark source when it was compiled from one.
-pub(super) fn load_scenario(args: &Args) -> anyhow::Result<(Scenario, Option<String>)> {
-    if let Some(scenario) = &args.scenario {
-        return Ok((scenario.clone(), None));
-    }
-    Ok(match &args.config {
-        Some(path) => {
-            if args.single.any() {
-                anyhow::bail!(
-                    "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
-                );
-            }
-            // Its errors name the file (and line) themselves.
-            let (scenario, source) = nyann_scenario::load_file_with_source(path)?;
-            // The source is saved with the results when it was Starlark (a
-            // JSON IR is saved as scenario.json anyway).
-            let starlark = path.extension().is_some_and(|e| e == "star");
-            (scenario, starlark.then_some(source))
-        }
-        None => (args.single.scenario()?, None),
-    })
-}
-
-/// Run a compiled scenario with the flags of `args` (its `--config` and
-/// single-stage flags are not looked at): check everything that can fail
-/// before load is sent, run the stages with the congestion check, and end
-/// the run. `source` is the Starlark text it was compiled from, if any.
-pub async fn run_scenario(
-    scenario: &Scenario,
-    source: Option<&str>,
-    args: &Args,
-    summary: Summary,
-    ui: Ui,
-) -> anyhow::Result<ExitCode> {
-    let dir = args.output_dir.as_deref();
-    let Prepared {
-        mut options,
-        check,
-        signals: signal_options,
-        interrupts: signals,
-    } = run::prepare(args, scenario, dir).await?;
-    run::save_metrics_texts(&signal_options, dir, "start").await;
-    options.output_dir = args.output_dir.clone();
-    let live = Arc::new(Live::new());
-    options.live = Some(live.clone());
-    if let Some(addr) = args.client.metrics {
-        let bound = nyann_load::metrics::serve(addr, live.clone())
-            .await
-            .with_context(|| format!("serving --metrics on {addr}"))?;
-        tracing::info!("client metrics: http://{bound}/metrics");
-    }
-    tracing::info!("seed {}", options.seed);
-    if let Some(check) = &check {
-        check.start();
-    }
-
-    let show = if ui.terminal {
-        Show::Bar
-    } else {
-        Show::Lines(args.progress_interval)
-    };
-    let progress = (!ui.quiet).then(|| Progress::start(live, Plan::of(scenario), show));
-    let result = nyann_load::run(scenario, options, check).await;
-    if let Some(progress) = progress {
-        progress.finish().await;
-    }
-    let result = match result {
-        Ok(result) => result,
-        Err(nyann_load::RunError::Interrupted) => return Ok(run::interrupted_before_load()),
-        Err(err) => return Err(super::client::explain(err)),
-    };
-    run::save_metrics_texts(&signal_options, dir, "end").await;
-    let ending = Ending {
-        scenario,
-        source,
-        dir,
-        summary,
-        workers: 1,
-    };
-    ending.finish(&result, &result, &signals, ui).await
 }

@@ -41,7 +41,7 @@ pub struct RenderArgs {
     #[arg(long, value_name = "NS")]
     pub namespace: Option<String>,
     /// Coordination port of the leader.
-    #[arg(long, default_value_t = 7300)]
+    #[arg(long, default_value_t = nyann_run::fleet::COORDINATOR_PORT)]
     pub port: u16,
     /// Policy component (`.wasm`) carried in the ConfigMap [default: the built-in policy].
     #[arg(long, value_name = "FILE.wasm")]

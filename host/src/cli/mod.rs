@@ -1,6 +1,11 @@
 //! The command line: one file per command, each with its clap `Args` and a
-//! `run` that returns the process exit code.
+//! `run` that returns the process exit code. The commands that send load
+//! resolve their flags into `nyann_run`'s spec and share its words on the
+//! terminal (`run`, `fleet`).
 
+// First: its `shown!` serves the flags of the modules below.
+#[macro_use]
+mod defaults;
 mod check;
 mod client;
 mod demo;

@@ -13,6 +13,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nyann_load::{CancellationToken, Live, LiveSnapshot};
 use nyann_model::{Scenario, Step};
 
+/// How often a progress line is logged off a terminal, unless
+/// `--progress-interval` says otherwise.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+
 /// The bar being drawn, if any: log lines hide it while they are written.
 static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
 

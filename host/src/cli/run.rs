@@ -1,7 +1,10 @@
-//! The steps every run takes, shared by `generate`, `demo` and the fleet's
-//! leader and workers: check what can fail before load is sent
-//! ([`prepare`]), then end the run ([`Ending::finish`]): the conclusion, the
-//! HTML report, the table on stderr, the summary on stdout, the exit code.
+//! A run on the terminal, for every command that sends load (`generate`,
+//! `demo`, `eval`; a fleet's leader and workers in `fleet`): the library's
+//! steps ([`nyann_run`]) with Ctrl-C and SIGTERM as the stop and the
+//! progress display as the consumer of the live figures, and the run's
+//! words: its errors with the flags that fix them, its notices as log
+//! lines, and its ending (the stage table, the conclusion, where the
+//! results are, the summary on stdout, the exit code).
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -9,57 +12,79 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use nyann_check::conclusion::{self, Conclusion};
-use nyann_check::{CongestionCheck, CongestionRecord, RunResult};
-use nyann_load::RunOptions;
-use nyann_model::Scenario;
-use nyann_signals::SignalOptions;
+use nyann_check::{Conclusion, RunResult};
+use nyann_run::{ExecuteError, Executed, Notice, PrepareError, PreviousRun, Report, Run, RunSpec};
 
 use super::Ui;
-use super::generate::Args;
-use super::interrupt::{Signals, cancel_on_signals};
+use super::interrupt::cancel_on_signals;
+use super::progress::{Plan, Progress, Show};
 
-/// What a run needs before load is sent.
-pub struct Prepared {
-    pub options: RunOptions,
-    /// The congestion check (`None` when no stage has a stop condition).
-    pub check: Option<CongestionCheck>,
-    /// Where the server signals come from (for [`save_metrics_texts`]).
-    pub signals: SignalOptions,
-    /// Ctrl-C and SIGTERM, handled from the start of the preparation on
-    /// (they cancel `options.interrupt`).
-    pub interrupts: Signals,
+/// Where the JSON summary goes besides the run directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Summary {
+    /// Printed on stdout when it is not a terminal, or always with `json`.
+    Stdout { json: bool },
+    /// Not printed (the demo: the table says it all).
+    Quiet,
 }
 
-/// Checks everything that can fail before load is sent: that `dir` (if
-/// any) holds no earlier run, the client's flags, the signal source and the
-/// policy; raises the open-files limit for the streams. Ctrl-C and SIGTERM
-/// are handled from here on; one during the preparation ends it
-/// ([`Interrupted`]).
-pub async fn prepare(
-    args: &Args,
-    scenario: &Scenario,
-    dir: Option<&Path>,
-) -> anyhow::Result<Prepared> {
-    if let Some(dir) = dir {
-        refuse_a_previous_run(dir, args.overwrite)?;
-    }
-    let options = args.client.to_options()?;
-    let interrupts = cancel_on_signals(options.interrupt.clone(), options.interrupt_now.clone());
-    let signals = signal_options(args, &options);
-    let check = tokio::select! {
-        check = super::check::prepare(scenario, &signals, &args.policy) => check?,
-        () = options.interrupt.cancelled() => return Err(Interrupted.into()),
+/// Runs `spec` as one process: prepared, its progress shown (off a
+/// terminal a line every `progress_every`), ended.
+pub async fn alone(
+    spec: RunSpec,
+    summary: Summary,
+    progress_every: Duration,
+    ui: Ui,
+) -> anyhow::Result<ExitCode> {
+    let run = Run::new(spec);
+    cancel_on_signals(run.stop());
+    let prepared = run.prepare(&notice).await.map_err(explain_prepare)?;
+    let show = if ui.terminal {
+        Show::Bar
+    } else {
+        Show::Lines(progress_every)
     };
-    if let Some(limit) = nyann_load::raise_fd_limit() {
-        tracing::debug!("open-files limit: {limit}");
+    let plan = Plan::of(prepared.scenario());
+    let progress = (!ui.quiet).then(|| Progress::start(prepared.live(), plan, show));
+    let executed = prepared.execute().await;
+    if let Some(progress) = progress {
+        progress.finish().await;
     }
-    Ok(Prepared {
-        options,
-        check,
-        signals,
-        interrupts,
-    })
+    match executed {
+        Ok(executed) => end(executed, summary, ui).await,
+        Err(err) if err.is_interrupted() => Ok(interrupted_before_load()),
+        Err(err) => Err(explain_execute(err)),
+    }
+}
+
+/// Ends the run: the conclusion into `summary.json` and the report into
+/// the run directory, the ending on stderr, the summary on stdout; returns
+/// the exit code.
+pub async fn end(executed: Executed, summary: Summary, ui: Ui) -> anyhow::Result<ExitCode> {
+    let finished = executed.finish().await;
+    if let Some(dir) = &finished.dir {
+        let why = match &finished.report {
+            Report::NotWritten { why } => Some(why.as_str()),
+            Report::Interrupted => Some("interrupted; the results are saved"),
+            Report::NotAsked | Report::Written => None,
+        };
+        if let Some(why) = why {
+            tracing::warn!(
+                "the HTML report was not written: {why} (`nyann-bench report {}` builds it)",
+                dir.display()
+            );
+        }
+    }
+    show_ending(
+        &finished.result,
+        &finished.conclusion,
+        finished.dir.as_deref(),
+        ui,
+    );
+    if let Summary::Stdout { json } = summary {
+        print_summary(|| finished.summary_json(), json)?;
+    }
+    Ok(ExitCode::from(finished.exit_code()))
 }
 
 /// A run interrupted before it sent any load: `main` says so and exits
@@ -75,129 +100,85 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-/// Saves each `--scrape` URL's `/metrics` text in the run directory
-/// (`metrics/ROLE-I-MOMENT.txt`): the server's configuration (vLLM's
-/// `vllm:cache_config_info`) as `sim fit` reads it, at the start and the
-/// end of the run. The results do not depend on it: a failure is a warning.
-pub async fn save_metrics_texts(signals: &SignalOptions, dir: Option<&Path>, moment: &str) {
-    let Some(dir) = dir else { return };
-    let texts = match nyann_signals::metrics_texts(signals).await {
-        Ok(texts) => texts,
-        Err(err) => return tracing::warn!("the servers' /metrics texts were not saved: {err}"),
-    };
-    let run_dir = nyann_results::RunDir::at(dir);
-    for saved in texts {
-        let written = match &saved.text {
-            Ok(text) => run_dir
-                .write_metrics(&saved.role, saved.index, moment, text)
-                .map_err(|e| e.to_string()),
-            Err(why) => Err(why.clone()),
-        };
-        if let Err(why) = written {
-            tracing::warn!(
-                "the /metrics text of {} ({moment}) was not saved: {why}",
-                saved.url
-            );
-        }
-    }
-}
-
 /// The exit code of a run interrupted before it sent anything, said once.
 pub fn interrupted_before_load() -> ExitCode {
     eprintln!("interrupted before any load was sent");
     ExitCode::from(130)
 }
 
-/// Where the JSON summary goes besides the run directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Summary {
-    /// Printed on stdout when it is not a terminal, or always with `json`.
-    Stdout { json: bool },
-    /// Not printed (the demo: the table says it all).
-    Quiet,
-}
-
-/// How a run ends.
-pub struct Ending<'a> {
-    pub scenario: &'a Scenario,
-    /// The Starlark text it was compiled from, if any (saved with the results).
-    pub source: Option<&'a str>,
-    /// The run directory, if any.
-    pub dir: Option<&'a Path>,
-    pub summary: Summary,
-    /// Processes that ran it (their share of the load each).
-    pub workers: usize,
-}
-
-impl Ending<'_> {
-    /// Ends the run of `result`, whose summary is `summary` (the result
-    /// itself, or a fleet's with its workers): adds the conclusion to
-    /// `summary.json` and writes the report in the run directory, shows the
-    /// ending on stderr and the summary on stdout; returns the exit code.
-    pub async fn finish<R: serde::Serialize>(
-        &self,
-        result: &RunResult,
-        summary: &R,
-        signals: &Signals,
-        ui: Ui,
-    ) -> anyhow::Result<ExitCode> {
-        let conclusion = Conclusion::of(result, self.workers);
-        let mut interrupted = false;
-        if let Some(dir) = self.dir {
-            write_conclusion(dir, summary, &conclusion);
-            interrupted = !save_report(dir, result, self.scenario, self.source, signals).await;
+/// A notice of the preparation, as a log line naming the flags.
+pub fn notice(notice: Notice) {
+    match notice {
+        Notice::SignalsUnread => tracing::warn!(
+            "no stage of the scenario is judged (no until_congested(...)): the server \
+             signals of --scrape/--prometheus-url are not read; wrap the stages in \
+             until_congested(...) to judge them (with --policy-mode monitor to record \
+             the verdicts without stopping)"
+        ),
+        Notice::SearchWithoutStop => tracing::warn!(
+            "refine= has no effect with --policy-mode monitor: no sweep stops, so no capacity \
+             is searched (every stage is run and judged instead)"
+        ),
+        Notice::Preflight(warning) => {
+            tracing::warn!("{}", super::signals::warning(&warning));
         }
-        show_ending(result, &conclusion, self.dir, ui);
-        if let Summary::Stdout { json } = self.summary {
-            print_summary(summary, &conclusion, json)?;
-        }
-        // Ctrl-C during the report: the results are saved, but the run
-        // did not end as it would have.
-        Ok(ExitCode::from(match exit_code(result) {
-            0 if interrupted => 130,
-            code => code,
-        }))
     }
 }
 
-/// Refuses an output directory that holds a run already (its results would
-/// be overwritten), unless asked to overwrite it.
-pub fn refuse_a_previous_run(dir: &Path, overwrite: bool) -> anyhow::Result<()> {
-    match nyann_results::RunDir::at(dir).held_result() {
-        Some((file, path)) if !overwrite => {
-            let when = std::fs::metadata(path)
-                .and_then(|m| m.modified())
-                .ok()
-                .map(|t| format!(", written {}", humantime::format_rfc3339_seconds(t)))
-                .unwrap_or_default();
-            anyhow::bail!(
-                "--output-dir {} already holds a run ({file}{when}): give a new directory \
-                 (e.g. {}/$(date +%Y%m%d-%H%M%S)), or --overwrite to replace it",
-                dir.display(),
-                dir.display()
-            )
-        }
-        _ => Ok(()),
+/// Why a run could not start, as users read it: with the flags that fix it.
+pub fn explain_prepare(err: PrepareError) -> anyhow::Error {
+    match err {
+        PrepareError::PreviousRun(previous) => previous_run(&previous),
+        PrepareError::LeadWithoutOutput => anyhow::anyhow!(
+            "--workers needs --output-dir DIR: each worker keeps its records in DIR/worker-I \
+             and the leader writes the merged results in DIR"
+        ),
+        PrepareError::Interrupted => Interrupted.into(),
+        PrepareError::Policy(err) => super::check::explain_policy(err),
+        PrepareError::Signals(err) => super::signals::explain(err),
+        PrepareError::Check(err) => super::check::explain(err),
+        PrepareError::Share(err) => err.into(),
+        PrepareError::Fleet(err) => err.into(),
     }
 }
 
-/// Adds the conclusion to the `summary.json` in `dir` (a warning when it
-/// cannot: the results are written already).
-fn write_conclusion<R: serde::Serialize>(dir: &Path, result: &R, conclusion: &Conclusion) {
-    if let Err(err) = conclusion::write_summary(dir, result, conclusion) {
-        tracing::warn!("summary.json was not rewritten with the conclusion: {err}");
+/// An output directory that holds a run already.
+pub fn previous_run(previous: &PreviousRun) -> anyhow::Error {
+    let dir = previous.dir.display();
+    let when = previous
+        .written
+        .map(|t| format!(", written {}", humantime::format_rfc3339_seconds(t)))
+        .unwrap_or_default();
+    anyhow::anyhow!(
+        "--output-dir {dir} already holds a run ({}{when}): give a new directory \
+         (e.g. {dir}/$(date +%Y%m%d-%H%M%S)), or --overwrite to replace it",
+        previous.file
+    )
+}
+
+/// Why the load did not run, as users read it (an interrupt is not an
+/// error: see [`interrupted_before_load`]).
+pub fn explain_execute(err: ExecuteError) -> anyhow::Error {
+    match err {
+        ExecuteError::ClientMetrics { addr, source } => {
+            anyhow::Error::new(source).context(format!("serving --metrics on {addr}"))
+        }
+        ExecuteError::Load(err) => super::client::explain(err),
+        ExecuteError::Merge { dir, source } => anyhow::Error::new(source)
+            .context(format!("writing the fleet's results to {}", dir.display())),
+        ExecuteError::Fleet(err) => err.into(),
+        ExecuteError::Workload(err) => err.into(),
     }
 }
 
 /// The summary (as `summary.json` holds it) on stdout, for scripts: when
 /// stdout is a pipe or a file, or with `--json`.
-pub fn print_summary<R: serde::Serialize>(
-    result: &R,
-    conclusion: &Conclusion,
+pub fn print_summary(
+    summary: impl FnOnce() -> serde_json::Result<String>,
     json: bool,
 ) -> anyhow::Result<()> {
     if json || !std::io::stdout().is_terminal() {
-        let text = conclusion::summary_json(result, conclusion).context("encoding the summary")?;
+        let text = summary().context("encoding the summary")?;
         println!("{text}");
     }
     Ok(())
@@ -231,121 +212,5 @@ pub fn show_ending(result: &RunResult, conclusion: &Conclusion, dir: Option<&Pat
         })
         .collect();
         eprintln!("results: {} ({})", dir.display(), written.join(", "));
-    }
-}
-
-/// Longest the HTML report may take to build after a run: charts are drawn
-/// in bounded time whatever the values, so this is a backstop.
-const REPORT_TIME_LIMIT: Duration = Duration::from_secs(60);
-
-/// Saves the scenario beside the run's results and writes `report.html`.
-/// The results are already on disk: a failure here is a warning, and so is
-/// a report that takes longer than [`REPORT_TIME_LIMIT`] or is interrupted
-/// (Ctrl-C or SIGTERM): it never keeps the run from ending. The report is
-/// built on a thread of its own, left behind if it does not finish. False
-/// when a signal interrupted it.
-async fn save_report(
-    dir: &Path,
-    result: &RunResult,
-    scenario: &Scenario,
-    source: Option<&str>,
-    signals: &Signals,
-) -> bool {
-    let interrupted = signals.next();
-    tracing::debug!("building the HTML report in {}", dir.display());
-    let (done, finished) = tokio::sync::oneshot::channel();
-    let work = {
-        let (dir, result, scenario) = (dir.to_owned(), result.clone(), scenario.clone());
-        let source = source.map(str::to_owned);
-        move || {
-            let _ = done.send(write_report(&dir, &result, &scenario, source.as_deref()));
-        }
-    };
-    let saved = match std::thread::Builder::new()
-        .name("report".into())
-        .spawn(work)
-    {
-        Err(err) => Err(anyhow::anyhow!("cannot start its thread: {err}")),
-        Ok(_) => tokio::select! {
-            written = finished => written.unwrap_or_else(|_| {
-                Err(anyhow::anyhow!("building it failed (its thread panicked)"))
-            }),
-            () = tokio::time::sleep(REPORT_TIME_LIMIT) => Err(anyhow::anyhow!(
-                "building it took longer than {}; the results are saved",
-                humantime::format_duration(REPORT_TIME_LIMIT)
-            )),
-            () = interrupted => Err(anyhow::Error::new(Interrupted)),
-        },
-    };
-    match saved {
-        Ok(()) => true,
-        Err(err) => {
-            let interrupted = err.is::<Interrupted>();
-            let why = if interrupted {
-                "interrupted; the results are saved".to_string()
-            } else {
-                format!("{err:#}")
-            };
-            tracing::warn!(
-                "the HTML report was not written: {why} (`nyann-bench report {}` builds it)",
-                dir.display()
-            );
-            !interrupted
-        }
-    }
-}
-
-/// Writes the scenario files and `report.html` of a run into `dir`.
-fn write_report(
-    dir: &Path,
-    result: &RunResult,
-    scenario: &Scenario,
-    source: Option<&str>,
-) -> anyhow::Result<()> {
-    {
-        let run_dir = nyann_results::RunDir::at(dir);
-        run_dir
-            .write_scenario(scenario, source)
-            .with_context(|| format!("cannot write the scenario into {}", dir.display()))?;
-        let label = dir.file_name().map_or_else(
-            || dir.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        let mut run = nyann_report::SavedRun::new(
-            label,
-            result.clone(),
-            Some(scenario.clone()),
-            source.map(str::to_owned),
-        );
-        run.read_requests(&run_dir)?;
-        nyann_report::write_html(
-            std::slice::from_ref(&run),
-            &run_dir.file(nyann_results::REPORT),
-        )?;
-        Ok(())
-    }
-}
-
-/// The server-signal options of `args`: `--ca-cert` is trusted for
-/// Prometheus and `--scrape` URLs as for the target.
-fn signal_options(args: &Args, load: &nyann_load::RunOptions) -> SignalOptions {
-    let ca_certs = load.client.ca_certs.iter();
-    args.signals
-        .to_options(ca_certs.map(|c| c.as_ref().to_vec()).collect())
-}
-
-/// 0 when the run completed or stopped on congestion (the feature working);
-/// 1 when it was aborted or a failed policy call stopped a sweep
-/// (`--on-policy-error stop`; with several sweeps, any of them); 130 when
-/// interrupted.
-pub fn exit_code(result: &RunResult) -> u8 {
-    let stopped_by_error = result
-        .stages
-        .iter()
-        .filter_map(CongestionRecord::of)
-        .any(|r| r.stopped && r.policy_error.is_some());
-    match result.exit_code() {
-        0 | nyann_load::EXIT_DEGRADED if stopped_by_error => 1,
-        code => code,
     }
 }

@@ -1,5 +1,6 @@
 //! The server-signal flags (Prometheus, direct scraping, metric names),
-//! turned into the signals library's [`SignalOptions`].
+//! turned into the signals library's [`SignalOptions`], whose `Default`
+//! gives the defaults they show.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,11 +11,22 @@ use nyann_signals::{
     SignalOptions, SourceKind, Suggestion,
 };
 
+use super::defaults::duration;
+
 /// `--server`: which server's metric names to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ServerFlag {
     Vllm,
     Sglang,
+}
+
+impl From<Server> for ServerFlag {
+    fn from(server: Server) -> ServerFlag {
+        match server {
+            Server::Vllm => ServerFlag::Vllm,
+            Server::Sglang => ServerFlag::Sglang,
+        }
+    }
 }
 
 impl From<ServerFlag> for Server {
@@ -59,25 +71,25 @@ pub struct SignalArgs {
     pub scrape: Vec<String>,
 
     /// How often --scrape samples each URL.
-    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, default_value = shown!(duration(SignalOptions::default().scrape_interval)), value_name = "DURATION", value_parser = parse_duration)]
     pub scrape_interval: Duration,
 
     /// Timeout of one --scrape request.
-    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, default_value = shown!(duration(SignalOptions::default().scrape_timeout)), value_name = "DURATION", value_parser = parse_duration)]
     pub scrape_timeout: Duration,
 
     /// Fixed delay after a stage before its signals are computed (on top of
     /// --settle-wait).
-    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, default_value = shown!(duration(SignalOptions::default().settle)), value_name = "DURATION", value_parser = parse_duration)]
     pub settle: Duration,
 
     /// Longest wait after a stage for samples covering its end to be
     /// ingested (Prometheus) or scraped (--scrape). 0s disables the wait.
-    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, default_value = shown!(duration(SignalOptions::default().settle_wait)), value_name = "DURATION", value_parser = parse_duration)]
     pub settle_wait: Duration,
 
     /// Timeout of one Prometheus query.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, default_value = shown!(duration(SignalOptions::default().prometheus_timeout)), value_name = "DURATION", value_parser = parse_duration)]
     pub prometheus_timeout: Duration,
 
     /// Bearer token sent to Prometheus (Authorization header).
@@ -99,7 +111,7 @@ pub struct SignalArgs {
     #[arg(
         long,
         value_enum,
-        default_value_t = ServerFlag::Vllm,
+        default_value_t = ServerFlag::from(SignalOptions::default().server),
         value_name = "SERVER")]
     pub server: ServerFlag,
 
