@@ -106,7 +106,7 @@ pub struct SignalArgs {
     #[arg(long = "prometheus-header", value_name = "NAME: VALUE")]
     pub prometheus_headers: Vec<String>,
 
-    /// Which server's metric names to read (the README's profile table):
+    /// Which server's metric names to read (the profile table of docs/signals.md):
     /// vllm, or sglang (`sglang:num_queue_reqs`, `sglang:token_usage`, ...).
     #[arg(
         long,
