@@ -349,8 +349,8 @@ async fn drain<F: Future<Output = StageSignals>>(
         if started.elapsed() >= wait {
             tracing::warn!(
                 "capacity search: requests still waiting on the server after {} ({}): the \
-                 search stage starts, and its verdict may carry that queue (raise \
-                 --server-drain-wait)",
+                 search stage starts, and its verdict may carry that queue (a longer \
+                 server drain wait gives it time)",
                 humantime::format_duration(wait),
                 waiting.join(", ")
             );

@@ -415,7 +415,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("no-run");
         let err = RecordedRun::read(&missing).unwrap_err().to_string();
-        assert!(err.ends_with("is not a directory: give the directory a run wrote with `nyann-bench generate --output-dir DIR`"), "{err}");
+        assert!(
+            err.ends_with("is not a directory: give the results directory of a run"),
+            "{err}"
+        );
         std::fs::create_dir_all(&missing).unwrap();
         let err = RecordedRun::read(&missing).unwrap_err().to_string();
         assert!(

@@ -1,6 +1,6 @@
-//! The run directory: what `generate --output-dir DIR` writes, its file
-//! names, and the one place that reads a finished run back (the report,
-//! replay and `sim fit` all go through [`RunDir`]).
+//! The run directory: what a run writes, its file names, and the one place
+//! that reads a finished run back (the report, replay and `sim fit` all go
+//! through [`RunDir`]).
 //!
 //! [`RunDir`] writes `stages.json`, `summary.json`, the scenario,
 //! `server.json` and `metrics/`. The other files are written where they
@@ -66,14 +66,12 @@ const RESULT_FILES: [&str; 3] = [SUMMARY, STAGES, REQUESTS];
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error(
-        "{} is not a directory: give the directory a run wrote with \
-         `nyann-bench generate --output-dir DIR`",
+        "{} is not a directory: give the results directory of a run",
         .0.display()
     )]
     NotADirectory(PathBuf),
     #[error(
-        "{} holds no {file}: give the directory a run wrote with \
-         `nyann-bench generate --output-dir DIR`",
+        "{} holds no {file}: give the results directory of a run",
         dir.display()
     )]
     Missing { dir: PathBuf, file: String },
@@ -536,7 +534,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("holds no stages.json or summary.json: give the directory a run wrote"),
+            err.contains(
+                "holds no stages.json or summary.json: give the results directory of a run"
+            ),
             "{err}"
         );
         let file = empty.path().join("file");

@@ -27,10 +27,6 @@ pub struct RunSpec {
     pub load: RunOptions,
     /// Where the server signals come from (none: a policy that judges
     /// client figures only, or a scenario without `until_congested`).
-    /// Its selectors, scrape URLs, metric names and Prometheus headers are
-    /// still texts the signals library parses (`ROLE={...}`,
-    /// `[ROLE=]URL`, `SIGNAL=NAME,...`, `Name: value`), as the flags give
-    /// them; their errors come back from [`Run::prepare`](crate::Run::prepare).
     pub signals: SignalOptions,
     /// The policy judging the `until_congested` stages, and how.
     pub policy: PolicySpec,

@@ -91,7 +91,10 @@ async fn a_sweep_stops_at_congestion_and_leaves_its_run_directory() {
         source: Some(SWEEP.to_string()),
         load: load(sim.base_url()),
         signals: SignalOptions {
-            scrape: vec![format!("aggregate=http://{metrics}/metrics")],
+            scrape: vec![nyann_signals::ScrapeTarget {
+                role: "aggregate".into(),
+                url: format!("http://{metrics}/metrics"),
+            }],
             scrape_interval: Duration::from_millis(250),
             ..SignalOptions::default()
         },
@@ -195,7 +198,7 @@ async fn a_run_directory_holding_a_run_is_refused_unless_overwritten() {
         }),
         // Signals no stage reads: said, not refused.
         signals: SignalOptions {
-            scrape: vec!["127.0.0.1:9/metrics".into()],
+            scrape: vec!["127.0.0.1:9/metrics".parse().unwrap()],
             ..SignalOptions::default()
         },
         ..RunSpec::new(plain())

@@ -4,10 +4,11 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::SignalError;
-use crate::profile::Server;
+use crate::profile::{MetricOverride, Server};
 
 /// What chooses and configures the server-signal source: Prometheus (with
 /// roles from a deployment name or selectors) or direct scraping, the
@@ -20,11 +21,11 @@ pub struct SignalOptions {
     /// Deployment name whose default roles are read from Prometheus (see
     /// [`default_roles`]).
     pub deploy_name: Option<String>,
-    /// `ROLE={MATCHERS}` selectors, replacing a role's default or defining a
-    /// new role; passed to Prometheus as written.
-    pub selectors: Vec<String>,
-    /// `[ROLE=]URL` metrics endpoints sampled directly during stages.
-    pub scrape: Vec<String>,
+    /// Role selectors, replacing a role's default or defining a new role;
+    /// passed to Prometheus as written.
+    pub selectors: Vec<RoleSelector>,
+    /// Metrics endpoints sampled directly during stages.
+    pub scrape: Vec<ScrapeTarget>,
     /// How often each scrape URL is sampled.
     pub scrape_interval: Duration,
     /// Timeout of one scrape request.
@@ -37,12 +38,12 @@ pub struct SignalOptions {
     pub prometheus_timeout: Duration,
     /// Bearer token sent to Prometheus.
     pub prometheus_bearer_token: Option<String>,
-    /// `Name: value` headers sent to Prometheus.
-    pub prometheus_headers: Vec<String>,
+    /// Headers sent to Prometheus (name, value).
+    pub prometheus_headers: Vec<(String, String)>,
     /// Which server's metric names to read.
     pub server: Server,
-    /// `SIGNAL=NAME[,NAME...]` metric names tried before the profile's.
-    pub metrics: Vec<String>,
+    /// Metric names of a signal tried before the profile's.
+    pub metrics: Vec<MetricOverride>,
     /// Start even when a role finds no series of any signal (its signals
     /// then read 0, recorded as no data).
     pub allow_missing_signals: bool,
@@ -169,18 +170,30 @@ pub fn default_roles(deploy_name: &str) -> Vec<RoleSelector> {
     }
 }
 
-/// Roles from `--deploy-name` and `--selector` flags, in canonical order.
-pub fn resolve_roles(
-    deploy_name: Option<&str>,
-    selectors: &[String],
-) -> Result<Vec<RoleSelector>, SignalError> {
+/// The roles of a deployment name's defaults with `selectors` replacing
+/// or adding roles, in canonical order.
+pub fn resolve_roles(deploy_name: Option<&str>, selectors: &[RoleSelector]) -> Vec<RoleSelector> {
     let mut roles = deploy_name.map(default_roles).unwrap_or_default();
-    for flag in selectors {
+    for new in selectors {
+        match roles.iter_mut().find(|r| r.role == new.role) {
+            Some(existing) => *existing = new.clone(),
+            None => roles.push(new.clone()),
+        }
+    }
+    roles.sort_by_key(|r| role_rank(&r.role)); // stable: others keep their order
+    roles
+}
+
+/// `ROLE={MATCHERS}`, e.g. `decode={namespace="llm",pod=~"isvc-.*"}`.
+impl FromStr for RoleSelector {
+    type Err = SignalError;
+
+    fn from_str(text: &str) -> Result<Self, SignalError> {
         let bad = |why: &str| SignalError::Selector {
-            value: flag.clone(),
+            value: text.to_string(),
             why: why.to_string(),
         };
-        let (role, sel) = flag
+        let (role, sel) = text
             .split_once('=')
             .ok_or_else(|| bad("expected ROLE={MATCHERS}"))?;
         let role = role.trim();
@@ -198,18 +211,12 @@ pub fn resolve_roles(
                 "an empty selector would match every series of the server",
             ));
         }
-        let new = RoleSelector {
+        Ok(RoleSelector {
             role: role.to_string(),
             matchers,
             from_deploy_name: false,
-        };
-        match roles.iter_mut().find(|r| r.role == role) {
-            Some(existing) => *existing = new,
-            None => roles.push(new),
-        }
+        })
     }
-    roles.sort_by_key(|r| role_rank(&r.role)); // stable: others keep flag order
-    Ok(roles)
 }
 
 fn valid_role(role: &str) -> bool {
@@ -219,15 +226,23 @@ fn valid_role(role: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// One `--scrape` target.
+/// A metrics endpoint sampled directly, and the role it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScrapeTarget {
     pub role: String,
     pub url: String,
 }
 
-/// Parses `[ROLE=]URL`; a bare `host:port` becomes `http://host:port/metrics`.
-pub fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
+/// `[ROLE=]URL`; a bare `host:port` becomes `http://host:port/metrics`.
+impl FromStr for ScrapeTarget {
+    type Err = SignalError;
+
+    fn from_str(text: &str) -> Result<Self, SignalError> {
+        parse_scrape(text)
+    }
+}
+
+fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
     let bad = |why: &str| SignalError::Scrape {
         value: flag.to_string(),
         why: why.to_string(),
@@ -254,14 +269,6 @@ pub fn parse_scrape(flag: &str) -> Result<ScrapeTarget, SignalError> {
         url.push_str("metrics");
     }
     Ok(ScrapeTarget { role, url })
-}
-
-/// Parses `Name: Value` ([`nyann_model::parse_header`]).
-pub fn parse_header(flag: &str) -> Result<(String, String), SignalError> {
-    nyann_model::parse_header(flag).ok_or_else(|| SignalError::Header {
-        value: flag.to_string(),
-        why: "expected 'Name: Value'".to_string(),
-    })
 }
 
 #[cfg(test)]
@@ -302,20 +309,19 @@ mod tests {
 
     #[test]
     fn selectors_replace_or_add_roles_in_order() {
-        let r = resolve_roles(
-            Some("m-decode"),
-            &[
-                r#"extra={job="x"}"#.to_string(),
-                r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#.to_string(),
-            ],
-        )
-        .unwrap();
+        let selectors = [
+            r#"extra={job="x"}"#.parse().unwrap(),
+            r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#
+                .parse()
+                .unwrap(),
+        ];
+        let r = resolve_roles(Some("m-decode"), &selectors);
         let names: Vec<_> = r.iter().map(|r| r.role.as_str()).collect();
         assert_eq!(names, ["prefill", "decode", "extra"]);
         assert_eq!(r[1].matchers, r#"namespace="ns",pod=~"isvc-predictor-.*""#);
-        assert!(resolve_roles(None, &["decode=job".into()]).is_err());
-        assert!(resolve_roles(None, &["decode={}".into()]).is_err());
-        assert!(resolve_roles(None, &["{job=\"x\"}".into()]).is_err());
+        for bad in ["decode=job", "decode={}", "{job=\"x\"}"] {
+            assert!(bad.parse::<RoleSelector>().is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -330,14 +336,5 @@ mod tests {
         assert_eq!(t.url, "http://127.0.0.1:9/metrics");
         assert!(parse_scrape("prefill=").is_err());
         assert!(parse_scrape("ftp://x/").is_err());
-    }
-
-    #[test]
-    fn headers() {
-        assert_eq!(
-            parse_header("X-Scope-OrgID: a:b").unwrap(),
-            ("X-Scope-OrgID".to_string(), "a:b".to_string())
-        );
-        assert!(parse_header("nocolon").is_err());
     }
 }

@@ -66,7 +66,7 @@ pub use nyann_model::math;
 pub use config::{RoleSelector, ScrapeTarget, SignalOptions};
 pub use http::{ClientCertError, ClientCertFile};
 pub use preflight::{BlindRole, Hint, NothingFound, PreflightWarning, SourceKind, Suggestion};
-pub use profile::{MetricNames, Server};
+pub use profile::{MetricNames, MetricOverride, Server};
 pub use spec::ClientEvidence;
 
 use http::Tls;
@@ -150,11 +150,7 @@ pub async fn metrics_texts(args: &SignalOptions) -> Result<Vec<MetricsText>, Sig
     if let Some(url) = &args.prometheus_url {
         return prometheus_config_texts(args, url).await;
     }
-    let targets = args
-        .scrape
-        .iter()
-        .map(|s| config::parse_scrape(s))
-        .collect::<Result<Vec<_>, _>>()?;
+    let targets = args.scrape.clone();
     if targets.is_empty() {
         return Ok(Vec::new());
     }
@@ -202,7 +198,7 @@ async fn prometheus_config_texts(
         },
         url,
     )?;
-    let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors)?;
+    let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors);
     let now = unix_now();
     let queries: Vec<(String, String)> = roles
         .into_iter()
@@ -240,16 +236,11 @@ pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The Prometheus client `args` describe.
 fn prometheus_client(args: &SignalOptions, url: &str) -> Result<PromClient, SignalError> {
-    let headers = args
-        .prometheus_headers
-        .iter()
-        .map(|h| config::parse_header(h))
-        .collect::<Result<Vec<_>, _>>()?;
     PromClient::new(
         url,
         args.prometheus_timeout,
         args.prometheus_bearer_token.as_deref(),
-        &headers,
+        &args.prometheus_headers,
         &Tls::from_options(args)?,
     )
 }
@@ -270,7 +261,7 @@ impl SignalSource {
     /// Builds the source the flags describe; `Ok(None)` when neither
     /// `--prometheus-url` nor `--scrape` is given. Does not contact any server.
     pub async fn from_options(args: &SignalOptions) -> Result<Option<SignalSource>, SignalError> {
-        let names = MetricNames::from_flags(args.server, &args.metrics)?;
+        let names = MetricNames::with_overrides(args.server, &args.metrics);
         let inner = match (&args.prometheus_url, args.scrape.is_empty()) {
             (Some(_), false) => return Err(SignalError::BothSources),
             (Some(url), true) => {
@@ -279,7 +270,7 @@ impl SignalSource {
                         option: "prometheus_timeout",
                     });
                 }
-                let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors)?;
+                let roles = config::resolve_roles(args.deploy_name.as_deref(), &args.selectors);
                 if roles.is_empty() {
                     return Err(SignalError::NoRoles);
                 }
@@ -301,11 +292,7 @@ impl SignalSource {
                         return Err(SignalError::ZeroDuration { option });
                     }
                 }
-                let targets = args
-                    .scrape
-                    .iter()
-                    .map(|s| config::parse_scrape(s))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let targets = args.scrape.clone();
                 let http = Tls::from_options(args)?
                     .builder()
                     .connect_timeout(args.scrape_timeout)

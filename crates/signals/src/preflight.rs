@@ -522,8 +522,10 @@ mod tests {
             ]
         );
         // A selector's role is never told to change the deployment name.
-        let role =
-            &resolve_roles(None, &["decode={job=\"vllm-decode\",pod=~\"a.*\"}".into()]).unwrap()[0];
+        let role = &resolve_roles(
+            None,
+            &["decode={job=\"vllm-decode\",pod=~\"a.*\"}".parse().unwrap()],
+        )[0];
         let hints = shown(prometheus_hints(
             role,
             Server::Vllm,

@@ -161,6 +161,52 @@ impl Default for MetricNames {
     }
 }
 
+/// The metric names of one signal, tried in order before the profile's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricOverride {
+    pub signal: Family,
+    pub names: Vec<String>,
+}
+
+/// `SIGNAL=NAME[,NAME...]`, e.g. `kv_cache_usage=my:kv_usage`.
+impl std::str::FromStr for MetricOverride {
+    type Err = SignalError;
+
+    fn from_str(text: &str) -> Result<Self, SignalError> {
+        let bad = |why: &str| SignalError::Metric {
+            value: text.to_string(),
+            why: why.to_string(),
+        };
+        let (key, list) = text
+            .split_once('=')
+            .ok_or_else(|| bad("expected SIGNAL=NAME[,NAME...]"))?;
+        let signal = Family::ALL
+            .into_iter()
+            .find(|f| f.key() == key.trim())
+            .ok_or_else(|| {
+                bad(&format!(
+                    "unknown signal {:?}; expected one of {}",
+                    key.trim(),
+                    Family::ALL.map(Family::key).join(", ")
+                ))
+            })?;
+        let names: Vec<String> = list
+            .split(',')
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Err(bad("no metric name given"));
+        }
+        if let Some(n) = names.iter().find(|n| !valid_metric_name(n)) {
+            return Err(bad(&format!(
+                "{n:?} is not a metric name (letters, digits, '_' and ':')"
+            )));
+        }
+        Ok(MetricOverride { signal, names })
+    }
+}
+
 impl MetricNames {
     /// `server`'s profile.
     pub fn of(server: Server) -> Self {
@@ -173,43 +219,13 @@ impl MetricNames {
         }
     }
 
-    /// `server`'s profile with `--metric SIGNAL=NAME[,NAME...]` overrides.
-    pub fn from_flags(server: Server, flags: &[String]) -> Result<Self, SignalError> {
+    /// `server`'s profile with `overrides` tried first.
+    pub fn with_overrides(server: Server, overrides: &[MetricOverride]) -> Self {
         let mut names = Self::of(server);
-        for flag in flags {
-            let bad = |why: &str| SignalError::Metric {
-                value: flag.clone(),
-                why: why.to_string(),
-            };
-            let (key, list) = flag
-                .split_once('=')
-                .ok_or_else(|| bad("expected SIGNAL=NAME[,NAME...]"))?;
-            let family = Family::ALL
-                .into_iter()
-                .find(|f| f.key() == key.trim())
-                .ok_or_else(|| {
-                    bad(&format!(
-                        "unknown signal {:?}; expected one of {}",
-                        key.trim(),
-                        Family::ALL.map(Family::key).join(", ")
-                    ))
-                })?;
-            let list: Vec<String> = list
-                .split(',')
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect();
-            if list.is_empty() {
-                return Err(bad("no metric name given"));
-            }
-            if let Some(n) = list.iter().find(|n| !valid_metric_name(n)) {
-                return Err(bad(&format!(
-                    "{n:?} is not a metric name (letters, digits, '_' and ':')"
-                )));
-            }
-            names.names.insert(family, list);
+        for o in overrides {
+            names.names.insert(o.signal, o.names.clone());
         }
-        Ok(names)
+        names
     }
 
     /// The server profile these names start from.
@@ -271,17 +287,15 @@ mod tests {
                 "vllm_gpu_cache_usage_perc"
             ]
         );
-        let m = MetricNames::from_flags(Server::Vllm, &["waiting=my:queue,x_y".into()]).unwrap();
+        let m =
+            MetricNames::with_overrides(Server::Vllm, &["waiting=my:queue,x_y".parse().unwrap()]);
         assert_eq!(m.get(Family::Waiting), ["my:queue", "x_y"]);
         assert_eq!(
             m.get(Family::Running),
             ["vllm:num_requests_running", "vllm_num_requests_running"]
         );
         for bad in ["nope=x", "waiting=a b", "waiting=", "waiting"] {
-            assert!(
-                MetricNames::from_flags(Server::Vllm, &[bad.into()]).is_err(),
-                "{bad}"
-            );
+            assert!(bad.parse::<MetricOverride>().is_err(), "{bad}");
         }
     }
 
@@ -298,9 +312,10 @@ mod tests {
             "sglang:num_retracted_requests_total"
         );
         assert_eq!(m.get(Family::Ttft)[0], "sglang:time_to_first_token_seconds");
-        let m =
-            MetricNames::from_flags(Server::Sglang, &["preemptions=my_retractions_total".into()])
-                .unwrap();
+        let m = MetricNames::with_overrides(
+            Server::Sglang,
+            &["preemptions=my_retractions_total".parse().unwrap()],
+        );
         assert_eq!(m.get(Family::Preemptions), ["my_retractions_total"]);
         assert_eq!(m.get(Family::Waiting)[0], "sglang:num_queue_reqs");
         assert_eq!(m.server(), Server::Sglang);

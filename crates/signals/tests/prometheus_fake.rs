@@ -289,9 +289,13 @@ async fn short_stage_uses_whole_stage_and_ms_ranges() {
 async fn custom_selector_and_auth_headers_are_sent() {
     let fake = FakeProm::start(answering(vec![])).await;
     let mut a = args(&fake.url(), "m-decode");
-    a.selectors = vec![r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#.into()];
+    a.selectors = vec![
+        r#"decode={namespace="ns",pod=~"isvc-predictor-.*"}"#
+            .parse()
+            .unwrap(),
+    ];
     a.prometheus_bearer_token = Some("s3cret".into());
-    a.prometheus_headers = vec!["X-Scope-OrgID: team-a".into()];
+    a.prometheus_headers = vec![("X-Scope-OrgID".into(), "team-a".into())];
     let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     assert_eq!(source.roles(), ["prefill", "decode"]);
     let described = source.describe();
@@ -838,7 +842,7 @@ async fn a_quantile_of_inf_reads_the_largest_bucket_bound_as_a_lower_bound() {
 #[tokio::test]
 async fn configuration_errors_are_typed() {
     let mut a = args("http://127.0.0.1:1", "m");
-    a.scrape = vec!["127.0.0.1:2".into()];
+    a.scrape = vec!["127.0.0.1:2".parse().unwrap()];
     assert!(SignalSource::from_options(&a).await.is_err());
     let a = SignalOptions {
         prometheus_url: Some("http://127.0.0.1:1".into()),
@@ -851,7 +855,7 @@ async fn configuration_errors_are_typed() {
     let mut a = args("not a url", "m");
     assert!(SignalSource::from_options(&a).await.is_err());
     a.prometheus_url = Some("http://127.0.0.1:1".into());
-    a.prometheus_headers = vec!["bad header".into()];
+    a.prometheus_headers = vec![("bad header".into(), "x".into())];
     assert!(SignalSource::from_options(&a).await.is_err());
 }
 
@@ -1105,7 +1109,7 @@ async fn preflight_fails_when_prometheus_is_down_or_refuses_the_query() {
     })
     .await;
     let mut a = args(&fake.url(), "m");
-    a.selectors = vec!["aggregate={job=\"x\" pod=\"y\"}".into()];
+    a.selectors = vec!["aggregate={job=\"x\" pod=\"y\"}".parse().unwrap()];
     let source = SignalSource::from_options(&a).await.unwrap().unwrap();
     let text = source.preflight().await.unwrap_err().to_string();
     assert!(text.contains("bad_data: 1:40: parse error"), "{text}");

@@ -149,7 +149,7 @@ async fn prometheus_and_scrape_sources_agree_idle_and_overloaded() {
         ..Default::default()
     };
     let scrape_args = |urls: Vec<String>| SignalOptions {
-        scrape: urls,
+        scrape: urls.iter().map(|u| u.parse().unwrap()).collect(),
         ..Default::default()
     };
     let sources = [
@@ -266,7 +266,7 @@ async fn a_stage_right_after_a_congested_one_reads_only_its_own_samples() {
     }
     let source = source(SignalOptions {
         prometheus_url: Some(prom.url()),
-        selectors: vec![r#"aggregate={pod="agg-0"}"#.into()],
+        selectors: vec![r#"aggregate={pod="agg-0"}"#.parse().unwrap()],
         ..Default::default()
     })
     .await;

@@ -16,7 +16,7 @@ use nyann_signals::{Server, SignalError, SignalOptions, SignalSource};
 
 fn scrape_args(urls: &[String]) -> SignalOptions {
     SignalOptions {
-        scrape: urls.to_vec(),
+        scrape: urls.iter().map(|u| u.parse().unwrap()).collect(),
         scrape_interval: Duration::from_millis(200),
         scrape_timeout: Duration::from_millis(500),
         settle_wait: Duration::from_secs(5),

@@ -139,7 +139,7 @@ async fn run(disaggregated: bool) {
     let s = SignalSource::from_options(&SignalOptions {
         scrape: endpoints
             .iter()
-            .map(|(role, addr)| format!("{role}={addr}"))
+            .map(|(role, addr)| format!("{role}={addr}").parse().unwrap())
             .collect(),
         ..Default::default()
     })

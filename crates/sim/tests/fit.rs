@@ -129,7 +129,7 @@ fn the_fit_recovers_a_known_time_model() {
     );
     assert!(fitted.rms < 0.03, "rms {}", fitted.rms);
     assert!(
-        fitted.notes.iter().all(|n| !n.contains("held at 0")),
+        fitted.notes.iter().all(|n| !n.text.contains("held at 0")),
         "two workloads: the context cost is fitted: {:?}",
         fitted.notes
     );
@@ -148,7 +148,7 @@ fn one_workload_holds_the_context_cost_and_says_so() {
     .unwrap();
     assert_eq!(fitted.time.decode_per_context_token, 0.0);
     assert!(
-        fitted.notes.iter().any(|n| n.contains(
+        fitted.notes.iter().any(|n| n.text.contains(
             "decode_per_context_token held at 0: every stage had the same prompt and output lengths"
         )),
         "{:?}",
@@ -299,7 +299,7 @@ fn the_fit_recovers_each_engine_of_a_disaggregated_server() {
         "KV transfer held",
     ] {
         assert!(
-            fitted.notes.iter().any(|n| n.starts_with(held)),
+            fitted.notes.iter().any(|n| n.text.starts_with(held)),
             "{held}: {:?}",
             fitted.notes
         );

@@ -68,7 +68,10 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
             ..RunOptions::default()
         },
         signals: SignalOptions {
-            scrape: vec![format!("aggregate=http://{metrics}/metrics")],
+            scrape: vec![nyann_signals::ScrapeTarget {
+                role: "aggregate".into(),
+                url: format!("http://{metrics}/metrics"),
+            }],
             // Sixteen samples of a 4-second stage rather than four: the KV
             // usage swings at each preemption, and its max should not
             // depend on where four samples happen to fall.

@@ -41,7 +41,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
     let mut runs = Vec::with_capacity(args.dirs.len());
     for dir in &args.dirs {
         // Its errors name the directory or the file already.
-        let run = SavedRun::load(dir, labels.next())?;
+        let run = SavedRun::load(dir, labels.next()).map_err(|e| not_a_run_hint(e.into()))?;
         runs.push(run);
     }
     let output = match (&args.output, args.dirs.as_slice()) {
@@ -61,4 +61,21 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A directory that holds no run, with the command that writes one.
+pub fn not_a_run_hint(err: anyhow::Error) -> anyhow::Error {
+    use nyann_report::ReportError;
+    use nyann_results::ReadError;
+    let holds_no_run =
+        |e: &ReadError| matches!(e, ReadError::NotADirectory(_) | ReadError::Missing { .. });
+    // `ReportError::Read` is transparent: the chain skips the inner error.
+    let not_a_run = err.chain().any(|e| match e.downcast_ref::<ReportError>() {
+        Some(ReportError::Read(read)) => holds_no_run(read),
+        _ => e.downcast_ref::<ReadError>().is_some_and(holds_no_run),
+    });
+    match not_a_run {
+        true => anyhow::anyhow!("{err} (`nyann-bench generate --output-dir DIR` writes one)"),
+        false => err,
+    }
 }

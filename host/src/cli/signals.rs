@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use nyann_model::parse_duration;
 use nyann_signals::{
-    BlindRole, ClientCertError, ClientCertFile, Hint, PreflightWarning, Server, SignalError,
-    SignalOptions, SourceKind, Suggestion,
+    BlindRole, ClientCertError, ClientCertFile, Hint, MetricOverride, PreflightWarning,
+    RoleSelector, ScrapeTarget, Server, SignalError, SignalOptions, SourceKind, Suggestion,
 };
 
 use super::defaults::duration;
@@ -61,14 +61,14 @@ pub struct SignalArgs {
     /// Repeatable. The selector is passed to Prometheus as written: `=~`
     /// values are regexes and are NOT escaped.
     #[arg(long = "selector", value_name = "ROLE={MATCHERS}")]
-    pub selectors: Vec<String>,
+    pub selectors: Vec<RoleSelector>,
 
     /// Sample a server's /metrics directly during stages (no Prometheus
     /// needed). ROLE defaults to `aggregate`; several URLs of one role are
     /// combined like pods. `host:port` means http://host:port/metrics.
     /// Repeatable.
     #[arg(long = "scrape", value_name = "[ROLE=]URL")]
-    pub scrape: Vec<String>,
+    pub scrape: Vec<ScrapeTarget>,
 
     /// How often --scrape samples each URL.
     #[arg(long, default_value = shown!(duration(SignalOptions::default().scrape_interval)), value_name = "DURATION", value_parser = parse_duration)]
@@ -103,8 +103,8 @@ pub struct SignalArgs {
 
     /// Extra HTTP header sent to Prometheus, e.g. 'X-Scope-OrgID: team-a'.
     /// Repeatable.
-    #[arg(long = "prometheus-header", value_name = "NAME: VALUE")]
-    pub prometheus_headers: Vec<String>,
+    #[arg(long = "prometheus-header", value_name = "NAME: VALUE", value_parser = header)]
+    pub prometheus_headers: Vec<(String, String)>,
 
     /// Which server's metric names to read (the profile table of docs/signals.md):
     /// vllm, or sglang (`sglang:num_queue_reqs`, `sglang:token_usage`, ...).
@@ -124,7 +124,7 @@ pub struct SignalArgs {
         id = "metric_names",
         value_name = "SIGNAL=NAME[,NAME...]"
     )]
-    pub metrics: Vec<String>,
+    pub metrics: Vec<MetricOverride>,
 
     /// Start even when a role finds no series of any signal before the first
     /// stage (its signals then read 0 at every stage, recorded as "no
@@ -289,6 +289,11 @@ fn hint(hint: &Hint) -> String {
         })
         .collect();
     format!("{}; did you mean {}?", hint.found, flags.join(" "))
+}
+
+/// `Name: value` (clap's value parser).
+fn header(text: &str) -> Result<(String, String), String> {
+    nyann_model::parse_header(text).ok_or_else(|| "expected 'Name: Value'".to_string())
 }
 
 #[cfg(test)]

@@ -466,7 +466,7 @@ struct Expected {
 /// `policy check --fixture DIR`: replay DIR and compare each verdict with
 /// DIR/expected.json, else with the verdict recorded in the run.
 async fn check_fixture(policy: &Policy, params: &[Param], dir: &Path) -> anyhow::Result<ExitCode> {
-    let run = RecordedRun::read(dir)?;
+    let run = RecordedRun::read(dir).map_err(crate::cli::report::not_a_run_hint)?;
     let expected_file = dir.join("expected.json");
     let expected: Option<Vec<Expected>> = if expected_file.is_file() {
         let text = std::fs::read_to_string(&expected_file)
@@ -586,7 +586,7 @@ async fn replay(
     params: &[Param],
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let run = RecordedRun::read(dir)?;
+    let run = RecordedRun::read(dir).map_err(crate::cli::report::not_a_run_hint)?;
     let replayed = replay_off_runtime(&run, policy, params).await?;
     if json {
         println!(

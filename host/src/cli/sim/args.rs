@@ -1,10 +1,11 @@
 //! The flags of `nyann-bench sim`, resolved into the simulator's
-//! [`SimConfig`]; the simulator's range errors are given back with the
-//! flag's name.
+//! [`SimConfig`]; the simulator's and the fit's errors and notes given back
+//! with the flags that set what they name.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nyann_sim::fit::{FitError, FitInputError, Missing, Note, RecordingError, Setting};
 use nyann_sim::{ConfigError, Profile, SimConfig, SimError};
 
 /// Flags of `nyann-bench sim`: one per field of [`SimConfig`], named after it.
@@ -276,11 +277,92 @@ pub fn flag_error(err: SimError) -> anyhow::Error {
     }
 }
 
+/// A positive finite number (clap's value parser).
+pub fn positive_number(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a positive number, got {text}")),
+    }
+}
+
+/// A finite number of microseconds >= 0 (clap's value parser).
+pub fn microseconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("must be a number of microseconds >= 0, got {text}")),
+    }
+}
+
 /// A value out of range, named by its flag: the flag of a [`SimConfig`]
 /// field (and of `sim fit`'s noise flags) is the field's name in kebab case.
 pub fn config_error(e: ConfigError) -> anyhow::Error {
     let flag = e.field.replace('_', "-");
     anyhow::anyhow!("--{flag} must be {}, got {}", e.rule, e.value)
+}
+
+/// A note with the flag that sets what it says was held or inferred.
+pub fn note_with_flag(note: &Note) -> String {
+    match note.set_by {
+        None => note.text.clone(),
+        Some(Setting::MaxNumSeqs) => format!("{}; --max-num-seqs sets it", note.text),
+        Some(Setting::KvTransfer) => format!(
+            "{}: --kv-transfer-us and --kv-transfer-per-token-us",
+            note.text
+        ),
+    }
+}
+
+/// A fit that cannot run, with the flags that get past it.
+pub fn fit_error(err: FitInputError) -> anyhow::Error {
+    let hint = match &err {
+        FitInputError::Missing(missing) => {
+            let items: Vec<String> = missing
+                .iter()
+                .map(|m| format!("\n  - {}", missing_with_flags(m)))
+                .collect();
+            return anyhow::anyhow!(
+                "the fit needs what the run(s) did not record (a run recorded by this version \
+                 with --scrape saves it):{}",
+                items.concat()
+            );
+        }
+        FitInputError::Recording(RecordingError::NoRecords { .. }) => {
+            "a sweep run with --output-dir writes it"
+        }
+        FitInputError::NoCacheConfig(_) | FitInputError::CacheConfigLabel { .. } => {
+            "give --kv-blocks and --block-size instead"
+        }
+        FitInputError::NoMaxModelLen(_) => "give --max-model-len instead",
+        FitInputError::EmptyKvCache => "--kv-blocks and --block-size must be at least 1",
+        FitInputError::Fit(FitError::DoesNotFit { .. }) => {
+            "give the server's --kv-blocks / --block-size, or its --metrics-file"
+        }
+        _ => return err.into(),
+    };
+    anyhow::anyhow!("{err} ({hint})")
+}
+
+/// What is missing, and how to give it.
+fn missing_with_flags(missing: &Missing) -> String {
+    match missing {
+        Missing::PromptTokens { .. } => format!(
+            "{missing}: record with --stream-usage, or give --chars-per-token K (the `ISL \
+             calibration` line of the run's log)"
+        ),
+        Missing::ChatTemplateTokens => format!(
+            "{missing}: give --chat-template-tokens N (the server's /tokenize of a one-message \
+             chat less that of its text), or record two prompt lengths with --stream-usage"
+        ),
+        Missing::KvCache { role: Some(role) } => format!(
+            "{missing}: record with --scrape {role}=URL (the run saves its /metrics text), or \
+             give --metrics-file FILE (a saved `curl http://HOST:8000/metrics`), or --kv-blocks N \
+             and --block-size N"
+        ),
+        Missing::KvCache { role: None } => format!(
+            "{missing}: give --metrics-file FILE (a saved `curl http://HOST:8000/metrics`), or \
+             --kv-blocks N and --block-size N"
+        ),
+    }
 }
 
 #[cfg(test)]

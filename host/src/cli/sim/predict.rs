@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use nyann_model::RoleSignals;
-use nyann_sim::fit::{self, Prediction, PromptCount, Serving};
+use nyann_sim::fit::{self, FittedProfile, GivenServer, Prediction, PromptCount, Serving};
 
 /// The standard rules' thresholds, as the held-out run was judged (the
 /// built-in's defaults for the KV rule when the run did not write them).
@@ -52,8 +52,33 @@ impl Thresholds {
     }
 }
 
+/// `sim fit --check DIR`: the held-out run in `dir` predicted with the
+/// fitted profile, as text. Its prompts are counted as `given`, else as the
+/// run saved, else as the fit counted its runs'.
+pub async fn check_held_out(
+    dir: &Path,
+    fitted: &FittedProfile,
+    given: &GivenServer,
+    seed: u64,
+) -> anyhow::Result<String> {
+    let held_out = fit::read_server(dir)?;
+    let count = PromptCount {
+        chars_per_token: given
+            .chars_per_token
+            .or(held_out.chars_per_token)
+            .or(fitted.count.chars_per_token),
+        chat_template_tokens: given
+            .chat_template_tokens
+            .or(held_out.chat_template_tokens)
+            .unwrap_or(fitted.count.chat_template_tokens),
+    };
+    let serving = Serving::of(&fitted.profile);
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || check_run(&dir, count, &serving, seed)).await?
+}
+
 /// The held-out run in `dir` predicted with `serving`, as text.
-pub fn check_run(
+fn check_run(
     dir: &Path,
     count: PromptCount,
     serving: &Serving,
