@@ -1,7 +1,8 @@
 //! Test support for nyann-bench: a real Prometheus for a test, a scripted
 //! `/metrics` exporter, a server that queues beyond a fixed number of
 //! slots, a private CA, a bounded polling helper, generated datasets, and
-//! a TCP tap that keeps the requests and responses passing through it.
+//! a TCP tap that keeps the requests and responses passing through it, and
+//! the fuzz targets' corpora replayed as tests.
 //!
 //! [`PrometheusServer::start`] writes a temporary config (`scrape_interval:
 //! 1s`) with the given jobs, targets and labels, starts the Debian
@@ -26,6 +27,7 @@
 
 pub mod datasets;
 pub mod exporter;
+pub mod fuzz_corpus;
 pub mod queue;
 pub mod tap;
 mod tls;

@@ -10,14 +10,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
-use nyann_run::{LeadSpec, Output, PolicySpec, RunSpec};
+use nyann_run::{LeadSpec, PolicySpec, RunSpec};
 use nyann_signals::SignalOptions;
 
 use super::Ui;
 use super::client::ClientArgs;
 use super::fleet::{self, FleetArgs, Role};
 use super::progress;
-use super::run::{self, Summary};
+use super::run::{self, OutputArgs};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -74,15 +74,8 @@ struct StageArgs {
     #[arg(long, value_parser = parse_duration, default_value = "1h")]
     duration: Duration,
 
-    /// Directory for requests.jsonl (streamed), stages.json and summary.json.
-    #[arg(long, value_name = "DIR")]
-    output_dir: Option<PathBuf>,
-    /// Replace the run an --output-dir already holds.
-    #[arg(long)]
-    overwrite: bool,
-    /// Print the summary (summary.json) on stdout even on a terminal.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputArgs,
     #[command(flatten)]
     client: Box<ClientArgs>,
     #[command(flatten)]
@@ -91,8 +84,8 @@ struct StageArgs {
 
 pub async fn run(command: Command, ui: Ui) -> anyhow::Result<ExitCode> {
     let (scenario, stage) = plan(command)?;
-    let summary = Summary::Stdout { json: stage.json };
-    match stage.fleet.role(stage.output())? {
+    let summary = stage.output.summary();
+    match stage.fleet.role(stage.output.output())? {
         Role::Alone => {
             let spec = stage.spec(scenario, None)?;
             run::alone(spec, summary, progress::DEFAULT_INTERVAL, ui).await
@@ -100,7 +93,7 @@ pub async fn run(command: Command, ui: Ui) -> anyhow::Result<ExitCode> {
         Role::Lead(lead) => fleet::lead(stage.spec(scenario, Some(lead))?, summary, ui).await,
         Role::Work(work) => {
             let spec = work.spec(stage.client.to_options()?, Some(scenario));
-            fleet::work(spec, stage.json, ui).await
+            fleet::work(spec, stage.output.json, ui).await
         }
     }
 }
@@ -174,17 +167,9 @@ impl StageArgs {
             load,
             signals,
             policy: PolicySpec::default(),
-            output: self.output(),
+            output: self.output.output(),
             client_metrics: self.client.metrics,
             lead,
-        })
-    }
-
-    fn output(&self) -> Option<Output> {
-        let dir = self.output_dir.clone()?;
-        Some(Output {
-            dir,
-            overwrite: self.overwrite,
         })
     }
 }

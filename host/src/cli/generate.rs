@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
-use nyann_run::{LeadSpec, Output, RunSpec};
+use nyann_run::{LeadSpec, RunSpec};
 
 use super::Ui;
 use super::check::PolicyArgs;
@@ -17,7 +17,7 @@ use super::client::ClientArgs;
 use super::defaults::duration;
 use super::fleet::{self, FleetArgs, Role};
 use super::progress;
-use super::run::{self, Summary};
+use super::run::{self, OutputArgs};
 use super::signals::SignalArgs;
 
 #[derive(Debug, clap::Args)]
@@ -27,19 +27,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Directory for requests.jsonl (streamed), stages.json and summary.json.
-    #[arg(long, value_name = "DIR")]
-    pub output_dir: Option<PathBuf>,
-
-    /// Replace the run an --output-dir already holds (by default such a
-    /// directory is refused, so that no result is lost by mistake).
-    #[arg(long)]
-    pub overwrite: bool,
-
-    /// Print the summary (summary.json) on stdout even on a terminal; it is
-    /// printed whenever stdout is a pipe or a file.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 
     /// Off a terminal (a CI log, a pod's log), a progress line this often
     /// during each stage: its figures so far and how long the run has left
@@ -64,8 +53,8 @@ pub struct Args {
 }
 
 pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
-    let summary = Summary::Stdout { json: args.json };
-    match args.fleet.role(args.output())? {
+    let summary = args.output.summary();
+    match args.fleet.role(args.output.output())? {
         Role::Alone => run::alone(args.spec(None)?, summary, args.progress_interval, ui).await,
         Role::Lead(lead) => fleet::lead(args.spec(Some(lead))?, summary, ui).await,
         Role::Work(work) => {
@@ -75,7 +64,7 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
                 None => None,
             };
             let spec = work.spec(args.client.to_options()?, given);
-            fleet::work(spec, args.json, ui).await
+            fleet::work(spec, args.output.json, ui).await
         }
     }
 }
@@ -93,17 +82,9 @@ impl Args {
             load,
             signals,
             policy: self.policy.spec(),
-            output: self.output(),
+            output: self.output.output(),
             client_metrics: self.client.metrics,
             lead,
-        })
-    }
-
-    fn output(&self) -> Option<Output> {
-        let dir = self.output_dir.clone()?;
-        Some(Output {
-            dir,
-            overwrite: self.overwrite,
         })
     }
 

@@ -7,17 +7,51 @@
 //! results are, the summary on stdout, the exit code).
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use nyann_check::{Conclusion, RunResult};
-use nyann_run::{ExecuteError, Executed, Notice, PrepareError, PreviousRun, Report, Run, RunSpec};
+use nyann_run::{
+    ExecuteError, Executed, Notice, Output, PrepareError, PreviousRun, Report, Run, RunSpec,
+};
 
 use super::Ui;
 use super::interrupt::cancel_on_signals;
 use super::progress::{Plan, Progress, Show};
+
+/// Where a run's results go: the flags `generate` and `eval` share.
+#[derive(Debug, clap::Args)]
+pub struct OutputArgs {
+    /// Directory for requests.jsonl (streamed), stages.json and summary.json.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+
+    /// Replace the run an --output-dir already holds (by default such a
+    /// directory is refused, so that no result is lost by mistake).
+    #[arg(long)]
+    pub overwrite: bool,
+
+    /// Print the summary (summary.json) on stdout even on a terminal; it is
+    /// printed whenever stdout is a pipe or a file.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl OutputArgs {
+    pub fn output(&self) -> Option<Output> {
+        let dir = self.output_dir.clone()?;
+        Some(Output {
+            dir,
+            overwrite: self.overwrite,
+        })
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary::Stdout { json: self.json }
+    }
+}
 
 /// Where the JSON summary goes besides the run directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

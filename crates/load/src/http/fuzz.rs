@@ -4,14 +4,12 @@
 //! misbehaves. Reached through [`crate::fuzz_check`].
 
 use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-use super::connection::{Connection, Io, Unanswered};
+use super::connection::Unanswered;
 use super::response::retry_after;
+use super::scripted::Scripted;
 
 /// The first byte picks the check: the rest read as a whole response
 /// (split into pieces by that byte), as a chunked body to encode and read
@@ -158,9 +156,7 @@ fn pieces(bytes: &[u8], seed: u8) -> Vec<Vec<u8>> {
 /// connection could carry another request.
 fn read(reads: Vec<Vec<u8>>) -> (Result<Read, Failed>, bool) {
     now(async {
-        let connection = Connection::new(Box::new(Replay {
-            reads: reads.into(),
-        }));
+        let connection = Scripted::connection(reads, Duration::ZERO);
         let mut response = match connection.read_response().await {
             Ok(response) => response,
             Err(Unanswered::Silent(e)) => return (Err(Failed::Silent(e.to_string())), false),
@@ -180,7 +176,7 @@ fn read(reads: Vec<Vec<u8>>) -> (Result<Read, Failed>, bool) {
     })
 }
 
-/// Runs a future that never waits (every read of a [`Replay`] is ready).
+/// Runs a future that never waits (every read of a [`Scripted`] connection is ready).
 fn now<T>(future: impl Future<Output = T>) -> T {
     let mut future = std::pin::pin!(future);
     match future
@@ -189,50 +185,5 @@ fn now<T>(future: impl Future<Output = T>) -> T {
     {
         Poll::Ready(value) => value,
         Poll::Pending => panic!("a replayed response waited"),
-    }
-}
-
-/// A server that answers each read with the next of `reads` (as much of
-/// it as fits), then end of stream.
-struct Replay {
-    reads: std::collections::VecDeque<Vec<u8>>,
-}
-
-impl AsyncRead for Replay {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if let Some(mut piece) = self.reads.pop_front() {
-            let n = piece.len().min(buf.remaining());
-            buf.put_slice(&piece[..n]);
-            if n < piece.len() {
-                self.reads.push_front(piece.split_off(n));
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Replay {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Poll::Ready(Ok(buf.len()))
-    }
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl Io for Replay {
-    fn arrived(&self) -> Option<SystemTime> {
-        None
     }
 }

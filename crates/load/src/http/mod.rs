@@ -34,6 +34,7 @@ pub(crate) mod fuzz;
 mod pool;
 mod proxy;
 mod response;
+mod scripted;
 mod target;
 #[cfg(test)]
 mod test_support;

@@ -8,68 +8,17 @@ use std::time::{Duration, SystemTime};
 use http::header::HeaderMap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::connection::{Connection, Io, Unanswered};
+use super::connection::{Connection, Unanswered};
+use super::scripted::Scripted;
 use super::{HttpError, Proxies, Target, TargetError};
 
 pub(super) fn target(base: &str) -> Result<Target, TargetError> {
     Target::new(base, Duration::from_secs(1), &[], &Proxies::default())
 }
 
-/// A server side that answers each read with the next of `reads` (then
-/// end of stream), and accepts any write.
-pub(super) struct Scripted {
-    reads: std::collections::VecDeque<Vec<u8>>,
-    started: bool,
-}
-
-impl AsyncRead for Scripted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if std::mem::replace(&mut self.started, true) {
-            // Every read after the first returns at a later instant.
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        if let Some(mut piece) = self.reads.pop_front() {
-            let n = piece.len().min(buf.remaining());
-            buf.put_slice(&piece[..n]);
-            if n < piece.len() {
-                self.reads.push_front(piece.split_off(n));
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Scripted {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Poll::Ready(Ok(buf.len()))
-    }
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl Io for Scripted {
-    fn arrived(&self) -> Option<SystemTime> {
-        None
-    }
-}
-
 pub(super) fn scripted(reads: Vec<Vec<u8>>) -> Connection {
-    Connection::new(Box::new(Scripted {
-        reads: reads.into(),
-        started: false,
-    }))
+    // Every read after the first returns at a later instant.
+    Scripted::connection(reads, Duration::from_micros(50))
 }
 
 /// Reads a whole response from `reads`: status, body, reusable.
