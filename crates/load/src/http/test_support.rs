@@ -1,12 +1,10 @@
 //! Helpers of the transport's unit tests: scripted connections and small
 //! servers on 127.0.0.1.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::header::HeaderMap;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::connection::{Connection, Unanswered};
 use super::scripted::Scripted;
