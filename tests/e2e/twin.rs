@@ -575,7 +575,7 @@ async fn a_twin_predicts_a_run_it_was_not_fitted_to() {
         "3",
         "--max-evaluations",
         "40",
-        "--check",
+        "--held-out",
         path(&runs.join("kv-A")),
         "-o",
         path(&out),

@@ -1,7 +1,7 @@
 //! The stage runner: turns the scenario's steps into load, records and
 //! per-stage statistics.
 //!
-//! The modules follow a run: [`check`] (the scenario's rules),
+//! The modules follow a run: [`rules`] (the scenario's rules),
 //! [`prepare`] (targets, models, prompts), [`state`] (what the tasks
 //! share), [`load`] (the senders at a stage's level), [`pool`] (the
 //! conversations of `conversation_pool` stages), [`turn`] (one request
@@ -40,12 +40,12 @@
 //! - Before anything, the scenario's peak of requests in flight is checked
 //!   against the open-file limit and the memory ([`crate::preflight`]).
 
-mod check;
 mod load;
 mod open_loop;
 mod pool;
 mod prepare;
 mod results;
+mod rules;
 pub mod search;
 mod state;
 mod steps;
@@ -162,7 +162,7 @@ pub async fn run<H: StageHook>(
     options: RunOptions,
     mut hook: H,
 ) -> Result<RunResult<H::Annotation>, RunError> {
-    check::scenario(scenario)?;
+    rules::scenario(scenario)?;
     if let Some(peak) = preflight::peak(scenario) {
         preflight::check(&peak, &preflight::Limits::of_this_process())
             .map_err(RunError::Resources)?;

@@ -29,8 +29,9 @@ pub struct Args {
     /// A run the fit does not use, predicted with the fitted profile: per
     /// stage the predicted and recorded figures, and the stage where each
     /// standard rule would stop (repeatable).
-    #[arg(long, value_name = "RUN_DIR")]
-    pub check: Vec<PathBuf>,
+    /// (`--check` is its former name.)
+    #[arg(long, value_name = "RUN_DIR", alias = "check")]
+    pub held_out: Vec<PathBuf>,
 
     /// Where to write the profile (refused if it exists, unless --force).
     #[arg(
@@ -205,7 +206,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.output.display(),
         args.output.display()
     );
-    for dir in &args.check {
+    for dir in &args.held_out {
         print!(
             "{}",
             super::predict::check_held_out(dir, &fitted, &given, args.seed).await?

@@ -1,4 +1,4 @@
-//! `sim fit --check RUN_DIR`: how well a fitted twin predicts a run it was
+//! `sim fit --held-out RUN_DIR`: how well a fitted twin predicts a run it was
 //! not fitted to. Each held-out stage is replayed on the virtual clock and
 //! printed beside the recording (output tok/s, client TTFT p99, waiting
 //! p50, KV usage, preemptions), then the stage where each standard rule
@@ -52,7 +52,7 @@ impl Thresholds {
     }
 }
 
-/// `sim fit --check DIR`: the held-out run in `dir` predicted with the
+/// `sim fit --held-out DIR`: the held-out run in `dir` predicted with the
 /// fitted profile, as text. Its prompts are counted as `given`, else as the
 /// run saved, else as the fit counted its runs'.
 pub async fn check_held_out(
