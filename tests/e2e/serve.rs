@@ -410,7 +410,7 @@ async fn bad_scenarios_and_bodies_are_refused_within_their_bounds() {
     let hot = stages(1, 1).replace("concurrency=2", "concurrency=64");
     let error = refused(plan("sim", &hot)).await;
     assert!(error.contains("max_concurrency 8"), "{error}");
-    let sweep = crate::support::sweep(&[1, 2], "metric=\"kv_cache_usage\", threshold=0.9");
+    let sweep = crate::support::sweep(&[1, 2], crate::sweep::STOPS_AT_16);
     let error = refused(plan("blind", &sweep)).await;
     assert!(error.contains("no signal source"), "{error}");
     let error = refused(plan("sim", &"#".repeat(70_000))).await;
