@@ -15,12 +15,26 @@ use crate::auth::{Caller, Scope};
 use crate::plan::{PlanError, PlanRequest};
 use crate::service::ServiceError;
 
-/// A JSON error answer.
-pub fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
+/// An error answer: `{"error": MESSAGE}` with its status.
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
 }
 
-fn service_error(err: ServiceError) -> Response {
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+pub fn error(status: StatusCode, message: &str) -> ApiError {
+    ApiError {
+        status,
+        message: message.to_string(),
+    }
+}
+
+fn service_error(err: ServiceError) -> ApiError {
     let status = match &err {
         ServiceError::Plan(PlanError::UnknownTarget { .. }) | ServiceError::NotFound(_) => {
             StatusCode::NOT_FOUND
@@ -36,7 +50,7 @@ fn service_error(err: ServiceError) -> Response {
     error(status, &err.to_string())
 }
 
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Response> {
+fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     body.map(|Json(t)| t).map_err(|rejection| {
         error(
             rejection.status(),
@@ -48,7 +62,7 @@ fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Response> {
     })
 }
 
-type Answer = Result<Response, Response>;
+type Answer = Result<Response, ApiError>;
 
 pub async fn targets(State(app): State<App>) -> Response {
     let targets: Vec<_> = app

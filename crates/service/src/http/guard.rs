@@ -4,10 +4,10 @@
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::App;
-use super::api::error;
+use super::api::{ApiError, error};
 use crate::auth::{Caller, Scope};
 
 /// Puts the token's [`Caller`] in the request, or answers 401.
@@ -34,7 +34,7 @@ pub async fn authenticate(State(app): State<App>, mut request: Request, next: Ne
 }
 
 fn unauthorized(challenge: &'static str, message: &str) -> Response {
-    let mut response = error(StatusCode::UNAUTHORIZED, message);
+    let mut response = error(StatusCode::UNAUTHORIZED, message).into_response();
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         header::HeaderValue::from_static(challenge),
@@ -54,7 +54,8 @@ pub async fn same_origin(State(app): State<App>, request: Request, next: Next) -
             return error(
                 StatusCode::FORBIDDEN,
                 "requests from another origin are refused: open the service's own page, or ask the operator to allow this origin",
-            );
+            )
+            .into_response();
         }
     }
     next.run(request).await
@@ -71,7 +72,7 @@ fn is_own(origin: &str, headers: &HeaderMap) -> bool {
 }
 
 /// 403 unless `caller` has `scope` (what `action` needs).
-pub fn require(caller: &Caller, scope: Scope, action: &str) -> Result<(), Response> {
+pub fn require(caller: &Caller, scope: Scope, action: &str) -> Result<(), ApiError> {
     if caller.scope >= scope {
         return Ok(());
     }
