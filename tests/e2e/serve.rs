@@ -523,3 +523,46 @@ fn assert_data_dir(data: &Path) {
         );
     }
 }
+
+#[tokio::test]
+async fn a_bad_targets_or_tokens_file_stops_the_start_with_every_error_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let targets = dir.path().join("targets.toml");
+    std::fs::write(
+        &targets,
+        "[targets.a]\nurl = \"ftp://x\"\n[targets.b]\nurl = \"http://127.0.0.1:1/v1\"\nbounds = { max_stages = 500 }\n",
+    )
+    .unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\nname = \"ci\"\nsha256 = \"plain-token\"\nscope = \"submit\"\n",
+    )
+    .unwrap();
+    let start = async |targets: &Path, tokens: &Path| {
+        let out = nyann_bench()
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--targets")
+            .arg(targets)
+            .arg("--tokens")
+            .arg(tokens)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = start(&targets, &tokens).await;
+    assert!(stderr.contains("target \"a\": url:"), "{stderr}");
+    assert!(
+        stderr.contains("target \"b\": bounds.max_stages:"),
+        "{stderr}"
+    );
+    std::fs::write(&targets, "[targets.a]\nurl = \"http://127.0.0.1:1/v1\"\n").unwrap();
+    let stderr = start(&targets, &tokens).await;
+    assert!(
+        stderr.contains("token \"ci\": sha256 must be 64 hexadecimal digits"),
+        "{stderr}"
+    );
+}
