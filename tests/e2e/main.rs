@@ -16,6 +16,7 @@ mod fleet;
 mod policy;
 mod polyglot;
 mod report;
+mod serve;
 mod sharegpt;
 mod signals;
 mod support;

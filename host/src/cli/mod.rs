@@ -19,6 +19,7 @@ pub mod progress;
 mod report;
 mod run;
 mod scenario;
+mod serve;
 mod signals;
 mod sim;
 
@@ -150,6 +151,9 @@ pub enum Command {
     /// Inspect, check and scaffold congestion policies.
     #[command(subcommand)]
     Policy(policy::Command),
+    /// Serve runs to teams and agents: a JSON API and a web page over a
+    /// queue of runs against operator-defined targets (docs/service.md).
+    Serve(Box<serve::Args>),
     /// Kubernetes manifests of a run by several workers.
     #[command(subcommand)]
     Kube(kube::Command),
@@ -172,6 +176,7 @@ impl Command {
             Command::Report(args) => report::run(args, ui).await,
             Command::Policy(command) => policy::run(command).await,
             Command::Kube(command) => kube::run(command).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Completions { shell } => {
                 use std::io::Write;
                 std::io::stdout()

@@ -1,0 +1,69 @@
+//! The HTTP interfaces over the [`Service`]: the JSON API under `/api/v1`,
+//! the web page at `/`, and `/healthz`. Every route but `/healthz` and the
+//! page (which holds no data: it asks the API with the token its user
+//! gives) needs a bearer token; a request from a foreign `Origin` is
+//! refused (a web page elsewhere cannot drive the service through a
+//! browser, the DNS-rebinding advice of the MCP specification).
+
+mod api;
+mod guard;
+mod page;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use crate::auth::Tokens;
+use crate::service::Service;
+
+/// The largest request body: a 64 KiB scenario as a JSON string, with room.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// What the routes share.
+#[derive(Clone)]
+pub struct App {
+    pub service: Arc<Service>,
+    pub tokens: Arc<Tokens>,
+    /// Origins allowed besides the service's own (`scheme://host:port`).
+    pub allowed_origins: Arc<Vec<String>>,
+}
+
+/// The service's routes.
+pub fn router(app: App) -> Router {
+    let api = Router::new()
+        .route("/targets", get(api::targets))
+        .route("/plan", post(api::plan))
+        .route("/runs", get(api::list).post(api::submit))
+        .route("/runs/{id}", get(api::get))
+        .route("/runs/{id}/cancel", post(api::cancel))
+        .route("/runs/{id}/artifacts", get(api::artifacts))
+        .route("/runs/{id}/artifacts/{name}", get(api::artifact))
+        .route("/runs/{id}/report.html", get(api::report))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard::authenticate,
+        ));
+    Router::new()
+        .nest("/api/v1", api)
+        .route("/", get(page::index))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard::same_origin,
+        ))
+        .with_state(app)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,30 @@
+//! A run service (`nyann-bench serve`): clients name an operator-defined
+//! target and give a Starlark scenario; the service plans it in a bounded
+//! child process, checks it against the target's bounds and signal source,
+//! queues it (one run at a time per target, a bound overall), runs each in
+//! a child process writing an ordinary run directory, and keeps every
+//! run's state in SQLite across restarts.
+//!
+//! - [`targets`]: the operator's targets file, validated at start.
+//! - [`plan`]: a scenario compiled and checked against its target.
+//! - [`store`]: the runs' state.
+//! - [`service`]: the domain core and its scheduler; [`local`] its backend.
+//! - [`auth`]: bearer tokens with scopes.
+//! - [`http`]: the JSON API and the web page over the core.
+//!
+//! Nothing here names a command-line flag: the binary resolves its flags
+//! into a [`Config`] and gives the commands of its child processes through
+//! a [`Launcher`].
+
+pub mod auth;
+pub mod http;
+pub mod launcher;
+pub mod local;
+pub mod plan;
+pub mod service;
+pub mod store;
+pub mod targets;
+
+pub use launcher::{Job, Launcher};
+pub use service::{Config, Service};
+pub use targets::{Target, Targets};

@@ -1,0 +1,568 @@
+//! `nyann-bench serve`: the real binary as a service, its runs as child
+//! processes against the in-process simulator. The queue (one run at a
+//! time per target), cancel, a restart after kill -9, the tokens, and the
+//! refusals of bad input (a runaway scenario, too many stages, a huge body).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nyann_sim::RunningSim;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::support::{nyann_bench, serial, simulator};
+
+const SUBMIT: &str = "token-submit";
+const READ: &str = "token-read";
+const ADMIN: &str = "token-admin";
+
+/// The service on an ephemeral loopback port, over a data directory that
+/// outlives it (a restart reopens it).
+struct Serve {
+    child: tokio::process::Child,
+    url: String,
+}
+
+/// The files a service is started with, and its data directory.
+struct Setup {
+    dir: TempDir,
+}
+
+impl Setup {
+    /// Target `sim` (the simulator, its metrics scraped), target
+    /// `blind` (no signal source); tokens of each scope.
+    fn new(sim: &RunningSim) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let scrape: Vec<String> = sim
+            .metrics_endpoints()
+            .into_iter()
+            .map(|(role, addr)| format!("\"{role}=http://{addr}/metrics\""))
+            .collect();
+        let targets = format!(
+            "[targets.sim]\nurl = \"{url}\"\nsignals = {{ scrape = [{scrape}] }}\n\
+             bounds = {{ max_concurrency = 8, max_stages = 16, max_total_duration_s = 120 }}\n\
+             [targets.blind]\nurl = \"{url}\"\n",
+            url = sim.base_url(),
+            scrape = scrape.join(", ")
+        );
+        std::fs::write(dir.path().join("targets.toml"), targets).unwrap();
+        let tokens: String = [
+            ("ci", SUBMIT, "submit"),
+            ("viewer", READ, "read"),
+            ("ops", ADMIN, "admin"),
+        ]
+        .iter()
+        .map(|(name, token, scope)| {
+            format!(
+                "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nscope = \"{scope}\"\n",
+                nyann_service::auth::hash_token(token)
+            )
+        })
+        .collect();
+        std::fs::write(dir.path().join("tokens.toml"), tokens).unwrap();
+        Setup { dir }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    async fn start(&self) -> Serve {
+        let mut child = nyann_bench()
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(self.data())
+            .arg("--targets")
+            .arg(self.dir.path().join("targets.toml"))
+            .arg("--tokens")
+            .arg(self.dir.path().join("tokens.toml"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("the service says where it listens within a minute")
+            .unwrap()
+            .expect("the service printed its address");
+        let url = line.strip_prefix("listening on ").unwrap().to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        Serve { child, url }
+    }
+}
+
+/// An answer: its status, headers and JSON body (or text as a string).
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl Serve {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Answer {
+        let client = nyann_testkit::http_client().build().unwrap();
+        let url = format!("{}{path}", self.url);
+        let mut request = match method {
+            "GET" => client.get(&url),
+            _ => client.post(&url),
+        };
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn submit(&self, scenario: &str, label: &str) -> Value {
+        let request = json!({"target": "sim", "scenario": scenario, "label": label});
+        let answer = self
+            .call("POST", "/api/v1/runs", Some(SUBMIT), Some(request))
+            .await;
+        assert_eq!(answer.status, 201, "{}", answer.body);
+        answer.body
+    }
+
+    async fn run(&self, id: &str) -> Value {
+        let answer = self
+            .call("GET", &format!("/api/v1/runs/{id}"), Some(READ), None)
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.body
+    }
+
+    /// Polls run `id` until `done` holds of it (at most `within`).
+    async fn wait_for(&self, id: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let run = self.run(id).await;
+            if done(&run) {
+                return run;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "run {id} did not get there within {within:?}: {run}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn artifact(&self, id: &str, name: &str) -> Answer {
+        self.call(
+            "GET",
+            &format!("/api/v1/runs/{id}/artifacts/{name}"),
+            Some(READ),
+            None,
+        )
+        .await
+    }
+}
+
+fn is_final(run: &Value) -> bool {
+    !matches!(run["status"].as_str(), Some("queued" | "running"))
+}
+
+/// Stages at concurrency 2, each `seconds` long.
+fn stages(seconds: u32, count: usize) -> String {
+    let stages = vec![format!("stage(\"{seconds}s\", concurrency=2)"); count].join(", ");
+    format!("scenario(workload=workload(\"faker\", isl=64, osl=32), stages=[{stages}])\n")
+}
+
+fn lines(text: &Value) -> usize {
+    text.as_str().unwrap_or("").lines().count()
+}
+
+#[tokio::test]
+async fn runs_on_one_target_queue_and_a_cancel_keeps_the_records() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let serve = setup.start().await;
+
+    let a = serve.submit(&stages(2, 2), "a").await;
+    let b = serve.submit(&stages(2, 2), "b").await;
+    let (a, b) = (a["id"].as_str().unwrap(), b["id"].as_str().unwrap());
+    assert_ne!(a, b);
+    // The same request is the same run (submit is idempotent).
+    let again = json!({"target": "sim", "scenario": stages(2, 2), "label": "a"});
+    let answer = serve
+        .call("POST", "/api/v1/runs", Some(SUBMIT), Some(again))
+        .await;
+    assert_eq!((answer.status, answer.body["id"].as_str()), (200, Some(a)));
+    // B waits for A, first in its target's queue.
+    let queued = serve.run(b).await;
+    if queued["status"] == "queued" {
+        assert_eq!(queued["queue_position"], 1, "{queued}");
+    }
+
+    let within = Duration::from_secs(90);
+    let a_run = serve.wait_for(a, within, is_final).await;
+    let b_run = serve.wait_for(b, within, is_final).await;
+    for run in [&a_run, &b_run] {
+        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run["submitted_by"], "ci");
+    }
+    // The records' time ranges do not overlap: every request of A ended
+    // before the first of B arrived (the simulator's own clock).
+    let split = b_run["started_ms"].as_f64().unwrap() / 1000.0;
+    assert!(split >= a_run["finished_ms"].as_f64().unwrap() / 1000.0);
+    let seen = sim.requests();
+    let (of_a, of_b): (Vec<_>, Vec<_>) = seen.iter().partition(|r| r.arrival < split);
+    assert_eq!(
+        of_a.len(),
+        lines(&serve.artifact(a, "requests.jsonl").await.body)
+    );
+    assert_eq!(
+        of_b.len(),
+        lines(&serve.artifact(b, "requests.jsonl").await.body)
+    );
+    let a_end = of_a.iter().map(|r| r.end).fold(f64::MIN, f64::max);
+    let b_start = of_b.iter().map(|r| r.arrival).fold(f64::MAX, f64::min);
+    assert!(!of_a.is_empty() && !of_b.is_empty());
+    assert!(
+        a_end <= b_start,
+        "A's last request ended at {a_end}, B's first arrived at {b_start}"
+    );
+    let report = serve
+        .call(
+            "GET",
+            &format!("/api/v1/runs/{a}/report.html"),
+            Some(READ),
+            None,
+        )
+        .await;
+    assert_eq!(report.status, 200);
+    assert!(
+        report.body.as_str().unwrap().contains("<html"),
+        "the report is HTML"
+    );
+
+    // A long run canceled mid-stage: it drains, keeps its records, reads canceled.
+    let long = serve.submit(&stages(60, 1), "long").await;
+    let long = long["id"].as_str().unwrap();
+    let before = sim.requests().len();
+    serve
+        .wait_for(long, within, |r| r["status"] == "running")
+        .await;
+    let deadline = tokio::time::Instant::now() + within;
+    while sim.requests().len() < before + 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the long run sends nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let forbidden = serve
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{long}/cancel"),
+            Some(READ),
+            None,
+        )
+        .await;
+    assert_eq!(forbidden.status, 403, "{}", forbidden.body);
+    let canceled = serve
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{long}/cancel"),
+            Some(SUBMIT),
+            None,
+        )
+        .await;
+    assert_eq!(canceled.status, 200, "{}", canceled.body);
+    assert_eq!(canceled.body["status"], "canceled", "{}", canceled.body);
+    assert_eq!(canceled.body["canceled_by"], "ci");
+    let records = lines(&serve.artifact(long, "requests.jsonl").await.body);
+    assert!(records >= 4, "{records} records kept");
+    assert_eq!(serve.artifact(long, "summary.json").await.status, 200);
+    let again = serve
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{long}/cancel"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(
+        again.body["error"].as_str().unwrap().contains("canceled"),
+        "{}",
+        again.body
+    );
+    drop(serve);
+}
+
+#[tokio::test]
+async fn tokens_scopes_and_origins_are_checked() {
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let serve = setup.start().await;
+    let health = serve.call("GET", "/healthz", None, None).await;
+    assert_eq!(health.status, 200);
+    for token in [None, Some("wrong")] {
+        let answer = serve.call("GET", "/api/v1/runs", token, None).await;
+        assert_eq!(answer.status, 401, "{token:?}: {}", answer.body);
+        let challenge = answer.headers.iter().find(|(k, _)| k == "www-authenticate");
+        assert!(
+            challenge.is_some_and(|(_, v)| v.starts_with("Bearer")),
+            "{:?}",
+            answer.headers
+        );
+    }
+    let listed = serve.call("GET", "/api/v1/runs", Some(READ), None).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let targets = serve.call("GET", "/api/v1/targets", Some(READ), None).await;
+    assert_eq!(targets.body["targets"][0]["name"], "blind");
+    assert!(
+        !targets.body.to_string().contains("127.0.0.1"),
+        "clients never see a target's URL"
+    );
+    let request = json!({"target": "sim", "scenario": stages(1, 1)});
+    let refused = serve
+        .call("POST", "/api/v1/runs", Some(READ), Some(request))
+        .await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(
+        refused.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs scope submit")
+    );
+
+    // A page on another origin cannot drive the service through a browser.
+    let client = nyann_testkit::http_client().build().unwrap();
+    let foreign = client
+        .get(format!("{}/api/v1/runs", serve.url))
+        .header("authorization", format!("Bearer {READ}"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status().as_u16(), 403);
+    assert!(sim.requests().is_empty());
+}
+
+#[tokio::test]
+async fn bad_scenarios_and_bodies_are_refused_within_their_bounds() {
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let serve = setup.start().await;
+    let plan = |target: &str, scenario: &str| json!({"target": target, "scenario": scenario});
+    let refused = async |body: Value| {
+        let started = std::time::Instant::now();
+        let answer = serve
+            .call("POST", "/api/v1/plan", Some(READ), Some(body))
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            answer.status == 400 || answer.status == 404,
+            "{}: {}",
+            answer.status,
+            answer.body
+        );
+        answer.body["error"].as_str().unwrap().to_string()
+    };
+    // A runaway loop: stopped by its step budget or its time limit.
+    let runaway = "for a in range(100000):\n    for b in range(100000):\n        pass\n";
+    let error = refused(plan("sim", runaway)).await;
+    assert!(
+        error.contains("steps") || error.contains("limit"),
+        "{error}"
+    );
+    let many = "scenario(workload=workload(\"faker\"), stages=[stage(\"1s\", concurrency=1) for i in range(10000)])\n";
+    let error = refused(plan("sim", many)).await;
+    assert!(
+        error.contains("10000 stages") && error.contains("at most 16"),
+        "{error}"
+    );
+    let error = refused(plan("nowhere", &stages(1, 1))).await;
+    assert!(
+        error.contains("unknown target \"nowhere\"") && error.contains("sim"),
+        "{error}"
+    );
+    let hot = stages(1, 1).replace("concurrency=2", "concurrency=64");
+    let error = refused(plan("sim", &hot)).await;
+    assert!(error.contains("max_concurrency 8"), "{error}");
+    let sweep = crate::support::sweep(&[1, 2], crate::sweep::STOPS_AT_16);
+    let error = refused(plan("blind", &sweep)).await;
+    assert!(error.contains("no signal source"), "{error}");
+    let error = refused(plan("sim", &"#".repeat(70_000))).await;
+    assert!(error.contains("the limit is 65536 bytes"), "{error}");
+    let error = refused(plan("sim", "scenario(")).await;
+    assert!(error.contains("does not compile"), "{error}");
+
+    // The plan of a good scenario: its stages and durations.
+    let good = serve
+        .call(
+            "POST",
+            "/api/v1/plan",
+            Some(READ),
+            Some(plan("sim", &stages(2, 3))),
+        )
+        .await;
+    assert_eq!(good.status, 200, "{}", good.body);
+    assert_eq!(good.body["stages"].as_array().unwrap().len(), 3);
+    assert_eq!(good.body["longest_s"], 6.0);
+
+    // 100 MB announced: refused before it is read.
+    let status = huge_body(&serve.url).await;
+    assert_eq!(status, 413);
+    assert!(sim.requests().is_empty());
+}
+
+/// Sends a POST announcing 100 MB and the first MiB of it; the status line.
+async fn huge_body(url: &str) -> u16 {
+    let addr = url.strip_prefix("http://").unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/runs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {SUBMIT}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        100 * 1024 * 1024
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // The server may answer and close before it is all sent.
+    let _ = stream.write_all(&vec![b' '; 1024 * 1024]).await;
+    let mut answer = vec![0; 64];
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut answer))
+        .await
+        .expect("an answer within 30 s")
+        .unwrap();
+    let line = String::from_utf8_lossy(&answer[..read]).to_string();
+    line.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+#[tokio::test]
+async fn a_run_killed_with_the_service_reads_interrupted_and_the_queue_goes_on() {
+    let _serial = serial().await;
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let mut serve = setup.start().await;
+    let long = serve.submit(&stages(60, 1), "long").await;
+    let long = long["id"].as_str().unwrap().to_string();
+    let next = serve.submit(&stages(1, 1), "next").await;
+    let next = next["id"].as_str().unwrap().to_string();
+    let within = Duration::from_secs(90);
+    serve
+        .wait_for(&long, within, |r| r["status"] == "running")
+        .await;
+    let deadline = tokio::time::Instant::now() + within;
+    while sim.requests().len() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the long run sends nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // kill -9: the service cannot clean anything up.
+    serve.child.start_kill().unwrap();
+    serve.child.wait().await.unwrap();
+
+    let serve = setup.start().await;
+    let run = serve.wait_for(&long, within, is_final).await;
+    assert_eq!(run["status"], "interrupted", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap()
+            .contains("records are kept"),
+        "{run}"
+    );
+    let records = lines(&serve.artifact(&long, "requests.jsonl").await.body);
+    assert!(records >= 4, "{records} records kept");
+    let run = serve.wait_for(&next, within, is_final).await;
+    assert_eq!(
+        run["status"], "completed",
+        "the queued run ran after the restart: {run}"
+    );
+    assert_data_dir(&setup.data());
+}
+
+/// The data directory holds the database and ordinary run directories.
+fn assert_data_dir(data: &Path) {
+    assert!(data.join("runs.db").is_file());
+    let runs: Vec<_> = std::fs::read_dir(data.join("runs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .collect();
+    for run in runs {
+        assert!(
+            run.path().join("summary.json").is_file(),
+            "{}",
+            run.path().display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bad_targets_or_tokens_file_stops_the_start_with_every_error_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let targets = dir.path().join("targets.toml");
+    std::fs::write(
+        &targets,
+        "[targets.a]\nurl = \"ftp://x\"\n[targets.b]\nurl = \"http://127.0.0.1:1/v1\"\nbounds = { max_stages = 500 }\n",
+    )
+    .unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\nname = \"ci\"\nsha256 = \"plain-token\"\nscope = \"submit\"\n",
+    )
+    .unwrap();
+    let start = async |targets: &Path, tokens: &Path| {
+        let out = nyann_bench()
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--targets")
+            .arg(targets)
+            .arg("--tokens")
+            .arg(tokens)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = start(&targets, &tokens).await;
+    assert!(stderr.contains("target \"a\": url:"), "{stderr}");
+    assert!(
+        stderr.contains("target \"b\": bounds.max_stages:"),
+        "{stderr}"
+    );
+    std::fs::write(&targets, "[targets.a]\nurl = \"http://127.0.0.1:1/v1\"\n").unwrap();
+    let stderr = start(&targets, &tokens).await;
+    assert!(
+        stderr.contains("token \"ci\": sha256 must be 64 hexadecimal digits"),
+        "{stderr}"
+    );
+}
