@@ -66,6 +66,10 @@ pub struct ClientStats {
     /// absent from other stages.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval: Option<EvalStats>,
+    /// The requests against the stage's SLO (goodput, attainment); absent
+    /// from stages without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<crate::slo::SloStats>,
 }
 
 /// A stage's eval answers: how many replies were scored and how many were
