@@ -520,7 +520,7 @@ mod tests {
         let run = RunDir::open(dir.path()).unwrap();
         let err = run.stages::<Value>().unwrap_err().to_string();
         assert!(
-            err.contains("newer nyann-bench (schema_version 99; this one reads up to 1)"),
+            err.contains("newer nyann-bench (schema_version 99; this one reads up to 2)"),
             "{err}"
         );
         assert!(matches!(
