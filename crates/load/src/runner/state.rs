@@ -414,6 +414,7 @@ impl Shared {
         }
         if let Some(live) = &self.live {
             live.dropped.fetch_add(1, Ordering::Relaxed);
+            live.judged(&record);
         }
         self.sink.send(record).await;
     }
