@@ -1,6 +1,6 @@
 //! What a congestion policy sees after a stage, and what it answers.
 //!
-//! These mirror the records of `wit/0.4/policy.wit` (the current interface
+//! These mirror the records of `wit/0.5/policy.wit` (the current interface
 //! line); the policy host converts between them and the bindgen types.
 //! [`ClientStats`] carries a few counts the interface does not have yet
 //! (rejected and late requests): they reach `stages.json` and the stage table,
