@@ -175,3 +175,76 @@ async fn the_slo_flag_judges_a_single_stage() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// The capacity under an SLO in one scenario line: the example policy
+/// `goodput-floor` (client figures only: no signal source) stops the sweep
+/// 2, 8, 32 where fewer than 90% of the requests meet the SLO, with 95%
+/// confidence (c=32: measured 13% met), and `refine=6` bisects 8..32 until
+/// the clean and the congested level are adjacent. Every verdict is the
+/// stage's own figures against the floor; the closing lines say the
+/// capacity under the SLO and the level of most goodput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goodput_floor_finds_the_capacity_under_an_slo() {
+    let _serial = serial().await;
+    let sim = nyann_sim::start(nyann_sim::SimConfig {
+        seed: 1,
+        jitter: Some(0.0),
+        ..nyann_sim::SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let policy = crate::support::policy_wasm("goodput-floor-policy");
+    let scenario = "scenario(\n    workload = workload(\"faker\", isl=128, osl=256),\n    \
+                    slo = slo(ttft=\"200ms\", tpot=\"20ms\"),\n    \
+                    stages = until_congested(\n        \
+                    [stage(\"2s\", concurrency=c) for c in [2, 8, 32]],\n        \
+                    floor=0.9, refine=6,\n    ),\n)\n";
+    let args = ["--policy".to_string(), policy.display().to_string()];
+    let run = generate(&sim, scenario, &args).await;
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(0), "{stderr}");
+    assert_eq!(run.stopped_at(), Some(2), "{stderr}");
+    // Each verdict is the floor against the upper bound of the stage's
+    // attainment interval.
+    for (index, stage) in run.stages().iter().enumerate() {
+        if stage["status"] != "measured" {
+            continue;
+        }
+        let slo = &stage["client"]["slo"];
+        let high = slo["attainment_high"].as_f64().unwrap();
+        assert_eq!(run.congested(index), high < 0.9, "stage {index}: {slo}");
+        assert_eq!(run.congestion(index)["policy"]["name"], "goodput-floor");
+    }
+    let reason = run.congestion(2)["verdict"]["reasons"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        reason.starts_with("SLO ttft≤200ms, tpot≤20ms met by "),
+        "{reason}"
+    );
+    // The search ends with adjacent levels, under the SLO.
+    let sweep = &run.summary["conclusion"]["sweeps"][0];
+    let capacity = &sweep["capacity"];
+    let clean = capacity["clean"]["concurrency"].as_u64().unwrap();
+    let congested = capacity["congested"]["concurrency"].as_u64().unwrap();
+    assert_eq!(congested, clean + 1, "{capacity}");
+    assert!((8..32).contains(&clean), "{capacity}");
+    assert_eq!(capacity["under_slo"]["slo"], "ttft≤200ms, tpot≤20ms");
+    let met = capacity["under_slo"]["attainment"].as_f64().unwrap();
+    let said = format!(
+        "capacity under SLO ttft≤200ms, tpot≤20ms ({}% met): concurrency={clean} ",
+        (met * 100.0 + 1e-9).floor()
+    );
+    assert!(stderr.contains(&said), "{said}\n{stderr}");
+    // The level of most goodput is a measured stage's, and no stage had more.
+    let most = &sweep["most_goodput"];
+    let best = run
+        .stages()
+        .iter()
+        .filter_map(|s| s["client"]["slo"]["goodput_per_second"].as_f64())
+        .fold(0.0, f64::max);
+    assert_eq!(most["goodput_per_second"].as_f64(), Some(best), "{most}");
+    assert!(stderr.contains("most goodput: "), "{stderr}");
+    crate::support::validate_against_schema(run.dir());
+}
