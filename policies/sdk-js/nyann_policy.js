@@ -1,7 +1,7 @@
 // SDK for nyann-bench congestion policies written in JavaScript.
 //
 // A policy is a WebAssembly component implementing the WIT contract
-// `nyann:policy@0.4.0` (wit/policy.wit, printed by `nyann-bench policy wit`),
+// `nyann:policy@0.5.0` (wit/policy.wit, printed by `nyann-bench policy wit`),
 // built with componentize-qjs (QuickJS, the default of build.sh) or
 // componentize-js (StarlingMonkey). This module mirrors the Rust SDK
 // (nyann-policy) and hides what differs between the two engines:
@@ -34,10 +34,10 @@
 //     },
 //   });
 
-import { log as hostLog } from 'nyann:policy/host@0.4.0';
+import { log as hostLog } from 'nyann:policy/host@0.5.0';
 
 /** The interface version this SDK builds components for. */
-export const INTERFACE_VERSION = '0.4.0';
+export const INTERFACE_VERSION = '0.5.0';
 
 /** The policy's answer `err(message)`: throw it from `validate` or `judge`
  * (the `Params` readers throw it for a missing or mistyped parameter). */
@@ -525,7 +525,7 @@ export function clientStats(fields = {}) {
     requestsOk: 0, requestsFailed: 0, requestsPerSecond: 0, outputTokensPerSecond: 0,
     ttftP50Seconds: 0, ttftP99Seconds: 0, itlP50Seconds: 0, itlP99Seconds: 0,
     e2eP50Seconds: 0, e2eP99Seconds: 0, dropped: 0, requestsRejected: 0, requestsLate: 0,
-    eval: undefined, ...fields,
+    eval: undefined, slo: undefined, ...fields,
   };
 }
 

@@ -1,7 +1,7 @@
 """SDK for nyann-bench congestion policies written in Python.
 
 A policy is a WebAssembly component implementing the WIT contract
-`nyann:policy@0.4.0` (`wit/policy.wit`, printed by `nyann-bench policy wit`),
+`nyann:policy@0.5.0` (`wit/policy.wit`, printed by `nyann-bench policy wit`),
 built with componentize-py. This module mirrors the Rust SDK (nyann-policy):
 write a class with `describe`, `validate` and `judge`, export it, build.
 
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 #: The interface version this SDK builds components for.
-INTERFACE_VERSION = "0.4.0"
+INTERFACE_VERSION = "0.5.0"
 
 
 class PolicyError(Exception):
@@ -505,7 +505,7 @@ def client_stats(**fields) -> ClientStats:
                   output_tokens_per_second=0.0, ttft_p50_seconds=0.0, ttft_p99_seconds=0.0,
                   itl_p50_seconds=0.0, itl_p99_seconds=0.0, e2e_p50_seconds=0.0,
                   e2e_p99_seconds=0.0, dropped=0, requests_rejected=0, requests_late=0,
-                  eval=None)
+                  eval=None, slo=None)
     values.update(fields)
     return ClientStats(**values)
 

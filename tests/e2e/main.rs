@@ -13,6 +13,7 @@ mod cli;
 mod evals;
 mod failures;
 mod fleet;
+mod goodput;
 mod policy;
 mod polyglot;
 mod report;

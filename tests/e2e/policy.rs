@@ -83,7 +83,7 @@ async fn a_new_policy_builds_outside_the_repository_and_stops_a_sweep() {
         "{stdout}{}",
         text(&check.stderr)
     );
-    assert!(stdout.contains("interface: nyann:policy@0.4"), "{stdout}");
+    assert!(stdout.contains("interface: nyann:policy@0.5"), "{stdout}");
     assert!(stdout.contains("check passed"), "{stdout}");
 
     // In a sweep: client TTFT p99 ~50 ms at c=8, ~400 ms at c=16. The
@@ -109,7 +109,7 @@ async fn a_new_policy_builds_outside_the_repository_and_stops_a_sweep() {
         );
         assert_eq!(
             run.congestion(stage)["policy"]["interface"],
-            "nyann:policy@0.4"
+            "nyann:policy@0.5"
         );
     }
     assert_eq!(run.congestion(2)["roles"], serde_json::json!([]));

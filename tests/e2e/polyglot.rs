@@ -157,7 +157,7 @@ fn fresh(name: &str) -> PathBuf {
 }
 
 fn wit_env() -> (&'static str, std::ffi::OsString) {
-    ("WIT_DIR", repo().join("wit/0.4").into_os_string())
+    ("WIT_DIR", repo().join("wit/0.5").into_os_string())
 }
 
 /// The Python client-slo example (examples/policies/client-slo/python).
@@ -314,7 +314,7 @@ async fn judges_as_the_rust_client_slo(built: &Built) {
     let (code, stdout, stderr) = &built.check;
     assert_eq!(*code, Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("client-slo 0.1.0"), "{stdout}");
-    assert!(stdout.contains("interface: nyann:policy@0.4"), "{stdout}");
+    assert!(stdout.contains("interface: nyann:policy@0.5"), "{stdout}");
     assert!(
         stdout.contains("ttft_p99        duration  required"),
         "{stdout}"

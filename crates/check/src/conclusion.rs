@@ -12,6 +12,7 @@ use std::fmt::Write;
 use nyann_load::StageStatus;
 use serde::{Deserialize, Serialize};
 
+pub use crate::goodput::{MostGoodput, UnderSlo};
 use crate::record::{CongestionRecord, Refine, RunResult, StageResult};
 
 /// The run's conclusion (`summary.json`: `conclusion`).
@@ -47,6 +48,11 @@ pub struct SweepConclusion {
     /// line that judges those levels again with longer stages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejudge: Option<String>,
+    /// When the sweep's stages have an SLO: the measured level at which
+    /// the most requests per second met it (not always the knee, nor the
+    /// level of the highest throughput).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub most_goodput: Option<MostGoodput>,
 }
 
 /// The capacity a search found between a sweep's levels.
@@ -77,6 +83,11 @@ pub struct Capacity {
     /// call (`confirm=`), and how their verdicts settled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub confirmed: Vec<Confirmed>,
+    /// When the verdicts at its bounds rest on the stages' SLO (the policy
+    /// fired a rule on `slo.attainment`, as `goodput-floor` does): that SLO,
+    /// and the share of the clean level's requests that met it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub under_slo: Option<UnderSlo>,
 }
 
 /// A level of a capacity search judged again (`confirm=`).
@@ -247,6 +258,7 @@ impl Capacity {
             seconds: 0.0,
             stages_to_close: None,
             confirmed: Vec::new(),
+            under_slo: None,
         };
         capacity.measure_gap();
         capacity
@@ -587,6 +599,7 @@ impl Conclusion {
                         suggested_start: None,
                         capacity: None,
                         rejudge: None,
+                        most_goodput: None,
                     });
                     sweeps.len() - 1
                 }
@@ -636,6 +649,12 @@ impl Conclusion {
             sweep.rejudge = (!close.is_empty())
                 .then(|| rejudge_line(&close, &result.stages))
                 .flatten();
+            if let Some(capacity) = &mut sweep.capacity {
+                let clean = capacity.clean.as_ref().map(|c| c.stage);
+                capacity.under_slo =
+                    crate::goodput::under_slo(&result.stages, clean, capacity.congested.stage);
+            }
+            sweep.most_goodput = crate::goodput::most_goodput(&result.stages, sweep.sweep);
         }
         let skipped = result
             .stages
@@ -668,7 +687,11 @@ impl Conclusion {
             // knee's figures said with the clean one.
             if let Some(capacity) = &sweep.capacity {
                 let answer = capacity.answer(sweep.knee.as_ref());
-                let _ = writeln!(out, "{prefix}capacity: {answer}");
+                let under = match &capacity.under_slo {
+                    Some(slo) => format!(" {}", slo.words()),
+                    None => String::new(),
+                };
+                let _ = writeln!(out, "{prefix}capacity{under}: {answer}");
             } else {
                 match (&sweep.knee, &sweep.congested, &sweep.suggested_start) {
                     (Some(knee), congested, _) => {
@@ -700,6 +723,9 @@ impl Conclusion {
                     }
                     _ => {}
                 }
+            }
+            if let Some(most) = &sweep.most_goodput {
+                let _ = writeln!(out, "{prefix}most goodput: {}", most.words());
             }
             if let Some(close) = sweep.close_call() {
                 let _ = write!(
@@ -1111,6 +1137,105 @@ mod tests {
         let json = serde_json::to_value(&conclusion).unwrap();
         assert_eq!(json["sweeps"][0]["knee"]["concurrency"], 21);
         assert_eq!(json["sweeps"][0]["capacity"]["stages_to_close"], 1);
+    }
+
+    /// `stage` (`c` requests/s) with an SLO met by `percent`% of its
+    /// requests over 10 s, judged by a rule on `slo.attainment` when
+    /// congested.
+    fn with_slo(mut stage: StageResult, percent: u64) -> StageResult {
+        let goals = nyann_model::Slo::parse("ttft=500ms,tpot=50ms").unwrap();
+        let requests = u64::from(stage.concurrency.unwrap()) * 10;
+        let met = requests * percent / 100;
+        let client = stage.client.as_mut().unwrap();
+        client.slo = Some(nyann_model::SloStats::of(
+            goals,
+            requests,
+            met,
+            [requests - met, 0, 0],
+            10.0,
+        ));
+        let record = &mut stage.annotation.as_mut().unwrap().congestion;
+        if let Some(verdict) = record.verdict.as_mut().filter(|v| v.congested) {
+            verdict.fired = vec![nyann_model::observation::FiredRule {
+                rule: "goodput-floor".into(),
+                role: None,
+                signals: vec!["slo.attainment".into()],
+            }];
+        }
+        stage
+    }
+
+    /// Judged by the SLO (a rule on `slo.attainment`), the capacity is said
+    /// under it, with the share met at the clean level; the level of most
+    /// goodput is named: not c=32, the highest throughput, whose requests
+    /// mostly missed.
+    #[test]
+    fn a_capacity_judged_by_the_slo_is_said_under_it_with_the_most_goodput() {
+        let result = run(vec![
+            with_slo(refined(stage(0, 8, Some(false)), None), 99),
+            with_slo(refined(stage(1, 16, Some(false)), None), 45),
+            with_slo(refined(stage(2, 32, Some(true)), None), 10),
+            with_slo(search(3, 24, true, 0.0), 20),
+            with_slo(search(4, 20, false, 0.0), 91),
+            with_slo(search(5, 22, true, 0.0), 50),
+            with_slo(search(6, 21, false, 0.0), 90),
+        ]);
+        let conclusion = Conclusion::of(&result, 1);
+        let sweep = &conclusion.sweeps[0];
+        let capacity = sweep.capacity.as_ref().unwrap();
+        assert_eq!(
+            capacity.under_slo,
+            Some(UnderSlo {
+                slo: "ttft≤500ms, tpot≤50ms".into(),
+                attainment: Some(0.9)
+            })
+        );
+        let most = sweep.most_goodput.as_ref().unwrap();
+        assert_eq!((most.stage, most.goodput_per_second), (6, 18.9));
+        let lines = conclusion.lines();
+        assert!(
+            lines.starts_with(
+                "capacity under SLO ttft≤500ms, tpot≤50ms (90% met): concurrency=21 (#6 c=21: \
+                 21.0 req/s"
+            ),
+            "{lines}"
+        );
+        assert!(
+            lines.contains(
+                "most goodput: #6 c=21 (concurrency=21): 18.9 req/s met ttft≤500ms, tpot≤50ms \
+                 (90% of 21.0 req/s)\n"
+            ),
+            "{lines}"
+        );
+        let json = serde_json::to_value(&conclusion).unwrap();
+        assert_eq!(json["sweeps"][0]["most_goodput"]["concurrency"], 21);
+        assert_eq!(
+            json["sweeps"][0]["capacity"]["under_slo"]["slo"],
+            "ttft≤500ms, tpot≤50ms"
+        );
+        // The SLO reported but not judged by (the built-in's rules): the
+        // capacity is not said under it; the most goodput still is.
+        let unjudged = |mut s: StageResult| {
+            let record = &mut s.annotation.as_mut().unwrap().congestion;
+            if let Some(v) = record.verdict.as_mut() {
+                v.fired.clear();
+            }
+            s
+        };
+        let result = run(vec![
+            unjudged(with_slo(refined(stage(0, 8, Some(false)), None), 99)),
+            unjudged(with_slo(refined(stage(1, 16, Some(true)), None), 45)),
+        ]);
+        let conclusion = Conclusion::of(&result, 1);
+        let lines = conclusion.lines();
+        assert!(lines.starts_with("capacity: concurrency=8"), "{lines}");
+        assert!(
+            lines.contains("most goodput: #0 c=8 (concurrency=8): 7.9 req/s met"),
+            "{lines}"
+        );
+        // No SLO: no such line.
+        let result = run(vec![stage(0, 8, Some(false)), stage(1, 16, Some(true))]);
+        assert!(!Conclusion::of(&result, 1).lines().contains("goodput"));
     }
 
     /// A KV-cache usage cannot pass 100%: against 95% its margin is its

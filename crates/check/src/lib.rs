@@ -4,9 +4,11 @@
 //! the verdict and what the policy was shown are kept with the stage
 //! ([`CongestionRecord`]); a recorded run can be judged again offline
 //! ([`replay`]); and a finished run is summed up as its knee and the load
-//! its stop saved ([`Conclusion`]).
+//! its stop saved ([`Conclusion`]), with the level of most goodput when
+//! its stages have an SLO.
 
 pub mod conclusion;
+mod goodput;
 mod hook;
 mod record;
 pub mod replay;

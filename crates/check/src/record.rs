@@ -106,7 +106,7 @@ pub struct PolicyRef {
     /// existed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub digest: String,
-    /// The interface line it implements (`nyann:policy@0.4`). Absent from
+    /// The interface line it implements (`nyann:policy@0.5`). Absent from
     /// records written before it existed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub interface: String,

@@ -117,6 +117,9 @@ fn generate(dir: &Path, workers: usize, records: u64) -> Result<(), Error> {
                 eval_expected: None,
                 eval_extracted: None,
                 eval_correct: None,
+                tpot_s: None,
+                slo_met: None,
+                slo_missed: Vec::new(),
             };
             serde_json::to_writer(&mut out, &record)?;
             out.write_all(b"\n")?;

@@ -486,7 +486,15 @@ fn fleet_statistics<A>(
             (Some(s), Some(e)) => e - s,
             _ => 0.0,
         };
-        let acc = accs[stage.index].take().unwrap_or_default();
+        let mut acc = accs[stage.index].take().unwrap_or_default();
+        // The goals the records were judged by: the stage's, or for a
+        // capacity-search stage those of the stage it is shaped like.
+        let step = stage.search.as_ref().map_or(stage.index, |s| s.refines);
+        if let Some(Step::Stage(s)) = fleet.scenario.steps.get(step)
+            && let Some(goals) = s.slo
+        {
+            acc.judged_by(goals);
+        }
         let (client, detail) = acc.finish(duration);
         if stage.status != StageStatus::Warmup {
             totals.merge(&acc);
@@ -684,6 +692,9 @@ mod tests {
             eval_expected: None,
             eval_extracted: None,
             eval_correct: None,
+            tpot_s: None,
+            slo_met: None,
+            slo_missed: Vec::new(),
         };
         serde_json::to_string(&record).unwrap()
     }

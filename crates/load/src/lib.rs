@@ -12,6 +12,7 @@ pub mod client;
 /// The checks of the fuzz targets (`fuzz/`), shared with the corpus tests.
 #[doc(hidden)]
 pub mod fuzz_check;
+pub mod goodput;
 pub mod hook;
 pub mod http;
 pub mod live;

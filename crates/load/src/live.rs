@@ -22,6 +22,8 @@ pub struct Live {
     /// Eval replies scored since the start, and how many were right or
     /// gave no answer.
     pub eval: EvalCounters,
+    /// Requests judged against their stage's SLO since the start.
+    pub slo: SloCounters,
     /// Client-side latency histograms (Prometheus buckets) since the start.
     pub ttft: Buckets,
     pub itl: Buckets,
@@ -49,6 +51,15 @@ impl EvalCounters {
             self.unanswerable.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Requests judged against an SLO: every one, those that met every goal,
+/// and those that missed each goal (in the order of `Objective::ALL`).
+#[derive(Debug, Default)]
+pub struct SloCounters {
+    pub judged: AtomicU64,
+    pub met: AtomicU64,
+    pub missed: [AtomicU64; 3],
 }
 
 /// A Prometheus-style cumulative histogram with fixed bounds and atomic counts.
@@ -127,6 +138,9 @@ struct StageView {
     /// ones (not those of the stage before, still finishing).
     eval_scored: u64,
     eval_correct: u64,
+    /// This stage's requests judged against its SLO so far, and those that met it.
+    slo_judged: u64,
+    slo_met: u64,
     /// TTFT of the current stage's successful requests, in microseconds.
     ttft: Option<Histogram<u64>>,
 }
@@ -149,6 +163,9 @@ pub struct LiveSnapshot {
     /// Eval replies scored in this stage, and how many were right.
     pub stage_eval_scored: u64,
     pub stage_eval_correct: u64,
+    /// Requests of this stage judged against its SLO, and those that met it.
+    pub stage_slo_judged: u64,
+    pub stage_slo_met: u64,
 }
 
 impl Default for Live {
@@ -168,6 +185,7 @@ impl Live {
             rejected: AtomicU64::new(0),
             late: AtomicU64::new(0),
             eval: EvalCounters::default(),
+            slo: SloCounters::default(),
             ttft: Buckets::new(TTFT_BOUNDS),
             itl: Buckets::new(ITL_BOUNDS),
             e2e: Buckets::new(E2E_BOUNDS),
@@ -182,6 +200,8 @@ impl Live {
                 failed_before: 0,
                 eval_scored: 0,
                 eval_correct: 0,
+                slo_judged: 0,
+                slo_met: 0,
                 ttft: None,
             }),
         }
@@ -202,10 +222,32 @@ impl Live {
         v.failed_before = self.failed.load(Ordering::Relaxed);
         v.eval_scored = 0;
         v.eval_correct = 0;
+        v.slo_judged = 0;
+        v.slo_met = 0;
         v.ttft = Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
     }
 
+    /// Counts `record`'s SLO verdict, if it has one (every status, drops included).
+    pub(crate) fn judged(&self, record: &RequestRecord) {
+        let Some(met) = record.slo_met else { return };
+        // `met` before `judged`, as the eval counters: a reader never sees
+        // more requests met than judged.
+        if met {
+            self.slo.met.fetch_add(1, Ordering::Relaxed);
+        }
+        self.slo.judged.fetch_add(1, Ordering::Relaxed);
+        for objective in &record.slo_missed {
+            self.slo.missed[objective.index()].fetch_add(1, Ordering::Relaxed);
+        }
+        let mut v = self.view();
+        if v.index == Some(record.stage) {
+            v.slo_judged += 1;
+            v.slo_met += u64::from(met);
+        }
+    }
+
     pub(crate) fn finished(&self, record: &RequestRecord) {
+        self.judged(record);
         match record.status {
             Status::Ok => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
@@ -281,6 +323,8 @@ impl Live {
                 .unwrap_or(0.0),
             stage_eval_scored: v.eval_scored,
             stage_eval_correct: v.eval_correct,
+            stage_slo_judged: v.slo_judged,
+            stage_slo_met: v.slo_met,
         }
     }
 }

@@ -79,6 +79,7 @@ pub fn render(live: &Live) -> String {
     let _ = writeln!(out, "# TYPE nyann_requests_in_flight gauge");
     let _ = writeln!(out, "nyann_requests_in_flight {}", snap.in_flight);
     eval(&mut out, live, &snap);
+    goodput(&mut out, live, &snap);
     let _ = writeln!(
         out,
         "# HELP nyann_stage_index Index of the current stage (-1 before the first)."
@@ -152,6 +153,48 @@ fn eval(out: &mut String, live: &Live, snap: &LiveSnapshot) {
     }
 }
 
+/// The requests judged against their stage's SLO: `rate()` of
+/// `nyann_goodput_requests_total` is the goodput.
+fn goodput(out: &mut String, live: &Live, snap: &LiveSnapshot) {
+    let met = live.slo.met.load(Ordering::Relaxed);
+    let judged = live.slo.judged.load(Ordering::Relaxed);
+    for (name, help, value) in [
+        (
+            "nyann_goodput_requests_total",
+            "Requests that met every goal of their stage's SLO.",
+            met,
+        ),
+        (
+            "nyann_goodput_judged_total",
+            "Requests judged against their stage's SLO (failed, rejected, dropped and late ones missed it).",
+            judged,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let name = "nyann_goodput_missed_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests that missed this goal of their stage's SLO."
+    );
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for objective in nyann_model::Objective::ALL {
+        let missed = live.slo.missed[objective.index()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}{{goal=\"{}\"}} {missed}", objective.name());
+    }
+    let _ = writeln!(
+        out,
+        "# HELP nyann_goodput_attainment Share of the current stage's judged requests that met its SLO (absent before one is judged)."
+    );
+    let _ = writeln!(out, "# TYPE nyann_goodput_attainment gauge");
+    if snap.stage_slo_judged > 0 {
+        let attainment = snap.stage_slo_met as f64 / snap.stage_slo_judged as f64;
+        let _ = writeln!(out, "nyann_goodput_attainment {attainment}");
+    }
+}
+
 fn histogram(out: &mut String, name: &str, help: &str, buckets: &Buckets) {
     let (cumulative, sum, count) = buckets.snapshot();
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -194,6 +237,43 @@ mod tests {
             !text.contains("nyann_eval_accuracy 0"),
             "no stage scored yet"
         );
+    }
+
+    #[test]
+    fn counts_requests_judged_against_the_slo_and_the_stages_attainment() {
+        let live = Live::new();
+        let goals = nyann_model::Slo {
+            ttft_s: Some(0.5),
+            ..nyann_model::Slo::default()
+        };
+        let judged = |status, ttft: f64| {
+            let mut record = RequestRecord::sample(status);
+            record.stage = 1;
+            record.ttft_s = Some(ttft);
+            record.e2e_s = Some(ttft + 1.0);
+            crate::goodput::judge(&mut record, Some(&goals));
+            record
+        };
+        assert!(!render(&live).contains("nyann_goodput_attainment 0"));
+        live.stage_started(1, "#1 c=4", 10.0, false);
+        for record in [
+            judged(crate::record::Status::Ok, 0.1),
+            judged(crate::record::Status::Ok, 0.9),
+            judged(crate::record::Status::Failed, 0.1),
+            judged(crate::record::Status::Ok, 0.2),
+        ] {
+            live.finished(&record);
+        }
+        let text = render(&live);
+        for line in [
+            "nyann_goodput_requests_total 2\n",
+            "nyann_goodput_judged_total 4\n",
+            "nyann_goodput_missed_total{goal=\"ttft\"} 2\n",
+            "nyann_goodput_missed_total{goal=\"tpot\"} 0\n",
+            "nyann_goodput_attainment 0.5\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]

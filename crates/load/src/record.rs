@@ -139,6 +139,19 @@ pub struct RequestRecord {
     /// Whether the reply was right; absent when no reply came to score.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_correct: Option<bool>,
+    /// Time per output token after the first, as vLLM defines it:
+    /// `(e2e_s - ttft_s) / (output_tokens - 1)`; absent with fewer than two
+    /// output tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_s: Option<f64>,
+    /// Whether it met every goal of its stage's SLO; absent when the stage
+    /// has none, and for a request cancelled by an interrupt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_met: Option<bool>,
+    /// The goals of the SLO it missed (all of them when it got no answer:
+    /// failed, rejected, dropped or late).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slo_missed: Vec<nyann_model::Objective>,
 }
 
 impl RequestRecord {
@@ -181,6 +194,9 @@ impl RequestRecord {
             eval_expected: None,
             eval_extracted: None,
             eval_correct: None,
+            tpot_s: None,
+            slo_met: None,
+            slo_missed: Vec::new(),
         }
     }
 }

@@ -17,6 +17,7 @@ use hdrhistogram::Histogram;
 use nyann_model::{ClientStats, EvalStats};
 use serde::{Deserialize, Serialize};
 
+use crate::goodput::SloCounts;
 use crate::record::{RequestRecord, Status};
 
 /// Longest latency recorded exactly (1 hour); longer values are clamped.
@@ -157,6 +158,7 @@ pub struct StageAccumulator {
     /// [`first_token_wait`].
     longest_first_token_wait: u64,
     eval: EvalCounts,
+    slo: SloCounts,
 }
 
 /// The scored replies of eval requests.
@@ -253,6 +255,9 @@ struct WireAccumulator {
     longest_first_token_wait: u64,
     #[serde(default)]
     eval: EvalCounts,
+    /// Absent from messages of builds before SLOs.
+    #[serde(default)]
+    slo: SloCounts,
 }
 
 fn buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
@@ -290,6 +295,7 @@ impl From<StageAccumulator> for WireAccumulator {
             later_ttft: buckets(&a.later_ttft),
             longest_first_token_wait: a.longest_first_token_wait,
             eval: a.eval,
+            slo: a.slo,
         }
     }
 }
@@ -314,6 +320,7 @@ impl From<WireAccumulator> for StageAccumulator {
             later_ttft: from_buckets(&w.later_ttft),
             longest_first_token_wait: w.longest_first_token_wait,
             eval: w.eval,
+            slo: w.slo,
         }
     }
 }
@@ -354,7 +361,14 @@ impl StageAccumulator {
             client_lag: histogram(),
             longest_first_token_wait: 0,
             eval: EvalCounts::default(),
+            slo: SloCounts::default(),
         }
+    }
+
+    /// The SLO its records were judged by (see [`crate::goodput::judge`]):
+    /// its statistics then say the stage's goodput.
+    pub fn judged_by(&mut self, goals: nyann_model::Slo) {
+        self.slo.judged_by(goals);
     }
 
     /// Adds one record. Latencies count only for successful requests.
@@ -366,6 +380,7 @@ impl StageAccumulator {
             self.client_lag.saturating_record(micros(lag));
         }
         self.eval.add(record);
+        self.slo.add(record);
         match record.status {
             Status::Ok => {
                 self.ok += 1;
@@ -401,6 +416,7 @@ impl StageAccumulator {
     /// Adds everything `other` accumulated (for run totals).
     pub fn merge(&mut self, other: &StageAccumulator) {
         self.eval.merge(other.eval);
+        self.slo.merge(&other.slo);
         self.ok += other.ok;
         self.failed += other.failed;
         self.rejected += other.rejected;
@@ -474,6 +490,7 @@ impl StageAccumulator {
                     self.eval.unanswerable,
                 )
             }),
+            slo: self.slo.finish(duration_s),
         };
         let detail = StageDetail {
             sent: self.ok + self.failed + self.rejected + self.late + self.cancelled,

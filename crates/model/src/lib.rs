@@ -7,7 +7,8 @@
 //! behaviour, so that the crates that produce them (scenario, load, signals)
 //! and the ones that consume them (load, policy host, report) depend on this
 //! small crate and not on each other. `rules` are the checks every scenario
-//! passes, whoever built it. `duration` is the one duration grammar
+//! passes, whoever built it. `slo` the latency goals of requests and
+//! goodput. `duration` is the one duration grammar
 //! of the scenario language and of every flag; `header` the one grammar of a
 //! header flag. `math` is the one definition of the signal arithmetic (the
 //! steady window, quantiles, Prometheus' `histogram_quantile`), shared by the
@@ -20,6 +21,7 @@ pub mod math;
 pub mod observation;
 pub mod rules;
 pub mod scenario;
+pub mod slo;
 
 pub use coverage::{RoleCoverage, SeriesStatus, SignalCoverage};
 pub use duration::{DURATION_HELP, parse_duration, parse_seconds};
@@ -33,3 +35,4 @@ pub use scenario::{
     CacheSalt, CapacitySearch, Mode, Param, Scenario, SourceLocation, Stage, Step, StopCondition,
     Value, Workload, WorkloadType,
 };
+pub use slo::{Answered, GoalStats, Objective, SLO_HELP, Slo, SloStats, tpot_seconds};

@@ -1,6 +1,6 @@
 //! What a congestion policy sees after a stage, and what it answers.
 //!
-//! These mirror the records of `wit/0.4/policy.wit` (the current interface
+//! These mirror the records of `wit/0.5/policy.wit` (the current interface
 //! line); the policy host converts between them and the bindgen types.
 //! [`ClientStats`] carries a few counts the interface does not have yet
 //! (rejected and late requests): they reach `stages.json` and the stage table,
@@ -66,6 +66,10 @@ pub struct ClientStats {
     /// absent from other stages.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval: Option<EvalStats>,
+    /// The requests against the stage's SLO (goodput, attainment); absent
+    /// from stages without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<crate::slo::SloStats>,
 }
 
 /// A stage's eval answers: how many replies were scored and how many were

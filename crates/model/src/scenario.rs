@@ -103,6 +103,11 @@ pub struct Stage {
     /// the rest of that sweep.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub sweep: u32,
+    /// The latency goals its requests are judged by (`slo=` of the stage,
+    /// else of the scenario): each record says whether it met them, and the
+    /// stage's statistics say its goodput.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<crate::slo::Slo>,
     /// Where `stage(...)` was called, for error messages.
     #[serde(default)]
     pub location: Option<SourceLocation>,
@@ -374,6 +379,7 @@ impl Stage {
             warmup: false,
             conversation_pool_size: 0,
             stop: None,
+            slo: None,
             sweep: 0,
             location: None,
         }

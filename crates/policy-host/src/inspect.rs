@@ -447,7 +447,8 @@ mod tests {
         assert!(import_allowed("nyann:policy/host@0.2.0"));
         assert!(import_allowed("nyann:policy/host@0.3.0"));
         assert!(import_allowed("nyann:policy/host@0.4.0"));
-        assert!(!import_allowed("nyann:policy/host@0.5.0"));
+        assert!(import_allowed("nyann:policy/host@0.5.0"));
+        assert!(!import_allowed("nyann:policy/host@0.6.0"));
         assert!(!import_allowed("wasi:sockets/tcp@0.2.3"));
         assert!(!import_allowed("wasi:http/outgoing-handler@0.2.3"));
         // The runtimes' unused clients: linked as traps.

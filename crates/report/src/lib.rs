@@ -9,6 +9,7 @@
 //! (plotters); [`html`] assembles one page; [`write_html`] saves it.
 
 pub mod charts;
+mod goodput;
 pub mod html;
 pub mod saved;
 mod table;

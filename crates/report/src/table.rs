@@ -193,6 +193,10 @@ impl StageTable {
         if show_cached {
             header.insert(server_columns_at, CACHED.into());
         }
+        let slos = crate::goodput::slos(result);
+        if !slos.is_empty() {
+            header.insert(server_columns_at, crate::goodput::HEADER.into());
+        }
         let mut rows = vec![header];
         for (stage, record) in result.stages.iter().zip(&records) {
             // A capacity-search stage is told apart from the sweep's grid.
@@ -226,6 +230,9 @@ impl StageTable {
                     "-".to_string(),
                     server_columns_at - StageTable::LEFT_ALIGNED,
                 )),
+            }
+            if !slos.is_empty() {
+                row.push(crate::goodput::cell(stage));
             }
             if show_cached {
                 let share = stage.detail.as_ref().and_then(|d| d.cached_prompt_share);
@@ -263,6 +270,9 @@ impl StageTable {
                  or no first token came in the window while requests waited (a stall)"
                     .into(),
             );
+        }
+        if let Some(note) = crate::goodput::note(&slos) {
+            notes.push(note);
         }
         if show_accuracy {
             notes.push(

@@ -39,7 +39,11 @@ use serde::{Deserialize, Serialize};
 ///
 /// - 1: `stages.json` is an object, `{"schema_version": 1, "stages": [...]}`
 ///   (version 0 was the bare array); `summary.json` gains `schema_version`.
-pub const SCHEMA_VERSION: u32 = 1;
+/// - 2: SLOs and goodput: a stage's `client.slo` (and the totals'), a
+///   stage's `slo` in the scenario; each request's `tpot_s`, `slo_met` and
+///   `slo_missed` in `requests.jsonl`. Every new field is optional: version
+///   1 files read as before.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One JSON record per request, one per line.
 pub const REQUESTS: &str = "requests.jsonl";
@@ -516,7 +520,7 @@ mod tests {
         let run = RunDir::open(dir.path()).unwrap();
         let err = run.stages::<Value>().unwrap_err().to_string();
         assert!(
-            err.contains("newer nyann-bench (schema_version 99; this one reads up to 1)"),
+            err.contains("newer nyann-bench (schema_version 99; this one reads up to 2)"),
             "{err}"
         );
         assert!(matches!(

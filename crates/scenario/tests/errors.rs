@@ -557,3 +557,38 @@ fn ordinary_starlark_errors_are_located_too() {
         &["`+` not supported for types `int` and `string`"],
     );
 }
+
+#[test]
+fn a_malformed_slo_is_refused_at_its_call() {
+    assert_error(
+        &on_line_3("slo(ttft = \"fast\")"),
+        3,
+        &["slo(): ttft: invalid duration \"fast\""],
+    );
+    assert_error(
+        &on_line_3("slo(tpot = 0)"),
+        3,
+        &["slo(): tpot must be > 0, got 0"],
+    );
+    assert_error(
+        &on_line_3("slo(e2e = 1.5)"),
+        3,
+        &["slo(): e2e must be a duration like"],
+    );
+    assert_error(
+        &on_line_3("slo()"),
+        3,
+        &["slo(): give at least one goal: ttft=, tpot= or e2e="],
+    );
+    assert_error(&on_line_3("slo(itl_p99 = \"5ms\")"), 3, &["itl_p99"]);
+    assert_error(
+        &on_line_3("stage(\"1m\", slo = {\"ttft\": \"1s\"})"),
+        3,
+        &["stage(): slo must be an slo(...) value or None, got dict"],
+    );
+    assert_error(
+        "x = 1\nscenario(\n  stages = [stage(\"1m\")],\n  slo = \"ttft=1s\")\n",
+        2,
+        &["scenario(): slo must be an slo(...) value or None, got string"],
+    );
+}

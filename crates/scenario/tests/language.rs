@@ -537,3 +537,41 @@ fn other_file_types_and_missing_files_are_clear_errors() {
         "{err}"
     );
 }
+
+/// `scenario(slo=)` judges every stage without its own; `stage(slo=)`
+/// replaces it for that stage, through `until_congested` too.
+#[test]
+fn slo_is_scenario_wide_and_overridable_per_stage() {
+    let s = compile(
+        r#"
+goals = slo(ttft = "500ms", tpot = "50ms")
+strict = slo(e2e = 2)
+scenario(
+    slo = goals,
+    stages = [stage("10s", concurrency = 1, slo = strict)]
+        + until_congested([stage("10s", concurrency = c) for c in [2, 4]], ttft_p99 = "1s", waiting_requests_p50 = 4),
+)
+"#,
+    );
+    let all = stages(&s);
+    let goals = nyann_model::Slo {
+        ttft_s: Some(0.5),
+        tpot_s: Some(0.05),
+        e2e_s: None,
+    };
+    assert_eq!(all[0].slo.unwrap().e2e_s, Some(2.0));
+    assert_eq!(all[0].slo.unwrap().ttft_s, None);
+    assert_eq!(all[1].slo, Some(goals));
+    assert_eq!(all[2].slo, Some(goals));
+    // The IR keeps it (and reads it back).
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(
+        json.contains(r#""slo":{"ttft_s":0.5,"tpot_s":0.05}"#),
+        "{json}"
+    );
+    assert_eq!(serde_json::from_str::<Scenario>(&json).unwrap(), s);
+    // Without slo= no stage has one, and the IR does not mention it.
+    let plain = compile(r#"scenario(stages = [stage("10s")])"#);
+    assert_eq!(stages(&plain)[0].slo, None);
+    assert!(!serde_json::to_string(&plain).unwrap().contains("slo"));
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use nyann_model::{Mode, Scenario, Stage, Step, Workload, WorkloadType, parse_duration};
+use nyann_model::{Mode, Scenario, Slo, Stage, Step, Workload, WorkloadType, parse_duration};
 use nyann_run::{LeadSpec, RunSpec};
 
 use super::Ui;
@@ -93,6 +93,13 @@ impl Args {
     fn scenario(&self) -> anyhow::Result<(Scenario, Option<String>)> {
         Ok(match &self.config {
             Some(path) => {
+                if let Some(slo) = &self.single.slo {
+                    anyhow::bail!(
+                        "--slo is for a single stage (without --config): in a scenario, give \
+                         scenario(..., slo=slo({})) (or stage(..., slo=...) for one stage)",
+                        slo_call(slo)
+                    );
+                }
                 if self.single.any() {
                     anyhow::bail!(
                         "--config describes the stages: drop the single-stage flags (--mode, --concurrency, --rate, ...)"
@@ -153,6 +160,20 @@ pub struct SingleStageArgs {
     /// Turns per conversation [default: 1].
     #[arg(long)]
     pub turns: Option<u32>,
+    /// Latency goals: each request says whether it met them, the stage its
+    /// goodput (requests/s that met every goal) and attainment. GOAL is
+    /// ttft, tpot (time per output token after the first, as vLLM's) or
+    /// e2e: `--slo ttft=500ms,tpot=50ms`.
+    #[arg(long, value_name = "GOAL=DURATION,...", value_parser = Slo::parse)]
+    pub slo: Option<Slo>,
+}
+
+/// `ttft="500ms", tpot="50ms"`: the keywords of `slo(...)` giving `slo`.
+fn slo_call(slo: &Slo) -> String {
+    slo.goals()
+        .map(|(o, g)| format!("{}=\"{}\"", o.name(), nyann_model::slo::show_seconds(g)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl SingleStageArgs {
@@ -223,6 +244,7 @@ impl SingleStageArgs {
             },
             max_inflight: self.max_inflight.unwrap_or(0),
             max_requests: self.max_requests.unwrap_or(0),
+            slo: self.slo,
             ..Stage::new(duration_s, mode)
         };
         Ok(Scenario {

@@ -1,7 +1,7 @@
 //! SDK for nyann-bench congestion policies.
 //!
 //! A policy is a WebAssembly component implementing the WIT contract
-//! `nyann:policy@0.4.0` (shipped with this crate in `wit/policy.wit`, and
+//! `nyann:policy@0.5.0` (shipped with this crate in `wit/policy.wit`, and
 //! printed by `nyann-bench policy wit`). This crate hides the wit-bindgen
 //! plumbing: implement [`Policy`] for a unit struct, call
 //! [`export_policy!`], and build with
@@ -40,11 +40,11 @@ extern crate self as nyann_policy;
 #[doc(hidden)]
 pub use wit_bindgen;
 
-/// The WIT contract this SDK implements (the repository's `wit/0.4`).
+/// The WIT contract this SDK implements (the repository's `wit/0.5`).
 pub const WIT: &str = include_str!("../wit/policy.wit");
 
 /// The interface version this SDK builds components for.
-pub const INTERFACE_VERSION: &str = "0.4.0";
+pub const INTERFACE_VERSION: &str = "0.5.0";
 
 #[doc(hidden)]
 pub mod __private {
@@ -93,9 +93,11 @@ pub mod __private {
 }
 
 pub use __private::bindings::nyann::policy::types::{
-    ClientStats, EvalCounts, FiredRule, Param, ParamKind, ParamSpec, PolicyInfo, RoleSignals,
-    StageObservation, Sweep, Value, Verdict,
+    ClientStats, EvalCounts, FiredRule, Objective, Param, ParamKind, ParamSpec, PolicyInfo,
+    RoleSignals, SloCounts, SloGoal, StageObservation, Sweep, Value, Verdict,
 };
+
+mod slo;
 
 /// A congestion policy. Implement it for a unit struct and export it with
 /// [`export_policy!`]. Every call gets a fresh instance: keep no state
@@ -360,6 +362,7 @@ impl Default for ClientStats {
             requests_rejected: 0,
             requests_late: 0,
             eval: None,
+            slo: None,
         }
     }
 }
@@ -431,16 +434,7 @@ impl EvalCounts {
     /// before any answer was scored. Unlike the normal approximation it
     /// stays within [0, 1] and is honest at small counts.
     pub fn interval95(&self) -> (f64, f64) {
-        if self.answered == 0 {
-            return (0.0, 1.0);
-        }
-        const Z: f64 = 1.959_963_984_540_054;
-        let n = self.answered as f64;
-        let p = self.correct as f64 / n;
-        let z2 = Z * Z;
-        let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
-        let half = Z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
-        ((centre - half).max(0.0), (centre + half).min(1.0))
+        slo::wilson95(self.correct, self.answered)
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
-use nyann_model::{CacheSalt, Scenario, Step, Workload, WorkloadType};
+use nyann_model::{CacheSalt, Scenario, Slo, Step, Workload, WorkloadType};
 use serde::Serialize;
 
 use crate::client::{Api, Client, ClientError};
@@ -28,6 +28,8 @@ pub(super) struct StageSettings {
     pub(super) osl: u32,
     pub(super) turns: u32,
     pub(super) cache_salt: Option<CacheSalt>,
+    /// The goals its requests are judged by.
+    pub(super) slo: Option<Slo>,
 }
 
 impl StageSettings {
@@ -257,6 +259,7 @@ pub(super) async fn prepare(
             osl: workload.osl,
             turns: workload.turns.max(1),
             cache_salt: workload.cache_salt.clone(),
+            slo: stage.slo,
         })));
     }
     Ok(Prepared {

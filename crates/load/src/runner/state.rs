@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use nyann_model::{ClientStats, Scenario, Step};
+use nyann_model::{ClientStats, Scenario, Slo, Step};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -115,11 +115,15 @@ impl Slot {
             .map_or(0.0, StageAccumulator::e2e_p99)
     }
 
-    /// The accumulator is created on first use: skipped stages cost no histogram memory.
-    fn add(&self, record: &RequestRecord) {
-        lock(&self.acc)
-            .get_or_insert_with(StageAccumulator::new)
-            .add(record);
+    /// The accumulator is created on first use: skipped stages cost no
+    /// histogram memory. `slo`: the goals the record was judged by.
+    fn add(&self, record: &RequestRecord, slo: Option<Slo>) {
+        let mut acc = lock(&self.acc);
+        let acc = acc.get_or_insert_with(StageAccumulator::new);
+        if let Some(goals) = slo {
+            acc.judged_by(goals);
+        }
+        acc.add(record);
     }
 
     pub(super) fn merge_into(&self, total: &mut StageAccumulator) {
@@ -389,25 +393,28 @@ impl Shared {
 
     /// Records an open-loop arrival that found `max_inflight` requests in flight.
     pub(super) async fn record_drop(&self, scheduled_at: f64) {
-        let (stage, phase) = {
+        let (stage, phase, slo) = {
             let cur = lock(&self.current);
             if cur.stopped {
                 return;
             }
-            (cur.stage, cur.phase)
+            let slo = cur.settings.get(cur.stage).cloned().flatten();
+            (cur.stage, cur.phase, slo.and_then(|s| s.slo))
         };
-        let record = RequestRecord::dropped(
+        let mut record = RequestRecord::dropped(
             self.next_id(),
             self.next_conversation.fetch_add(1, Ordering::Relaxed),
             stage,
             phase,
             scheduled_at,
         );
+        crate::goodput::judge(&mut record, slo.as_ref());
         if phase != Phase::Hold {
-            self.slots[stage].add(&record);
+            self.slots[stage].add(&record, slo);
         }
         if let Some(live) = &self.live {
             live.dropped.fetch_add(1, Ordering::Relaxed);
+            live.judged(&record);
         }
         self.sink.send(record).await;
     }
@@ -423,7 +430,7 @@ impl Shared {
     ) -> impl Future<Output = ()> + Send + '_ {
         let counted = claim.phase != Phase::Hold;
         if counted {
-            self.slots[claim.stage].add(&record);
+            self.slots[claim.stage].add(&record, claim.settings.slo);
         }
         self.count_error_streak(&record);
         if let Some(live) = &self.live {

@@ -131,6 +131,7 @@ pub(super) async fn run_turn(shared: &Shared, claim: Claim, conv: &mut Conversat
         &mut outcome,
         before,
     );
+    crate::goodput::judge(&mut record, s.slo.as_ref());
     if let (Some(question), Some(set)) = (question, s.prompts.eval_set()) {
         record.eval_expected = Some(question.expected.clone());
         if status == Status::Ok {
@@ -233,6 +234,9 @@ fn make_record(
         eval_expected: None,
         eval_extracted: None,
         eval_correct: None,
+        tpot_s: None,
+        slo_met: None,
+        slo_missed: Vec::new(),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The interface versions this host supports, side by side: one bindgen
-//! module per version (`v0_1` .. `v0_4`), each adapting its own generated
+//! module per version (`v0_1` .. `v0_5`), each adapting its own generated
 //! types to the shared model (`nyann_model`), the way Zed keeps its
 //! `since_v*` extension interfaces. The model follows the newest version;
 //! an older component sees it through its own, smaller records.
@@ -209,6 +209,7 @@ mod v0_1;
 mod v0_2;
 mod v0_3;
 mod v0_4;
+mod v0_5;
 
 use nyann_model::observation::{PolicyInfo, StageObservation, Verdict};
 use nyann_model::scenario::Param;
@@ -230,21 +231,24 @@ pub enum Interface {
     V0_2,
     /// `nyann:policy@0.3`: frozen; adapted to the model by the host.
     V0_3,
-    /// `nyann:policy@0.4`: the current line, which the SDK builds.
+    /// `nyann:policy@0.4`: frozen; adapted to the model by the host.
     V0_4,
+    /// `nyann:policy@0.5`: the current line, which the SDK builds.
+    V0_5,
 }
 
 impl Interface {
     /// Every supported line, oldest first.
-    pub const ALL: [Interface; 4] = [
+    pub const ALL: [Interface; 5] = [
         Interface::V0_1,
         Interface::V0_2,
         Interface::V0_3,
         Interface::V0_4,
+        Interface::V0_5,
     ];
 
     /// The line new policies are built against.
-    pub const NEWEST: Interface = Interface::V0_4;
+    pub const NEWEST: Interface = Interface::V0_5;
 
     /// `0.1`, `0.2`.
     pub fn line(self) -> &'static str {
@@ -253,6 +257,7 @@ impl Interface {
             Interface::V0_2 => "0.2",
             Interface::V0_3 => "0.3",
             Interface::V0_4 => "0.4",
+            Interface::V0_5 => "0.5",
         }
     }
 
@@ -263,6 +268,7 @@ impl Interface {
             Interface::V0_2 => include_str!("../../../../wit/0.2/policy.wit"),
             Interface::V0_3 => include_str!("../../../../wit/0.3/policy.wit"),
             Interface::V0_4 => include_str!("../../../../wit/0.4/policy.wit"),
+            Interface::V0_5 => include_str!("../../../../wit/0.5/policy.wit"),
         }
     }
 
@@ -301,7 +307,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     v0_1::add_to_linker(linker)?;
     v0_2::add_to_linker(linker)?;
     v0_3::add_to_linker(linker)?;
-    v0_4::add_to_linker(linker)
+    v0_4::add_to_linker(linker)?;
+    v0_5::add_to_linker(linker)
 }
 
 /// A component ready to instantiate, typed by its interface line: the
@@ -312,6 +319,7 @@ pub(crate) enum Pre {
     V0_2(v0_2::CongestionPolicyPre<HostState>),
     V0_3(v0_3::CongestionPolicyPre<HostState>),
     V0_4(v0_4::CongestionPolicyPre<HostState>),
+    V0_5(v0_5::CongestionPolicyPre<HostState>),
 }
 
 impl Pre {
@@ -321,6 +329,7 @@ impl Pre {
             Interface::V0_2 => Pre::V0_2(v0_2::CongestionPolicyPre::new(pre)?),
             Interface::V0_3 => Pre::V0_3(v0_3::CongestionPolicyPre::new(pre)?),
             Interface::V0_4 => Pre::V0_4(v0_4::CongestionPolicyPre::new(pre)?),
+            Interface::V0_5 => Pre::V0_5(v0_5::CongestionPolicyPre::new(pre)?),
         })
     }
 
@@ -330,6 +339,7 @@ impl Pre {
             Pre::V0_2(_) => Interface::V0_2,
             Pre::V0_3(_) => Interface::V0_3,
             Pre::V0_4(_) => Interface::V0_4,
+            Pre::V0_5(_) => Interface::V0_5,
         }
     }
 
@@ -340,6 +350,7 @@ impl Pre {
             Pre::V0_2(pre) => v0_2::describe(pre, store),
             Pre::V0_3(pre) => v0_3::describe(pre, store),
             Pre::V0_4(pre) => v0_4::describe(pre, store),
+            Pre::V0_5(pre) => v0_5::describe(pre, store),
         }
     }
 
@@ -354,6 +365,7 @@ impl Pre {
             Pre::V0_2(pre) => v0_2::validate(pre, store, params),
             Pre::V0_3(pre) => v0_3::validate(pre, store, params),
             Pre::V0_4(pre) => v0_4::validate(pre, store, params),
+            Pre::V0_5(pre) => v0_5::validate(pre, store, params),
         }
     }
 
@@ -380,6 +392,7 @@ impl Pre {
             Pre::V0_2(_) => JudgeArgs::V0_2(v0_2::judge_args(params, stage, history)),
             Pre::V0_3(_) => JudgeArgs::V0_3(v0_3::judge_args(params, stage, history)),
             Pre::V0_4(_) => JudgeArgs::V0_4(v0_4::judge_args(params, stage, history)),
+            Pre::V0_5(_) => JudgeArgs::V0_5(v0_5::judge_args(params, stage, history)),
         }
     }
 
@@ -395,6 +408,7 @@ impl Pre {
             (Pre::V0_2(pre), JudgeArgs::V0_2(args)) => v0_2::judge(pre, store, args),
             (Pre::V0_3(pre), JudgeArgs::V0_3(args)) => v0_3::judge(pre, store, args),
             (Pre::V0_4(pre), JudgeArgs::V0_4(args)) => v0_4::judge(pre, store, args),
+            (Pre::V0_5(pre), JudgeArgs::V0_5(args)) => v0_5::judge(pre, store, args),
             _ => wasmtime::bail!("judge arguments made for another interface line"),
         }
     }
@@ -406,6 +420,7 @@ pub(crate) enum JudgeArgs {
     V0_2(v0_2::JudgeArgs),
     V0_3(v0_3::JudgeArgs),
     V0_4(v0_4::JudgeArgs),
+    V0_5(v0_5::JudgeArgs),
 }
 
 /// The stages of `history` at a lower level than `stage`, in level order
@@ -441,7 +456,8 @@ mod tests {
         assert_eq!(Interface::of_version("0.2.3"), Some(Interface::V0_2));
         assert_eq!(Interface::of_version("0.3.0"), Some(Interface::V0_3));
         assert_eq!(Interface::of_version("0.4.0"), Some(Interface::V0_4));
-        assert_eq!(Interface::of_version("0.5.0"), None);
+        assert_eq!(Interface::of_version("0.5.0"), Some(Interface::V0_5));
+        assert_eq!(Interface::of_version("0.6.0"), None);
         assert_eq!(Interface::of_version("1.0.0"), None);
         assert_eq!(Interface::of_version(""), None);
         assert_eq!(
@@ -450,7 +466,8 @@ mod tests {
         );
         assert_eq!(
             supported_versions(),
-            "nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x, nyann:policy@0.4.x"
+            "nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x, nyann:policy@0.4.x, \
+             nyann:policy@0.5.x"
         );
     }
 

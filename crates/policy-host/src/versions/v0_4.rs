@@ -1,5 +1,5 @@
-//! `nyann:policy@0.4`: the current line. Its records match the model field
-//! for field.
+//! `nyann:policy@0.4`: frozen (`wit/0.4`). The host adapts the model to
+//! it: the SLO counts, added in 0.5, are left out.
 
 use nyann_model::observation::{
     ClientStats, FiredRule, ParamKind, PolicyInfo, RoleSignals, StageObservation, Verdict,

@@ -100,3 +100,45 @@ async fn client_slo_uses_client_stats_and_history() {
             .contains("consecutive must be from 1 to 100 (got 0)")
     );
 }
+
+/// `goodput-floor` reads the SLO counts the host gives a 0.5 component:
+/// the attainment and each goal's misses reach it as the model has them.
+#[tokio::test]
+async fn goodput_floor_judges_the_slo_counts_of_the_newest_line() {
+    let policy = common::guest("goodput-floor-policy");
+    assert_eq!(policy.interface(), nyann_policy_host::Interface::V0_5);
+    assert!(!policy.info().server_signals);
+    let params = policy.check_params(&stop(&[])).unwrap();
+    assert_eq!(params[0].value, Value::Number(0.9));
+    let goals = nyann_model::Slo::parse("ttft=500ms,tpot=50ms").unwrap();
+    let with = |met: u64, missed: [u64; 3]| StageObservation {
+        client: ClientStats {
+            slo: Some(nyann_model::SloStats::of(goals, 200, met, missed, 10.0)),
+            ..Default::default()
+        },
+        ..stage(0, 0.0, 0.1, 200, 0)
+    };
+    let calm = policy.judge(&params, &with(196, [4, 0, 0]), &[]).await;
+    assert!(!calm.unwrap().congested);
+    let verdict = policy
+        .judge(&params, &with(120, [70, 20, 0]), &[])
+        .await
+        .unwrap();
+    assert!(verdict.congested);
+    assert_eq!(
+        verdict.reasons,
+        [
+            "SLO ttft≤500ms, tpot≤50ms met by 60.0% of 200 requests (95%: 53.1-66.5%), under the \
+          floor of 90% with 95% confidence; ttft missed by 35.0%, tpot missed by 10.0%; goodput \
+          12.00 req/s"
+        ]
+    );
+    // A stage without an SLO: the call fails, saying how to give one.
+    let err = policy
+        .judge(&params, &stage(0, 0.0, 0.1, 200, 0), &[])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("slo(ttft=\"500ms\""), "{err}");
+    let err = policy.check_params(&stop(&[("floor", Value::Number(1.5))]));
+    assert!(err.is_err(), "a floor above 1 is refused");
+}

@@ -480,8 +480,8 @@ fn versions_this_host_cannot_run_are_named() {
         err,
         "cannot load policy rc.wasm: is built for nyann:policy@0.2.1-rc.1, a pre-release of the \
          interface; this host runs the released nyann:policy@0.1.x, nyann:policy@0.2.x, \
-         nyann:policy@0.3.x, nyann:policy@0.4.x (rebuild the policy against a released WIT, e.g. \
-         the one `nyann-bench policy wit` prints)"
+         nyann:policy@0.3.x, nyann:policy@0.4.x, nyann:policy@0.5.x (rebuild the policy against a \
+         released WIT, e.g. the one `nyann-bench policy wit` prints)"
     );
     let newer_wit = Interface::V0_2
         .wit()
@@ -510,10 +510,10 @@ fn versions_this_host_cannot_run_are_named() {
     // not have (built against a changed WIT) is told the same way, not with
     // the linker's text.
     let changed = nyann_guests::assembled::component(
-        &Interface::V0_4
+        &Interface::V0_5
             .wit()
             .replace("log: func(", "probe: func();\n    log: func("),
-        "0.4.0",
+        "0.5.0",
         &Assembled {
             host_import: Some("probe".into()),
             ..Assembled::default()
@@ -526,8 +526,8 @@ fn versions_this_host_cannot_run_are_named() {
         .to_string();
     assert_eq!(
         err,
-        "cannot load policy changed.wasm: imports `probe` from `nyann:policy/host@0.4.0`, which \
-         this host's nyann:policy@0.4.0 does not have; nyann:policy@0.4.0 has no such function: \
+        "cannot load policy changed.wasm: imports `probe` from `nyann:policy/host@0.5.0`, which \
+         this host's nyann:policy@0.5.0 does not have; nyann:policy@0.5.0 has no such function: \
          rebuild the policy against the released WIT (the one `nyann-bench policy wit` prints), \
          or use the nyann-bench it was built for"
     );
@@ -977,7 +977,7 @@ async fn disallowed_import_is_refused_at_load() {
 
 #[tokio::test]
 async fn other_interface_versions_are_refused_naming_the_supported_ones() {
-    for version in ["0.5.0", "1.0.0"] {
+    for version in ["0.6.0", "1.0.0"] {
         let err = load_err(&wat_component(
             None,
             &format!("nyann:policy/policy@{version}"),
@@ -986,8 +986,8 @@ async fn other_interface_versions_are_refused_naming_the_supported_ones() {
             err,
             format!(
                 "cannot load policy test.wasm: is built for nyann:policy@{version}; this host supports \
-                 nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x, nyann:policy@0.4.x (a \
-                 newer nyann-bench is needed, or rebuild the policy against the WIT printed by `nyann-bench policy wit`)"
+                 nyann:policy@0.1.x, nyann:policy@0.2.x, nyann:policy@0.3.x, nyann:policy@0.4.x, \
+                 nyann:policy@0.5.x (a newer nyann-bench is needed, or rebuild the policy against the WIT printed by `nyann-bench policy wit`)"
             )
         );
     }
@@ -1049,14 +1049,14 @@ async fn core_module_and_random_bytes_are_refused() {
 async fn runtime_network_imports_load_and_fail_when_called() {
     let wit = format!(
         "{}\npackage wasi:sockets@0.2.9 {{\n    interface tcp {{\n        start-connect: func();\n    }}\n}}\n",
-        Interface::V0_4.wit().replace(
+        Interface::V0_5.wit().replace(
             "    import host;",
             "    import host;\n    import wasi:sockets/tcp@0.2.9;"
         )
     );
     let component = nyann_guests::assembled::component(
         &wit,
-        "0.4.0",
+        "0.5.0",
         &Assembled {
             host_import: Some("start-connect".into()),
             import_interface: Some("wasi:sockets/tcp@0.2.9".into()),

@@ -1,7 +1,7 @@
 //! Interface versions side by side: a component built against the frozen
 //! 0.1 WIT (with wit-bindgen, no SDK), the built-in as it was built for
-//! 0.1, 0.2 and 0.3 (committed fixtures) and 0.4 components load and run on
-//! the same host; the host adapts what the older lines lack.
+//! 0.1, 0.2, 0.3 and 0.4 (committed fixtures) and 0.5 components load and
+//! run on the same host; the host adapts what the older lines lack.
 
 use std::time::Duration;
 
@@ -120,7 +120,8 @@ async fn the_sandbox_applies_to_0_1_components_too() {
 /// line, kept so that each adapter always runs a real component of its line
 /// as that line's SDK and toolchain built it: `tests/fixtures/builtin-0.1.wasm`
 /// (`policies/builtin/builtin.wasm` as committed at 20efdab) and
-/// `builtin-0.2.wasm` (at 5624f13) and `builtin-0.3.wasm` (at 76e0ba0).
+/// `builtin-0.2.wasm` (at 5624f13), `builtin-0.3.wasm` (at 76e0ba0) and
+/// `builtin-0.4.wasm` (at 8402031).
 fn old_builtin(line: &str) -> nyann_policy_host::Policy {
     let file = format!("builtin-{line}.wasm");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -151,6 +152,15 @@ async fn the_0_3_built_in_judges_as_the_newest_one() {
     judges_as_the_newest(&old, true).await;
 }
 
+/// The 0.4 built-in is shown a stage with an SLO (which its line has no
+/// record for) and judges it as the newest does.
+#[tokio::test]
+async fn the_0_4_built_in_judges_as_the_newest_one() {
+    let old = old_builtin("0.4");
+    assert_eq!(old.interface(), Interface::V0_4);
+    judges_as_the_newest(&old, true).await;
+}
+
 /// `old` (an older line's built-in) gives the newest built-in's verdict and
 /// reasons on a congested stage, and the rules that fired if its line can
 /// say them (0.3 on).
@@ -173,6 +183,15 @@ async fn judges_as_the_newest(old: &nyann_policy_host::Policy, names_rules: bool
         }],
         ..stage(3, 0)
     };
+    // What the newest line added: a 0.4 policy is judged without it.
+    let mut stage = stage;
+    stage.client.slo = Some(nyann_model::SloStats::of(
+        nyann_model::Slo::parse("ttft=500ms,tpot=50ms").unwrap(),
+        100,
+        80,
+        [20, 5, 0],
+        10.0,
+    ));
     let old_verdict = old
         .judge(&old.check_params(&stop).unwrap(), &stage, &[])
         .await

@@ -159,6 +159,20 @@ pub(super) fn throughput(
         figure
             .marks
             .extend(stage_marks(run, *by_rate, |s| s.client.as_ref().map(get)));
+        // Under an SLO, the goodput beside the throughput: where the two
+        // part, requests were served too late to count.
+        let goodput: Vec<(f64, f64)> = measured(run, *by_rate)
+            .into_iter()
+            .filter_map(|(_, x, c)| Some((x, c.slo.as_ref()?.goodput_per_second)))
+            .collect();
+        if matches!(which, Throughput::Requests) && !goodput.is_empty() {
+            figure.lines.push(Line {
+                name: series_name(runs, run, "goodput (met the SLO)"),
+                color: RUN_SHADES[i % RUN_SHADES.len()][1],
+                points: goodput,
+                dashed: true,
+            });
+        }
     }
     figure
 }

@@ -198,9 +198,14 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
     for sweep in &conclusion.sweeps {
         match (&sweep.capacity, &sweep.knee) {
             (Some(capacity), knee) => {
+                let under = match &capacity.under_slo {
+                    Some(slo) => format!(" {}", slo.words()),
+                    None => String::new(),
+                };
                 let _ = write!(
                     out,
-                    "<div class=\"verdict\">capacity: {}</div>",
+                    "<div class=\"verdict\">capacity{}: {}</div>",
+                    esc(&under),
                     esc(&capacity.answer(knee.as_ref()))
                 );
             }
@@ -214,6 +219,9 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
                 );
             }
             (None, None) => out.push_str("<div>knee: none (no stage ran before congestion)</div>"),
+        }
+        if let Some(most) = &sweep.most_goodput {
+            let _ = write!(out, "<div>most goodput: {}</div>", esc(&most.words()));
         }
         if let Some(close) = sweep.close_call() {
             let _ = write!(

@@ -756,3 +756,46 @@ fn an_eval_runs_headline_gives_its_accuracy() {
     );
     assert!(!html.contains("knee"), "{html}");
 }
+
+/// Under an SLO the requests chart draws the goodput beside the
+/// throughput, dashed; without one it draws the throughput alone.
+#[test]
+fn goodput_is_drawn_beside_the_throughput() {
+    let mut run = sweep();
+    let plain = throughput(
+        std::slice::from_ref(&run),
+        &level_axis(std::slice::from_ref(&run)),
+        Throughput::Requests,
+    );
+    assert_eq!(plain.lines.len(), 1);
+    let goals = nyann_model::Slo {
+        ttft_s: Some(0.5),
+        ..nyann_model::Slo::default()
+    };
+    for stage in &mut run.result.stages {
+        if let Some(client) = stage.client.as_mut() {
+            let met = (client.requests_per_second / 2.0).round() as u64;
+            client.slo = Some(nyann_model::SloStats::of(
+                goals,
+                2 * met,
+                met,
+                [met, 0, 0],
+                1.0,
+            ));
+        }
+    }
+    let runs = std::slice::from_ref(&run);
+    let figure = throughput(runs, &level_axis(runs), Throughput::Requests);
+    assert_eq!(figure.lines.len(), 2);
+    let goodput = &figure.lines[1];
+    assert_eq!(goodput.name, "goodput (met the SLO)");
+    assert!(goodput.dashed);
+    assert_eq!(goodput.points.len(), figure.lines[0].points.len());
+    for (good, all) in goodput.points.iter().zip(&figure.lines[0].points) {
+        assert_eq!(good.0, all.0);
+        assert!(good.1 <= all.1, "{good:?} {all:?}");
+    }
+    let tokens = throughput(runs, &level_axis(runs), Throughput::Tokens);
+    assert_eq!(tokens.lines.len(), 1, "goodput is in requests, not tokens");
+    assert!(page(runs).unwrap().contains("goodput (met the SLO)"));
+}

@@ -1,5 +1,5 @@
 //! The scenario builtins (`workload`, `stage`, `barrier`, `until_congested`,
-//! `scenario`) and the guarded replacements of `range`, `*` and `+` that keep
+//! `slo`, `scenario`) and the guarded replacements of `range`, `*` and `+` that keep
 //! evaluation bounded.
 //!
 //! Every builtin checks its arguments strictly (a wrong type is an error,
@@ -13,6 +13,7 @@
 mod args;
 mod bounded;
 mod scenario;
+mod slo;
 mod stage;
 mod sweep;
 mod workload;
@@ -170,5 +171,6 @@ pub(crate) fn scenario_builtins(builder: &mut GlobalsBuilder) {
     stage::stage_builtins(builder);
     sweep::sweep_builtins(builder);
     scenario::scenario_builtin(builder);
+    slo::slo_builtin(builder);
     bounded::bounded_builtins(builder);
 }

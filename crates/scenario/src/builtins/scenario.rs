@@ -36,13 +36,15 @@ fn number_sweeps(steps: &mut [Step]) {
 /// The whole run.
 #[starlark_module]
 pub(super) fn scenario_builtin(builder: &mut GlobalsBuilder) {
-    /// `scenario(stages, target=None, model=None, workload=None)`: the whole
-    /// run. Call it exactly once.
+    /// `scenario(stages, target=None, model=None, workload=None,
+    /// slo=None)`: the whole run. Call it exactly once. `slo=` (an
+    /// `slo(...)`) judges the requests of every stage without its own.
     fn scenario<'v>(
         stages: Value<'v>,
         target: Option<Value<'v>>,
         model: Option<Value<'v>>,
         workload: Option<Value<'v>>,
+        slo: Option<Value<'v>>,
         eval: &mut Evaluator<'v, '_, '_>,
     ) -> starlark::Result<NoneType> {
         let location = call_location(eval);
@@ -98,6 +100,12 @@ pub(super) fn scenario_builtin(builder: &mut GlobalsBuilder) {
             },
         };
         number_sweeps(&mut steps);
+        if let Some(v) = given(slo) {
+            match super::slo::slo_argument("scenario", v) {
+                Ok(goals) => super::slo::apply_default(&mut steps, goals),
+                Err(e) => a.problems.push(e),
+            }
+        }
         let scenario = Scenario {
             target,
             model,

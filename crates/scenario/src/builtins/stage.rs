@@ -18,7 +18,8 @@ pub(super) fn stage_builtins(builder: &mut GlobalsBuilder) {
     /// `stage(duration, concurrency=10, rate=None, mode="concurrent",
     /// max_inflight=0, max_requests=0, rampup=None, workload=None,
     /// target=None, model=None, name=None, warmup=False,
-    /// conversation_pool_size=0)`: a timed period of load.
+    /// conversation_pool_size=0, slo=None)`: a timed period of load.
+    /// `slo=` (an `slo(...)`) replaces the scenario's for this stage.
     fn stage<'v>(
         duration: Value<'v>,
         concurrency: Option<Value<'v>>,
@@ -33,10 +34,16 @@ pub(super) fn stage_builtins(builder: &mut GlobalsBuilder) {
         name: Option<Value<'v>>,
         warmup: Option<Value<'v>>,
         conversation_pool_size: Option<Value<'v>>,
+        slo: Option<Value<'v>>,
         eval: &mut Evaluator<'v, '_, '_>,
     ) -> starlark::Result<Value<'v>> {
         let location = call_location(eval);
         let mut a = Args::new("stage");
+        let slo = given(slo).and_then(|v| {
+            super::slo::slo_argument("stage", v)
+                .map_err(|e| a.problems.push(e))
+                .ok()
+        });
         let duration_s = a.duration("duration", duration);
         let modes = "\"concurrent\", \"constant\", \"poisson\" or \"conversation_pool\"";
         let mode_given = mode.is_some();
@@ -105,6 +112,7 @@ pub(super) fn stage_builtins(builder: &mut GlobalsBuilder) {
             conversation_pool_size,
             stop: None,
             sweep: 0,
+            slo,
             location: location.clone(),
         };
         if let Some(rate) = stage.rate

@@ -242,7 +242,7 @@ fn readme(name: &str) -> String {
         r#"# {name}
 
 A congestion policy for nyann-bench: a WebAssembly component implementing
-`nyann:policy@0.4` (`vendor/nyann-policy/wit/policy.wit`). The rules are in
+`nyann:policy@0.5` (`vendor/nyann-policy/wit/policy.wit`). The rules are in
 `src/lib.rs`, plain Rust, tested natively.
 
 ```sh
@@ -273,7 +273,7 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-# The nyann-bench policy SDK (nyann:policy@0.4), copied here by
+# The nyann-bench policy SDK (nyann:policy@0.5), copied here by
 # `nyann-bench policy new` so that this crate builds anywhere.
 nyann-policy = {{ path = "{VENDORED_SDK}" }}
 
@@ -407,7 +407,7 @@ mod tests {
         // The vendored SDK builds on its own: no workspace inheritance.
         let sdk = file(&files, "vendor/nyann-policy/Cargo.toml");
         assert!(!sdk.contains("workspace = true"), "{sdk}");
-        assert!(file(&files, "vendor/nyann-policy/wit/policy.wit").contains("nyann:policy@0.4.0"));
+        assert!(file(&files, "vendor/nyann-policy/wit/policy.wit").contains("nyann:policy@0.5.0"));
         // Its own README, and the toolchain the SDK needs.
         assert!(file(&files, "README.md").contains("release/my_policy.wasm"));
         let toolchain = file(&files, "rust-toolchain.toml");
