@@ -13,6 +13,7 @@ mod cli;
 mod evals;
 mod failures;
 mod fleet;
+mod oci;
 mod policy;
 mod polyglot;
 mod report;

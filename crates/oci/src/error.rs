@@ -14,6 +14,11 @@ pub enum OciError {
     )]
     Unreachable { reference: String, why: String },
     #[error(
+        "the TLS certificate of the registry of {reference} is not trusted ({why}): give its CA \
+         with --ca-cert FILE"
+    )]
+    Untrusted { reference: String, why: String },
+    #[error(
         "the registry refused {reference} (HTTP 401/403: {why}): log in (`docker login` or a \
          REGISTRY_AUTH_FILE), or give --policy-registry-token"
     )]

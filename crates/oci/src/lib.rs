@@ -14,7 +14,7 @@ pub use auth::Credentials;
 pub use error::OciError;
 pub use reference::{OciReference, SCHEME, is_sha256};
 pub use registry::{
-    MAX_MANIFEST_BYTES, Pulled, Pushed, RegistryOptions, WASM_CONFIG_MEDIA_TYPE,
+    Artifact, MAX_MANIFEST_BYTES, Pulled, Pushed, RegistryOptions, WASM_CONFIG_MEDIA_TYPE,
     WASM_LAYER_MEDIA_TYPE, pull, push,
 };
 pub use store::{Store, sha256};

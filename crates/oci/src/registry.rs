@@ -116,16 +116,24 @@ pub async fn pull(
     Err(error)
 }
 
-/// Pushes `component` to `reference` (a tag) with `annotations` on the
-/// manifest. The same bytes and annotations give the same manifest digest.
+/// What is pushed: the component, its file name (the layer's title, the
+/// name `oras pull` writes it under) and the manifest's annotations.
+#[derive(Debug, Clone)]
+pub struct Artifact<'a> {
+    pub component: &'a [u8],
+    pub file_name: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Pushes `artifact` to `reference`. The same artifact gives the same
+/// manifest, and so the same digest, every time.
 pub async fn push(
-    component: &[u8],
-    annotations: BTreeMap<String, String>,
+    artifact: &Artifact<'_>,
     reference: &OciReference,
     options: &RegistryOptions,
 ) -> Result<Pushed, OciError> {
     with_fallback(reference, options, |client| {
-        push_to(client, component, annotations.clone(), reference, options)
+        push_to(client, artifact, reference, options)
     })
     .await
 }
@@ -147,9 +155,18 @@ where
         return attempt(client(options, ClientProtocol::Http)?).await;
     }
     match attempt(client(options, ClientProtocol::Https)?).await {
-        Err(OciError::Unreachable { why, .. }) if is_loopback(host) => {
-            tracing::info!("registry {host} (loopback) answers no TLS ({why}): using plain HTTP");
-            attempt(client(options, ClientProtocol::Http)?).await
+        // Unreachable over TLS, not refused for its certificate: a
+        // loopback registry may speak plain HTTP.
+        Err(https @ OciError::Unreachable { .. }) if is_loopback(host) => {
+            match attempt(client(options, ClientProtocol::Http)?).await {
+                Ok(done) => {
+                    tracing::info!("registry {host} (loopback) answers no TLS: plain HTTP used");
+                    Ok(done)
+                }
+                // Not a plain-HTTP registry either: what TLS said is the news.
+                Err(OciError::Unreachable { .. } | OciError::Registry { .. }) => Err(https),
+                Err(http) => Err(http),
+            }
         }
         done => done,
     }
@@ -369,11 +386,11 @@ struct WasmConfig<'a> {
 
 async fn push_to(
     client: Client,
-    component: &[u8],
-    annotations: BTreeMap<String, String>,
+    artifact: &Artifact<'_>,
     reference: &OciReference,
     options: &RegistryOptions,
 ) -> Result<Pushed, OciError> {
+    let component = artifact.component;
     let image = reference.client_reference();
     let auth = options.credentials.for_registry(reference.registry())?;
     client
@@ -408,11 +425,15 @@ async fn push_to(
             media_type: WASM_LAYER_MEDIA_TYPE.to_string(),
             digest: component_digest.clone(),
             size: component.len() as i64,
+            annotations: Some(BTreeMap::from([(
+                "org.opencontainers.image.title".to_string(),
+                artifact.file_name.clone(),
+            )])),
             ..OciDescriptor::default()
         }],
         subject: None,
         artifact_type: None,
-        annotations: Some(annotations),
+        annotations: Some(artifact.annotations.clone()),
     };
     let manifest = serde_json::to_vec(&manifest).map_err(|e| OciError::Registry {
         reference: reference.to_string(),
@@ -451,6 +472,9 @@ fn explain(reference: &OciReference, step: &str, error: OciDistributionError) ->
     let reference = reference.to_string();
     let why = format!("{step}: {}", chain(&error));
     match &error {
+        OciDistributionError::RequestError(e) if untrusted_certificate(e) => {
+            OciError::Untrusted { reference, why }
+        }
         OciDistributionError::RequestError(e) if e.is_connect() || e.is_timeout() => {
             OciError::Unreachable { reference, why }
         }
@@ -501,6 +525,28 @@ fn explain(reference: &OciReference, step: &str, error: OciDistributionError) ->
         }
         _ => OciError::Registry { reference, why },
     }
+}
+
+/// Whether TLS refused the registry's certificate (as opposed to a
+/// registry that speaks no TLS, or none at all).
+fn untrusted_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if matches!(
+            tls,
+            Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)
+        ) {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The error and its causes on one line.

@@ -32,6 +32,25 @@ impl Store {
         Store { dir: dir.into() }
     }
 
+    /// `$NYANN_BENCH_CACHE_DIR/oci`, else `$XDG_CACHE_HOME/nyann-bench/oci`,
+    /// else `~/.cache/nyann-bench/oci`: beside the compiled-code cache.
+    /// Blobs are checked against their digest when read, so a store shared
+    /// or altered can withhold a policy but not substitute one.
+    pub fn default_dir() -> Option<PathBuf> {
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        if let Some(dir) = env("NYANN_BENCH_CACHE_DIR") {
+            return Some(dir.join("oci"));
+        }
+        if let Some(dir) = env("XDG_CACHE_HOME") {
+            return Some(dir.join("nyann-bench").join("oci"));
+        }
+        env("HOME").map(|home| home.join(".cache").join("nyann-bench").join("oci"))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -35,6 +35,19 @@ pub enum PolicyError {
         limit: u64,
     },
 
+    /// The component's digest is not on the operator's allow list
+    /// ([`crate::HostConfig::allowed`]); nothing of it was compiled or run.
+    #[error(
+        "cannot load policy {origin}: its digest {digest} is not allowed here; an operator \
+         allows a component with --policy-allow {digest}"
+    )]
+    NotAllowed { origin: String, digest: String },
+
+    /// The component could not be fetched from where it was named (a
+    /// registry); the message names the reference and what to do.
+    #[error("{message}")]
+    Fetch { origin: String, message: String },
+
     /// The parameters of an `until_congested(...)` call are wrong (checked
     /// against `describe`, or refused by `validate`).
     #[error("{}until_congested(...): {message} (policy {policy})", at_location(.location))]

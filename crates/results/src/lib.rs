@@ -39,7 +39,10 @@ use serde::{Deserialize, Serialize};
 ///
 /// - 1: `stages.json` is an object, `{"schema_version": 1, "stages": [...]}`
 ///   (version 0 was the bare array); `summary.json` gains `schema_version`.
-pub const SCHEMA_VERSION: u32 = 1;
+/// - 2: a judged stage's `congestion.policy.origin` may be an OCI reference
+///   pinned by digest (`oci://REGISTRY/REPO:TAG@sha256:...`), where it was
+///   `builtin` or a file path.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One JSON record per request, one per line.
 pub const REQUESTS: &str = "requests.jsonl";
