@@ -206,7 +206,9 @@ impl Registry {
     fn oras(&self, auth: bool, script: &str, args: &[&OsStr]) -> String {
         let setup = format!(
             "import sys, oras.client\nclient = oras.client.OrasClient(hostname={host:?}, \
-             insecure={insecure}, tls_verify={verify})\n{login}",
+             insecure={insecure}, tls_verify={verify}, auth_backend={backend:?})\n{login}",
+            // htpasswd: basic auth on every request (oras' default asks for a token).
+            backend = if auth { "basic" } else { "token" },
             host = self.host(),
             insecure = if self.tls.is_some() { "False" } else { "True" },
             verify = match &self.tls {

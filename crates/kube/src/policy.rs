@@ -84,3 +84,37 @@ impl PolicyDelivery {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_delivery_puts_the_policy_where_the_command_looks() {
+        let inline = PolicyDelivery::Inline(b"\0asm".to_vec());
+        assert_eq!(inline.config_map_bytes(), 4);
+        assert!(inline.binary_data().unwrap().contains_key(POLICY_FILE));
+        assert_eq!(inline.policy_arg(), "/etc/nyann-bench/policy.wasm");
+        assert!(inline.volume().is_none());
+
+        let image = "registry.example.com/team/slo@sha256:00".to_string();
+        let mounted = PolicyDelivery::ImageVolume {
+            image: image.clone(),
+        };
+        assert_eq!(mounted.config_map_bytes(), 0);
+        assert!(mounted.binary_data().is_none());
+        let (volume, mount) = mounted.volume().unwrap();
+        assert_eq!(volume.image.unwrap().reference, Some(image));
+        assert_eq!(
+            mounted.policy_arg(),
+            format!("{}/{POLICY_FILE}", mount.mount_path)
+        );
+
+        let reference = "oci://registry.example.com/team/slo@sha256:00".to_string();
+        let pulled = PolicyDelivery::Pull {
+            reference: reference.clone(),
+        };
+        assert_eq!(pulled.policy_arg(), reference);
+        assert!(pulled.volume().is_none() && pulled.binary_data().is_none());
+    }
+}
