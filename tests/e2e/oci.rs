@@ -618,6 +618,22 @@ async fn moved_tags_tampered_blobs_and_images_are_told_apart() {
         "something was compiled"
     );
 
+    // A component over --policy-max-size: refused before it is downloaded.
+    let (code, _, stderr) = fresh
+        .nyann(
+            &[
+                "policy".as_ref(),
+                "describe".as_ref(),
+                moving.as_ref(),
+                "--policy-max-size".as_ref(),
+                "1KiB".as_ref(),
+            ],
+            &[],
+        )
+        .await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("over the 1024-byte limit") && stderr.contains("--policy-max-size"), "{stderr}");
+
     // A container image, a tag that does not exist.
     registry.oras_push(
         &builtin_wasm(),
