@@ -632,7 +632,10 @@ async fn moved_tags_tampered_blobs_and_images_are_told_apart() {
         )
         .await;
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("over the 1024-byte limit") && stderr.contains("--policy-max-size"), "{stderr}");
+    assert!(
+        stderr.contains("over the 1024-byte limit") && stderr.contains("--policy-max-size"),
+        "{stderr}"
+    );
 
     // A container image, a tag that does not exist.
     registry.oras_push(

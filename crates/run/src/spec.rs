@@ -96,7 +96,7 @@ pub enum PolicySource {
     File(PathBuf),
     /// A component in an OCI registry (`oci://...`), pulled at load (or
     /// read from the local store), verified against its digest.
-    Registry(RegistrySource),
+    Registry(Box<RegistrySource>),
 }
 
 /// A policy named by an OCI reference, and how to reach its registry.

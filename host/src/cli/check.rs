@@ -205,11 +205,11 @@ impl SandboxArgs {
         let reference = OciReference::parse(policy)?;
         let store = Store::default_dir()
             .context("no directory for the policy store: set NYANN_BENCH_CACHE_DIR (or HOME)")?;
-        Ok(PolicySource::Registry(RegistrySource {
+        Ok(PolicySource::Registry(Box::new(RegistrySource {
             reference,
             options: self.registry.options(ca_certs),
             store: Store::at(store),
-        }))
+        })))
     }
 
     /// Load `policy` (`builtin`, a component file or `oci://...`) under
