@@ -1,5 +1,6 @@
 //! What can go wrong between a reference and a verified component, each
-//! worded to say what to do.
+//! worded to say what happened; the caller adds the flag that fixes it
+//! (this crate names none).
 
 use std::path::PathBuf;
 
@@ -9,33 +10,26 @@ pub enum OciError {
     #[error("`{reference}` is not a policy reference: {why}")]
     BadReference { reference: String, why: String },
     #[error(
-        "cannot reach the registry of {reference}: {why}; check the address, that the registry \
-         runs, and for TLS --ca-cert (plain HTTP: --policy-insecure-registry HOST)"
+        "cannot reach the registry of {reference}: {why}; check the address and that the \
+         registry runs"
     )]
     Unreachable { reference: String, why: String },
     #[error(
-        "the TLS certificate of the registry of {reference} is not trusted ({why}): give its CA \
-         with --ca-cert FILE"
+        "the TLS certificate of the registry of {reference} is not trusted ({why}): trust its CA"
     )]
     Untrusted { reference: String, why: String },
     #[error(
-        "the registry refused {reference} (HTTP 401/403: {why}): log in (`docker login` or a \
-         REGISTRY_AUTH_FILE), or give --policy-registry-token"
+        "the registry refused {reference} (HTTP 401/403: {why}): log in (`docker login`, or a \
+         REGISTRY_AUTH_FILE), or give a token"
     )]
     Unauthorized { reference: String, why: String },
     #[error("{reference} does not exist in its registry ({why}): check the repository and the tag")]
     NotFound { reference: String, why: String },
     #[error("the registry failed on {reference}: {why}")]
     Registry { reference: String, why: String },
-    #[error(
-        "{reference} is not a WebAssembly component artifact: {why}; push the component with \
-         `nyann-bench policy push FILE.wasm {reference}`"
-    )]
+    #[error("{reference} is not a WebAssembly component artifact: {why}")]
     NotAComponent { reference: String, why: String },
-    #[error(
-        "{reference}: its {what} is {size} bytes, over the {limit}-byte limit; raise it with \
-         --policy-max-size if you trust this policy"
-    )]
+    #[error("{reference}: its {what} is {size} bytes, over the {limit}-byte limit")]
     TooLarge {
         reference: String,
         what: &'static str,

@@ -51,7 +51,7 @@ mod tests {
         let other = ComponentDigest::of(b"other");
         let err = check(&[other], "p.wasm", &digest).unwrap_err().to_string();
         assert!(
-            err.contains(&digest.to_string()) && err.contains("--policy-allow"),
+            err.contains(&digest.to_string()) && err.contains("allow list"),
             "{err}"
         );
     }

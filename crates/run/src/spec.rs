@@ -147,7 +147,7 @@ impl RegistrySource {
             .await
             .map_err(|e| PolicyError::Fetch {
                 origin: self.reference.to_string(),
-                message: e.to_string(),
+                error: std::sync::Arc::new(e),
             })?;
         tracing::info!(
             "policy {} is {} (component {}, {})",

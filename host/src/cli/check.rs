@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nyann_check::{CheckError, CheckSettings, OnPolicyError, PolicyMode};
-use nyann_oci::{Credentials, OciReference, RegistryOptions, Store};
+use nyann_oci::{OciReference, Store};
 use nyann_policy_host::{ComponentDigest, HostConfig, Policy, PolicyError};
 use nyann_run::{PolicySource, PolicySpec, RegistrySource};
 
@@ -121,53 +121,7 @@ pub struct SandboxArgs {
     pub policy_allow: Vec<ComponentDigest>,
 
     #[command(flatten)]
-    pub registry: RegistryArgs,
-}
-
-/// How a policy named `oci://...` is fetched.
-#[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Policy registry")]
-pub struct RegistryArgs {
-    /// A bearer token for the policy's registry. Without it, the
-    /// credentials `docker login` saved ($REGISTRY_AUTH_FILE,
-    /// $DOCKER_CONFIG/config.json or ~/.docker/config.json), else none.
-    #[arg(
-        long,
-        value_name = "TOKEN",
-        env = "NYANN_BENCH_POLICY_REGISTRY_TOKEN",
-        hide_env_values = true
-    )]
-    pub policy_registry_token: Option<String>,
-
-    /// Speak plain HTTP to this registry (`HOST[:PORT]`, repeatable). A
-    /// loopback registry that answers no TLS gets plain HTTP without it.
-    #[arg(long, value_name = "HOST")]
-    pub policy_insecure_registry: Vec<String>,
-}
-
-impl RegistryArgs {
-    /// The registry options, trusting the CAs of `ca_certs` (`--ca-cert`).
-    pub fn options(&self, ca_certs: &[PathBuf]) -> RegistryOptions {
-        let mut credentials = Credentials::from_environment();
-        credentials.token = self.policy_registry_token.clone();
-        RegistryOptions {
-            credentials,
-            ca_certs: ca_certs.to_vec(),
-            insecure: self.policy_insecure_registry.clone(),
-            ..RegistryOptions::default()
-        }
-    }
-}
-
-/// `--ca-cert` for the commands that load a policy without a client's
-/// flags (`policy describe|check|replay`, `scenario check`).
-#[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Policy registry")]
-pub struct RegistryTlsArgs {
-    /// A PEM file of CA certificates the policy's registry is trusted
-    /// with, besides the system's (repeatable).
-    #[arg(long, value_name = "FILE")]
-    pub ca_cert: Vec<PathBuf>,
+    pub registry: super::registry::RegistryArgs,
 }
 
 /// `--policy-cache`: whether compiled policy code is kept on disk.
@@ -247,6 +201,13 @@ pub fn explain_policy(err: PolicyError) -> anyhow::Error {
         PolicyError::TooLarge { .. } => {
             anyhow::anyhow!("{err}; raise the limit with --policy-max-size if you trust it")
         }
+        PolicyError::NotAllowed { ref digest, .. } => {
+            anyhow::anyhow!("{err}; an operator allows it with --policy-allow {digest}")
+        }
+        PolicyError::Fetch { ref error, .. } => match error.downcast_ref::<nyann_oci::OciError>() {
+            Some(error) => super::registry::explain(error),
+            None => err.into(),
+        },
         err => err.into(),
     }
 }

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use nyann_model::Step;
 
-use super::check::{RegistryTlsArgs, SandboxArgs};
+use super::check::SandboxArgs;
+use super::registry::RegistryTlsArgs;
 use nyann_check::check_stop_conditions;
 
 #[derive(Debug, clap::Args)]

@@ -17,7 +17,8 @@ use nyann_model::scenario::{Param, StopCondition, Value};
 use nyann_policy_host::{BUILTIN, CallOutput, CodeSource, Interface, Policy, printable};
 use serde::Deserialize;
 
-use crate::cli::check::{RegistryTlsArgs, SandboxArgs};
+use crate::cli::check::SandboxArgs;
+use crate::cli::registry::RegistryTlsArgs;
 use nyann_check::replay::{Outcome, ParamsRefused, RecordedRun, ReplayedStage, show_params};
 
 #[derive(Debug, clap::Subcommand)]

@@ -13,7 +13,8 @@ use nyann_model::scenario::{Param, StopCondition};
 use nyann_oci::{Artifact, OciReference};
 use nyann_policy_host::PolicyHost;
 
-use crate::cli::check::{RegistryTlsArgs, SandboxArgs, explain_policy};
+use crate::cli::check::{SandboxArgs, explain_policy};
+use crate::cli::registry::{RegistryTlsArgs, explain};
 
 /// The annotation keys of the manifest (the OCI image spec's, and ours for
 /// the interface line).
@@ -98,7 +99,9 @@ pub async fn push(
         annotations,
     };
     let options = sandbox.registry.options(&tls.ca_cert);
-    let pushed = nyann_oci::push(&artifact, &reference, &options).await?;
+    let pushed = nyann_oci::push(&artifact, &reference, &options)
+        .await
+        .map_err(|e| explain(&e))?;
     eprintln!(
         "pushed {} {} ({}), component {}",
         info.name,
