@@ -14,6 +14,7 @@ mod evals;
 mod failures;
 mod fleet;
 mod goodput;
+mod oci;
 mod policy;
 mod polyglot;
 mod report;

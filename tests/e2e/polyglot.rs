@@ -40,7 +40,7 @@ fn work() -> PathBuf {
 
 /// The code cache and key the tests share: `NYANN_BENCH_CACHE_DIR`,
 /// `XDG_STATE_HOME`.
-fn cache_env() -> [(&'static str, PathBuf); 2] {
+pub(crate) fn cache_env() -> [(&'static str, PathBuf); 2] {
     [
         ("NYANN_BENCH_CACHE_DIR", work().join("cache")),
         ("XDG_STATE_HOME", work().join("state")),
@@ -63,7 +63,7 @@ fn missing(what: &str, install: &str) -> bool {
 
 /// componentize-py of the pinned version: `$COMPONENTIZE_PY` (as the
 /// kit's build.sh reads it), else on PATH.
-fn have_python_tools() -> bool {
+pub(crate) fn have_python_tools() -> bool {
     let tool = std::env::var_os("COMPONENTIZE_PY").unwrap_or_else(|| "componentize-py".into());
     let version = Command::new(tool).arg("--version").output();
     match version {
@@ -132,8 +132,8 @@ async fn nyann(args: &[&OsStr]) -> (Option<i32>, String, String) {
 
 /// A built component, its code compiled into the shared cache, and what
 /// `policy check` said then.
-struct Built {
-    wasm: PathBuf,
+pub(crate) struct Built {
+    pub(crate) wasm: PathBuf,
     check: (Option<i32>, String, String),
 }
 
@@ -161,7 +161,7 @@ fn wit_env() -> (&'static str, std::ffi::OsString) {
 }
 
 /// The Python client-slo example (examples/policies/client-slo/python).
-async fn python_client_slo() -> &'static Built {
+pub(crate) async fn python_client_slo() -> &'static Built {
     static BUILT: OnceCell<Built> = OnceCell::const_new();
     BUILT
         .get_or_init(|| async {

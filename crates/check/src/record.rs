@@ -99,7 +99,10 @@ impl From<nyann_model::CapacitySearch> for Refine {
 pub struct PolicyRef {
     pub name: String,
     pub version: String,
-    /// `builtin` or the component file.
+    /// `builtin`, the component file, or (schema 2) the OCI reference it
+    /// was pulled from, pinned to the manifest's digest
+    /// (`oci://REGISTRY/REPO:TAG@sha256:...`): what `policy replay` and
+    /// `--policy` take to load the same component again.
     pub origin: String,
     /// `sha256:<hex>` of the component's bytes: what judged, whatever its
     /// name, version or file say. Absent from records written before it

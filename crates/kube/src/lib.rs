@@ -2,7 +2,9 @@
 //! typed Kubernetes objects.
 //!
 //! - a ConfigMap carrying the compiled scenario (`scenario.json`) and, when
-//!   given, the policy component (`policy.wasm`);
+//!   given as a file, the policy component (`policy.wasm`); a policy in a
+//!   registry is an image volume instead, or pulled by the leader
+//!   ([`PolicyDelivery`]);
 //! - a headless Service, so that every worker finds pod 0 (the leader) at
 //!   `NAME-0.NAME:PORT`;
 //! - an Indexed Job of N pods (parallelism = completions = N) running the
@@ -24,9 +26,10 @@
 //! ([`to_yaml`]), whose strings are always quoted (no YAML 1.1 surprises
 //! such as `no` or `1.0` read as something else).
 
+mod policy;
+
 use std::collections::BTreeMap;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PersistentVolumeClaimVolumeSource,
@@ -36,6 +39,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nyann_model::Scenario;
+
+pub use policy::{POLICY_DIR, POLICY_FILE, PolicyDelivery};
 
 /// Where the ConfigMap is mounted in every pod.
 pub const CONFIG_DIR: &str = "/etc/nyann-bench";
@@ -67,8 +72,8 @@ pub struct RenderConfig {
     pub workers: usize,
     pub port: u16,
     pub scenario: Scenario,
-    /// The policy component's bytes (`--policy FILE.wasm`).
-    pub policy: Option<Vec<u8>>,
+    /// The policy, if not the built-in, and how the pods get it.
+    pub policy: Option<PolicyDelivery>,
     /// More `generate` flags for every worker (target, signals, ...).
     pub generate_args: Vec<String>,
     /// CPU and memory, as requests and limits (`"2"`, `"4Gi"`).
@@ -86,7 +91,9 @@ pub enum RenderError {
     )]
     TooFewWorkers(usize),
     #[error(
-        "the scenario and policy take {0} bytes, more than a ConfigMap's 1 MiB: use a smaller policy component"
+        "the scenario and policy take {0} bytes, more than a ConfigMap's 1 MiB: ship the policy \
+         through a registry instead (`nyann-bench policy push`, then --policy \
+         oci://REGISTRY/REPO@sha256:...)"
     )]
     TooLarge(usize),
     #[error(
@@ -186,7 +193,11 @@ fn checked_scenario(config: &RenderConfig) -> Result<String, RenderError> {
     }
     let scenario_json =
         serde_json::to_string_pretty(&portable(&config.scenario)).unwrap_or_default();
-    let size = scenario_json.len() + config.policy.as_ref().map_or(0, Vec::len);
+    let size = scenario_json.len()
+        + config
+            .policy
+            .as_ref()
+            .map_or(0, PolicyDelivery::config_map_bytes);
     if size > CONFIG_MAP_LIMIT {
         return Err(RenderError::TooLarge(size));
     }
@@ -201,10 +212,7 @@ fn config_map(config: &RenderConfig, metadata: ObjectMeta, scenario_json: String
             "scenario.json".to_string(),
             scenario_json,
         )])),
-        binary_data: config
-            .policy
-            .as_ref()
-            .map(|wasm| BTreeMap::from([("policy.wasm".to_string(), ByteString(wasm.clone()))])),
+        binary_data: config.policy.as_ref().and_then(PolicyDelivery::binary_data),
         ..ConfigMap::default()
     }
 }
@@ -235,6 +243,7 @@ fn service(
 
 /// The Indexed Job: one pod per worker, each running [`container`].
 fn job(config: &RenderConfig, metadata: ObjectMeta, labels: BTreeMap<String, String>) -> Job {
+    let policy_volume = config.policy.as_ref().and_then(PolicyDelivery::volume);
     let results_volume = match &config.results_claim {
         Some(claim) => Volume {
             name: "results".into(),
@@ -276,17 +285,22 @@ fn job(config: &RenderConfig, metadata: ObjectMeta, labels: BTreeMap<String, Str
                     }),
                     restart_policy: Some("Never".into()),
                     containers: vec![container(config)],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "scenario".into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name: config.name.clone(),
-                                ..ConfigMapVolumeSource::default()
-                            }),
-                            ..Volume::default()
-                        },
-                        results_volume,
-                    ]),
+                    volumes: Some(
+                        [
+                            Volume {
+                                name: "scenario".into(),
+                                config_map: Some(ConfigMapVolumeSource {
+                                    name: config.name.clone(),
+                                    ..ConfigMapVolumeSource::default()
+                                }),
+                                ..Volume::default()
+                            },
+                            results_volume,
+                        ]
+                        .into_iter()
+                        .chain(policy_volume.map(|(volume, _)| volume))
+                        .collect(),
+                    ),
                     ..PodSpec::default()
                 }),
             },
@@ -314,8 +328,8 @@ fn container(config: &RenderConfig) -> Container {
         "--output-dir".into(),
         RESULTS_DIR.into(),
     ];
-    if config.policy.is_some() {
-        args.extend(["--policy".into(), format!("{CONFIG_DIR}/policy.wasm")]);
+    if let Some(policy) = &config.policy {
+        args.extend(["--policy".into(), policy.policy_arg()]);
     }
     args.extend(config.generate_args.iter().cloned());
 
@@ -337,19 +351,30 @@ fn container(config: &RenderConfig) -> Container {
             container_port: i32::from(config.port),
             ..ContainerPort::default()
         }]),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "scenario".into(),
-                mount_path: CONFIG_DIR.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "results".into(),
-                mount_path: RESULTS_DIR.into(),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(
+            [
+                VolumeMount {
+                    name: "scenario".into(),
+                    mount_path: CONFIG_DIR.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+                VolumeMount {
+                    name: "results".into(),
+                    mount_path: RESULTS_DIR.into(),
+                    ..VolumeMount::default()
+                },
+            ]
+            .into_iter()
+            .chain(
+                config
+                    .policy
+                    .as_ref()
+                    .and_then(PolicyDelivery::volume)
+                    .map(|(_, mount)| mount),
+            )
+            .collect(),
+        ),
         resources,
         ..Container::default()
     }
@@ -525,7 +550,7 @@ mod tests {
                     ..Stage::new(60.0, Mode::Concurrent)
                 })],
             },
-            policy: Some(b"\0asm fake".to_vec()),
+            policy: Some(PolicyDelivery::Inline(b"\0asm fake".to_vec())),
             generate_args: vec!["--target".into(), "http://vllm:8000/v1".into()],
             cpu: Some("2".into()),
             memory: Some("2Gi".into()),

@@ -13,6 +13,11 @@ impl ComponentDigest {
         ComponentDigest(Sha256::digest(bytes).into())
     }
 
+    /// The digest whose bytes are `bytes`.
+    pub fn from_bytes(bytes: [u8; 32]) -> ComponentDigest {
+        ComponentDigest(bytes)
+    }
+
     /// The 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

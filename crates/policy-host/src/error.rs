@@ -10,7 +10,7 @@ use std::time::Duration;
 use nyann_model::scenario::SourceLocation;
 
 /// Anything the policy host reports.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
     /// The component could not be loaded (not a component, wrong interface
@@ -33,6 +33,20 @@ pub enum PolicyError {
         origin: String,
         size: u64,
         limit: u64,
+    },
+
+    /// The component's digest is not on the operator's allow list
+    /// ([`crate::HostConfig::allowed`]); nothing of it was compiled or run.
+    #[error("cannot load policy {origin}: its digest {digest} is not on this host's allow list")]
+    NotAllowed { origin: String, digest: String },
+
+    /// The component could not be fetched from where it was named (a
+    /// registry): `error` says why, and the caller (which knows the
+    /// fetcher's error type) may add what to do.
+    #[error("{error}")]
+    Fetch {
+        origin: String,
+        error: std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
     /// The parameters of an `until_congested(...)` call are wrong (checked

@@ -140,10 +140,12 @@ impl PolicyHost {
                 limit: config.max_component_bytes,
             });
         }
+        // An operator's allow list, before any byte of it is parsed.
+        let digest = ComponentDigest::of(bytes);
+        crate::allow::check(&config.allowed, origin, &digest)?;
         let inspected = inspect::inspect(bytes, config.code_limits, config.memory_limit_bytes)
             .map_err(load_err)?;
         let interface = inspected.interface;
-        let digest = ComponentDigest::of(bytes);
         let precompiled = artifact.and_then(|artifact| {
             precompiled::load(&inner.engine, artifact, bytes)
                 .inspect_err(|e| {

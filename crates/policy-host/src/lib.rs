@@ -32,6 +32,7 @@
 //! (`sandbox`). Interface versions live side by side, one adapter each
 //! (`versions`).
 
+mod allow;
 mod bounded;
 mod cache;
 mod digest;
@@ -48,6 +49,7 @@ mod versions;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use allow::parse_digest;
 pub use cache::{default_cache_dir, default_key_file};
 pub use digest::ComponentDigest;
 pub use error::{CallFailure, PolicyError, printable};
@@ -122,6 +124,9 @@ pub struct HostConfig {
     pub cache_key_file: Option<PathBuf>,
     /// Total size of the cache's entries; the oldest go first. Default 512 MiB.
     pub cache_max_bytes: u64,
+    /// The digests of the only components loaded (`--policy-allow`);
+    /// empty: any. Default empty.
+    pub allowed: Vec<ComponentDigest>,
 }
 
 impl Default for HostConfig {
@@ -145,6 +150,7 @@ impl Default for HostConfig {
             cache_dir: default_cache_dir(),
             cache_key_file: default_key_file(),
             cache_max_bytes: 512 << 20,
+            allowed: Vec::new(),
         }
     }
 }

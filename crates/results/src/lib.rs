@@ -42,7 +42,10 @@ use serde::{Deserialize, Serialize};
 /// - 2: SLOs and goodput: a stage's `client.slo` (and the totals'), a
 ///   stage's `slo` in the scenario; each request's `tpot_s`, `slo_met` and
 ///   `slo_missed` in `requests.jsonl`. Every new field is optional: version
-///   1 files read as before.
+///   1 files read as before. A judged stage's `congestion.policy.origin`
+///   may be an OCI reference pinned by digest
+///   (`oci://REGISTRY/REPO:TAG@sha256:...`), where it was `builtin` or a
+///   file path.
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// One JSON record per request, one per line.

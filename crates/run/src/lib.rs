@@ -29,5 +29,5 @@ mod stop;
 pub use execute::{ExecuteError, Executed};
 pub use finish::{Finished, Report, exit_code};
 pub use prepare::{Notice, PrepareError, Prepared, PreviousRun, Run};
-pub use spec::{LeadSpec, Output, PolicySource, PolicySpec, RunSpec};
+pub use spec::{LeadSpec, Output, PolicySource, PolicySpec, RegistrySource, RunSpec};
 pub use stop::Stop;

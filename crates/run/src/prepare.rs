@@ -229,6 +229,7 @@ async fn congestion_check(
     let loaded = policy
         .source
         .load(policy.host.clone())
+        .await
         .map_err(PrepareError::Policy)?;
     let source = SignalSource::from_options(signals)
         .await

@@ -10,6 +10,7 @@ use nyann_check::CheckSettings;
 use nyann_fleet::OnWorkerLoss;
 use nyann_load::RunOptions;
 use nyann_model::Scenario;
+use nyann_oci::{OciReference, RegistryOptions, Store};
 use nyann_policy_host::{HostConfig, Policy, PolicyError, PolicyHost};
 use nyann_signals::SignalOptions;
 
@@ -87,12 +88,24 @@ impl Default for PolicySpec {
 }
 
 /// Where the policy comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum PolicySource {
     /// The policy built into the binary.
     Builtin,
     /// A WebAssembly component file implementing nyann:policy.
     File(PathBuf),
+    /// A component in an OCI registry (`oci://...`), pulled at load (or
+    /// read from the local store), verified against its digest.
+    Registry(Box<RegistrySource>),
+}
+
+/// A policy named by an OCI reference, and how to reach its registry.
+#[derive(Debug, Clone)]
+pub struct RegistrySource {
+    pub reference: OciReference,
+    pub options: RegistryOptions,
+    /// Where pulled components are kept, and found again offline.
+    pub store: Store,
 }
 
 impl PolicySource {
@@ -105,13 +118,49 @@ impl PolicySource {
         }
     }
 
-    /// Loads the policy under `host`'s budgets.
-    pub fn load(&self, host: HostConfig) -> Result<Policy, PolicyError> {
+    /// Loads the policy under `host`'s budgets; a registry's is pulled
+    /// first (its tag resolved to a digest here, once), and its origin is
+    /// the reference pinned to that digest.
+    pub async fn load(&self, host: HostConfig) -> Result<Policy, PolicyError> {
+        let max_component_bytes = host.max_component_bytes;
         let host = PolicyHost::new(host)?;
         match self {
             PolicySource::Builtin => host.load_builtin(),
             PolicySource::File(path) => host.load_file(path),
+            PolicySource::Registry(source) => {
+                let pulled = source.pull(max_component_bytes).await?;
+                host.load_bytes(&pulled.reference.to_string(), &pulled.component)
+            }
         }
+    }
+}
+
+impl RegistrySource {
+    /// The component, from the store or the registry, at most
+    /// `max_component_bytes` long.
+    pub async fn pull(&self, max_component_bytes: u64) -> Result<nyann_oci::Pulled, PolicyError> {
+        let options = RegistryOptions {
+            max_component_bytes,
+            ..self.options.clone()
+        };
+        let pulled = nyann_oci::pull(&self.reference, &options, &self.store)
+            .await
+            .map_err(|e| PolicyError::Fetch {
+                origin: self.reference.to_string(),
+                error: std::sync::Arc::new(e),
+            })?;
+        tracing::info!(
+            "policy {} is {} (component {}, {})",
+            self.reference,
+            pulled.reference,
+            pulled.component_digest,
+            if pulled.from_store {
+                "from the local store"
+            } else {
+                "pulled"
+            }
+        );
+        Ok(pulled)
     }
 }
 

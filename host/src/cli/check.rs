@@ -4,11 +4,14 @@
 //! the check's errors worded for the command line (the check itself is
 //! `nyann_check`, set up before load by `nyann_run`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use nyann_check::{CheckError, CheckSettings, OnPolicyError, PolicyMode};
-use nyann_policy_host::{HostConfig, Policy, PolicyError};
-use nyann_run::{PolicySource, PolicySpec};
+use nyann_oci::{OciReference, Store};
+use nyann_policy_host::{ComponentDigest, HostConfig, Policy, PolicyError};
+use nyann_run::{PolicySource, PolicySpec, RegistrySource};
 
 use super::defaults::{duration, size};
 
@@ -53,10 +56,12 @@ impl From<OnPolicyError> for OnErrorArg {
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Congestion policy")]
 pub struct PolicyArgs {
-    /// The policy judging `until_congested` stages: `builtin`, or a
-    /// WebAssembly component file implementing nyann:policy
-    /// (see `nyann-bench policy wit`).
-    #[arg(long, value_name = "FILE|builtin", default_value = nyann_policy_host::BUILTIN)]
+    /// The policy judging `until_congested` stages: `builtin`, a
+    /// WebAssembly component file implementing nyann:policy (see
+    /// `nyann-bench policy wit`), or one in an OCI registry,
+    /// `oci://REGISTRY/REPO:TAG` or `...@sha256:DIGEST` (pulled once, kept
+    /// in the local store; the run records its digest).
+    #[arg(long, value_name = "FILE|oci://REF|builtin", default_value = nyann_policy_host::BUILTIN)]
     pub policy: String,
 
     /// `enforce` stops the sweep at the first congested stage; `monitor`
@@ -108,6 +113,15 @@ pub struct SandboxArgs {
     // machine has a home for the cache, which the help must not.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = CacheArg::On, env = "NYANN_BENCH_POLICY_CACHE")]
     pub policy_cache: CacheArg,
+
+    /// Load only a component with this digest (`sha256:` and 64 hex
+    /// digits, as runs record it; repeatable): any other is refused before
+    /// it is compiled, whether a file, a registry's or the built-in.
+    #[arg(long, value_name = "sha256:DIGEST", value_parser = nyann_policy_host::parse_digest)]
+    pub policy_allow: Vec<ComponentDigest>,
+
+    #[command(flatten)]
+    pub registry: super::registry::RegistryArgs,
 }
 
 /// `--policy-cache`: whether compiled policy code is kept on disk.
@@ -124,6 +138,7 @@ impl SandboxArgs {
             judge_fuel: self.policy_fuel,
             call_timeout: self.policy_timeout,
             max_component_bytes: self.policy_max_size,
+            allowed: self.policy_allow.clone(),
             ..HostConfig::default()
         };
         match self.policy_cache {
@@ -135,10 +150,28 @@ impl SandboxArgs {
         }
     }
 
-    /// Load `policy` (`builtin` or a component file) under these budgets.
-    pub fn load(&self, policy: &str) -> anyhow::Result<Policy> {
-        PolicySource::named(policy)
+    /// Where `policy` (`builtin`, a component file or `oci://...`) comes
+    /// from; a registry trusted with the CAs of `ca_certs`.
+    pub fn source(&self, policy: &str, ca_certs: &[PathBuf]) -> anyhow::Result<PolicySource> {
+        if !OciReference::is_reference(policy) {
+            return Ok(PolicySource::named(policy));
+        }
+        let reference = OciReference::parse(policy)?;
+        let store = Store::default_dir()
+            .context("no directory for the policy store: set NYANN_BENCH_CACHE_DIR (or HOME)")?;
+        Ok(PolicySource::Registry(Box::new(RegistrySource {
+            reference,
+            options: self.registry.options(ca_certs),
+            store: Store::at(store),
+        })))
+    }
+
+    /// Load `policy` (`builtin`, a component file or `oci://...`) under
+    /// these budgets.
+    pub async fn load(&self, policy: &str, ca_certs: &[PathBuf]) -> anyhow::Result<Policy> {
+        self.source(policy, ca_certs)?
             .load(self.host_config())
+            .await
             .map_err(explain_policy)
     }
 }
@@ -168,6 +201,13 @@ pub fn explain_policy(err: PolicyError) -> anyhow::Error {
         PolicyError::TooLarge { .. } => {
             anyhow::anyhow!("{err}; raise the limit with --policy-max-size if you trust it")
         }
+        PolicyError::NotAllowed { ref digest, .. } => {
+            anyhow::anyhow!("{err}; an operator allows it with --policy-allow {digest}")
+        }
+        PolicyError::Fetch { ref error, .. } => match error.downcast_ref::<nyann_oci::OciError>() {
+            Some(error) => super::registry::explain(error),
+            None => err.into(),
+        },
         err => err.into(),
     }
 }
@@ -211,13 +251,14 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 impl PolicyArgs {
-    /// The policy these flags name, its sandbox and how its verdicts are used.
-    pub fn spec(&self) -> PolicySpec {
-        PolicySpec {
-            source: PolicySource::named(&self.policy),
+    /// The policy these flags name, its sandbox and how its verdicts are
+    /// used; a registry trusted with the CAs of `ca_certs` (`--ca-cert`).
+    pub fn spec(&self, ca_certs: &[PathBuf]) -> anyhow::Result<PolicySpec> {
+        Ok(PolicySpec {
+            source: self.sandbox.source(&self.policy, ca_certs)?,
             host: self.sandbox.host_config(),
             settings: self.settings(),
-        }
+        })
     }
 
     /// How the check uses its verdicts.

@@ -136,7 +136,7 @@ mod tests {
         );
 
         let policy = &spec.policy;
-        assert_eq!(policy.source, PolicySource::Builtin);
+        assert!(matches!(policy.source, PolicySource::Builtin));
         let settings = CheckSettings::default();
         assert_eq!(policy.settings.mode, settings.mode);
         assert_eq!(policy.settings.on_error, settings.on_error);

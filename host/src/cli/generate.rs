@@ -81,7 +81,7 @@ impl Args {
             source,
             load,
             signals,
-            policy: self.policy.spec(),
+            policy: self.policy.spec(&self.client.ca_cert)?,
             output: self.output.output(),
             client_metrics: self.client.metrics,
             lead,

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use nyann_kube::{RenderConfig, RenderError};
+use nyann_kube::{PolicyDelivery, RenderConfig, RenderError};
+use nyann_oci::OciReference;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -22,6 +23,13 @@ pub enum Format {
     Json,
     /// One YAML document per object, every string quoted.
     Yaml,
+}
+
+/// `--policy-delivery`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Delivery {
+    ImageVolume,
+    Pull,
 }
 
 #[derive(Debug, clap::Args)]
@@ -43,9 +51,18 @@ pub struct RenderArgs {
     /// Coordination port of the leader.
     #[arg(long, default_value_t = nyann_run::fleet::COORDINATOR_PORT)]
     pub port: u16,
-    /// Policy component (`.wasm`) carried in the ConfigMap [default: the built-in policy].
-    #[arg(long, value_name = "FILE.wasm")]
-    pub policy: Option<PathBuf>,
+    /// The policy [default: the built-in]: a component file (`.wasm`),
+    /// carried in the ConfigMap (1 MiB with the scenario), or one in a
+    /// registry pinned by digest, `oci://REGISTRY/REPO@sha256:...` (what
+    /// `policy push` prints), delivered as --policy-delivery says.
+    #[arg(long, value_name = "FILE.wasm|oci://REF@sha256:DIGEST")]
+    pub policy: Option<String>,
+    /// How a registry's policy reaches the pods: `image-volume` mounts it
+    /// (Kubernetes 1.33+, a runtime with image volumes); `pull` has the
+    /// leader pull it itself at start (any cluster; the pod needs the
+    /// registry's network, and credentials if it is private).
+    #[arg(long, value_enum, default_value_t = Delivery::ImageVolume)]
+    pub policy_delivery: Delivery,
     /// CPU of each pod (request = limit), e.g. `2`.
     #[arg(long)]
     pub cpu: Option<String>,
@@ -66,13 +83,37 @@ pub struct RenderArgs {
     pub generate: Vec<String>,
 }
 
+/// How `--policy` reaches the pods: a file's bytes in the ConfigMap, a
+/// registry's component by digest (a tag is refused: every pod, and every
+/// rerun of the manifests, must judge with the same bytes).
+fn delivery(policy: &str, how: Delivery) -> anyhow::Result<PolicyDelivery> {
+    if !OciReference::is_reference(policy) {
+        let path = PathBuf::from(policy);
+        let wasm = std::fs::read(&path).with_context(|| format!("reading --policy {policy}"))?;
+        return Ok(PolicyDelivery::Inline(wasm));
+    }
+    let reference = OciReference::parse(policy)?;
+    let Some(image) = reference.by_digest() else {
+        bail!(
+            "--policy {policy}: pin it by digest, oci://{}/{}@sha256:... (`nyann-bench policy \
+             push` prints it; the manifests must name the same bytes whenever they are applied)",
+            reference.registry(),
+            reference.repository()
+        );
+    };
+    Ok(match how {
+        Delivery::ImageVolume => PolicyDelivery::ImageVolume { image },
+        Delivery::Pull => PolicyDelivery::Pull {
+            reference: reference.to_string(),
+        },
+    })
+}
+
 pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let Command::Render(args) = command;
     let scenario = nyann_scenario::load_file(&args.config)?;
     let policy = match &args.policy {
-        Some(path) => Some(
-            std::fs::read(path).with_context(|| format!("reading --policy {}", path.display()))?,
-        ),
+        Some(policy) => Some(delivery(policy, args.policy_delivery)?),
         None => None,
     };
     // The division is checked now, not when the pods start.

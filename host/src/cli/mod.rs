@@ -16,6 +16,7 @@ mod interrupt;
 mod kube;
 mod policy;
 pub mod progress;
+mod registry;
 mod report;
 mod run;
 mod scenario;

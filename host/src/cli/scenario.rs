@@ -13,6 +13,7 @@ use anyhow::Context;
 use nyann_model::Step;
 
 use super::check::SandboxArgs;
+use super::registry::RegistryTlsArgs;
 use nyann_check::check_stop_conditions;
 
 #[derive(Debug, clap::Args)]
@@ -21,13 +22,16 @@ pub struct Args {
     pub file: PathBuf,
 
     /// Check the parameters of every `until_congested(...)` call against
-    /// this policy (`builtin`, or a component file), as `generate` would
+    /// this policy (`builtin`, a component file or `oci://...`), as `generate` would
     /// before sending any request.
     #[arg(long, value_name = "FILE|builtin", default_value = nyann_policy_host::BUILTIN)]
     pub policy: String,
 
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+
+    #[command(flatten)]
+    pub tls: RegistryTlsArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -43,7 +47,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .iter()
         .any(|step| matches!(step, Step::Stage(stage) if stage.stop.is_some()));
     if has_stops {
-        let policy = args.sandbox.load(&args.policy)?;
+        let policy = args.sandbox.load(&args.policy, &args.tls.ca_cert).await?;
         let calls = scenario
             .steps
             .iter()

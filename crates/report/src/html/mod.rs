@@ -181,10 +181,16 @@ fn headline(out: &mut String, run: &SavedRun, index: usize) {
     if let Some(record) = run.records.iter().flatten().next() {
         let _ = write!(
             out,
-            "<div>policy {} {} ({}), mode {}</div>",
+            "<div>policy {} {} ({}{}), mode {}</div>",
             esc(&record.policy.name),
             esc(&record.policy.version),
             esc(&record.policy.origin),
+            // What judged, whatever its name and origin say (a tag moves).
+            if record.policy.digest.is_empty() {
+                String::new()
+            } else {
+                format!(", component {}", esc(&record.policy.digest))
+            },
             match record.mode {
                 nyann_check::PolicyMode::Enforce => "enforce",
                 nyann_check::PolicyMode::Monitor => "monitor",

@@ -4,6 +4,7 @@
 //! validate, judge canned stages, or the stages of a recorded run), and
 //! replay a recorded run with any policy and parameters.
 
+mod push;
 mod scaffold;
 
 use std::fmt::Write as _;
@@ -17,13 +18,15 @@ use nyann_policy_host::{BUILTIN, CallOutput, CodeSource, Interface, Policy, prin
 use serde::Deserialize;
 
 use crate::cli::check::SandboxArgs;
+use crate::cli::registry::RegistryTlsArgs;
 use nyann_check::replay::{Outcome, ParamsRefused, RecordedRun, ReplayedStage, show_params};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Print a policy's name, version, summary and parameters.
     Describe {
-        /// A policy component (.wasm), or `builtin`.
+        /// A policy component (.wasm), `oci://REGISTRY/REPO:TAG` (or
+        /// `@sha256:DIGEST`), or `builtin`.
         #[arg(default_value = BUILTIN)]
         policy: String,
         /// Print the description as JSON.
@@ -31,6 +34,8 @@ pub enum Command {
         json: bool,
         #[command(flatten)]
         sandbox: SandboxArgs,
+        #[command(flatten)]
+        tls: RegistryTlsArgs,
     },
     /// Print the WIT contract (nyann:policy) policies are built against.
     Wit {
@@ -55,7 +60,8 @@ pub enum Command {
     /// or with --fixture the stages of a recorded run (exit 1 when a
     /// verdict differs from the expected one).
     Check {
-        /// A policy component (.wasm), or `builtin`.
+        /// A policy component (.wasm), `oci://REGISTRY/REPO:TAG` (or
+        /// `@sha256:DIGEST`), or `builtin`.
         policy: String,
         /// Parameters for validate/judge, as NAME=VALUE (repeatable).
         /// Without --fixture, others get their default, or a sample value
@@ -69,12 +75,33 @@ pub enum Command {
         fixture: Option<PathBuf>,
         #[command(flatten)]
         sandbox: SandboxArgs,
+        #[command(flatten)]
+        tls: RegistryTlsArgs,
+    },
+    /// Check a policy component as a run loads it, push it to an OCI
+    /// registry (the Wasm OCI artifact layout, its name, version,
+    /// interface line and source as annotations), and print the reference
+    /// pinned to its digest.
+    Push {
+        /// The component (.wasm).
+        file: PathBuf,
+        /// Where to push it: `oci://REGISTRY/REPO:TAG`.
+        reference: String,
+        /// Where its source lives (a URL), recorded as
+        /// `org.opencontainers.image.source`.
+        #[arg(long, value_name = "URL")]
+        source: Option<String>,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        #[command(flatten)]
+        tls: RegistryTlsArgs,
     },
     /// Judge the stages of a recorded run again with POLICY, offline, and
     /// print each verdict next to the one recorded during the run, and where
     /// the sweep would have stopped.
     Replay {
-        /// A policy component (.wasm), or `builtin`.
+        /// A policy component (.wasm), `oci://REGISTRY/REPO:TAG` (or
+        /// `@sha256:DIGEST`), or `builtin`.
         policy: String,
         /// A results directory written by `generate --output-dir`.
         #[arg(long, value_name = "DIR")]
@@ -88,6 +115,8 @@ pub enum Command {
         json: bool,
         #[command(flatten)]
         sandbox: SandboxArgs,
+        #[command(flatten)]
+        tls: RegistryTlsArgs,
     },
 }
 
@@ -97,7 +126,8 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             policy,
             json,
             sandbox,
-        } => describe(&sandbox.load(&policy)?, json),
+            tls,
+        } => describe(&sandbox.load(&policy, &tls.ca_cert).await?, json),
         Command::Wit { version } => {
             let line = Interface::ALL
                 .into_iter()
@@ -112,9 +142,10 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             params,
             fixture,
             sandbox,
+            tls,
         } => {
             let started = std::time::Instant::now();
-            let policy = sandbox.load(&policy)?;
+            let policy = sandbox.load(&policy, &tls.ca_cert).await?;
             let load_time = started.elapsed();
             let params = parse_params(&params)?;
             match fixture {
@@ -122,14 +153,22 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 None => check(&policy, params, load_time).await,
             }
         }
+        Command::Push {
+            file,
+            reference,
+            source,
+            sandbox,
+            tls,
+        } => push::push(&file, &reference, source.as_deref(), &sandbox, &tls).await,
         Command::Replay {
             policy,
             run,
             params,
             json,
             sandbox,
+            tls,
         } => {
-            let policy = sandbox.load(&policy)?;
+            let policy = sandbox.load(&policy, &tls.ca_cert).await?;
             replay(&policy, &run, &parse_params(&params)?, json).await
         }
     }
