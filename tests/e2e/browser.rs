@@ -155,6 +155,11 @@ impl Browser {
     /// Opens `file` and waits for its load event.
     pub fn open(&mut self, file: &Path) {
         let url = format!("file://{}", file.canonicalize().unwrap().display());
+        self.open_url(&url);
+    }
+
+    /// Opens `url` and waits for its load event.
+    pub fn open_url(&mut self, url: &str) {
         // Only a load event after this navigation counts.
         let before = self.events.len();
         self.call("Page.navigate", json!({"url": url}));
@@ -168,11 +173,12 @@ impl Browser {
         }
     }
 
-    /// The value of a JavaScript expression (JSON-serialisable).
+    /// The value of a JavaScript expression (JSON-serialisable; a promise's
+    /// once it settles).
     pub fn evaluate(&mut self, expression: &str) -> Value {
         let result = self.call(
             "Runtime.evaluate",
-            json!({"expression": expression, "returnByValue": true}),
+            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
         );
         assert!(
             result.get("exceptionDetails").is_none(),

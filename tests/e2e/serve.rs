@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::browser::Browser;
 use crate::support::{nyann_bench, serial, simulator};
 
 const SUBMIT: &str = "token-submit";
@@ -565,4 +566,115 @@ async fn a_bad_targets_or_tokens_file_stops_the_start_with_every_error_named() {
         stderr.contains("token \"ci\": sha256 must be 64 hexadecimal digits"),
         "{stderr}"
     );
+}
+
+/// The web page in a real headless browser: a running sweep's stages
+/// appear while it runs, and once it stops its row says where and links
+/// its report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_a_running_runs_stages_and_opens_its_report() {
+    let _serial = serial().await;
+    // Two sequences at once: 8 streams leave 6 waiting (TTFT p99 near
+    // 0.5 s), 2 leave none (5 ms).
+    let sim = nyann_sim::start(nyann_sim::SimConfig {
+        seed: 1,
+        max_num_seqs: Some(2),
+        ..nyann_sim::SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let setup = Setup::new(&sim);
+    let serve = setup.start().await;
+    let sweep = "scenario(\n    workload = workload(\"faker\", isl=64, osl=64),\n    \
+        stages = until_congested(\n        [stage(\"4s\", concurrency=c) for c in [1, 1, 2, 8]],\n        \
+        waiting_requests_p50=3, ttft_p99=\"100ms\", kv_cache_usage=1.0, preemptions=1000000,\n    ),\n)\n";
+    let run = serve.submit(sweep, "watched").await;
+    let id = run["id"].as_str().unwrap().to_string();
+
+    let url = format!("{}/", serve.url);
+    let seen = tokio::task::spawn_blocking(move || watch_in_a_browser(&url, &id))
+        .await
+        .unwrap();
+    let (live, row, report) = seen;
+    // Seen while the run ran: its first stage, measured and judged clean.
+    assert_eq!(live[0][0], "#0 c=1", "{live:?}");
+    assert_eq!(live[0][1], "measured", "{live:?}");
+    assert_eq!(live[0][5], "clean", "{live:?}");
+    // Its row once it stopped: where, and what it found.
+    assert_eq!(row[1], "stopped", "{row:?}");
+    assert_eq!(row[4], "4 run, 0 skipped", "{row:?}");
+    assert_eq!(row[5], "#3 c=8", "{row:?}");
+    assert_eq!(row[6], "#2 c=2", "{row:?}");
+    assert!(
+        report.contains("<html") && report.contains("#3 c=8"),
+        "the report link opens the run's report"
+    );
+}
+
+/// Opens the page, gives it the read token, and returns the rows of the
+/// running run's stages as first seen, then run `id`'s row once it is
+/// over, and the text of the report its link opens.
+fn watch_in_a_browser(url: &str, id: &str) -> (Vec<Vec<String>>, Vec<String>, String) {
+    let mut browser = Browser::launch();
+    browser.open_url(url);
+    browser.evaluate(&format!(
+        "document.getElementById('token').value = '{READ}'; \
+         document.getElementById('login').requestSubmit(); true"
+    ));
+    // The page redraws every 2 seconds: each look is one evaluation.
+    let cells = |selector: &str| {
+        format!(
+            "Array.from(document.querySelectorAll('{selector}')).map(tr => \
+             Array.from(tr.cells).map(td => td.textContent))"
+        )
+    };
+    let live: Vec<Vec<String>> = wait_for_page(&mut browser, "a stage of the running run", |b| {
+        let rows = b.evaluate(&cells("#live-stages tbody tr"));
+        serde_json::from_value(rows)
+            .ok()
+            .filter(|rows: &Vec<Vec<String>>| !rows.is_empty())
+    });
+    let status = format!("api('/runs/{id}').then(r => r.json()).then(run => run.status)");
+    assert_eq!(
+        browser.evaluate(&status),
+        "running",
+        "the stages were seen live"
+    );
+    let row_selector = format!("tr[data-run=\"{id}\"]");
+    let row: Vec<String> = wait_for_page(&mut browser, "the run's report link", |b| {
+        let row = b.evaluate(&format!(
+            "(row => row && row.querySelector('a.report') ? \
+             Array.from(row.cells).map(td => td.textContent) : null)\
+             (document.querySelector('{row_selector}'))"
+        ));
+        serde_json::from_value(row).ok()
+    });
+    let report = browser.evaluate(&format!(
+        "(async () => {{ let opened; window.open = u => {{ opened = u; }}; \
+         document.querySelector('{row_selector} a.report').click(); \
+         for (let i = 0; i < 200 && !opened; i++) await new Promise(r => setTimeout(r, 50)); \
+         return opened ? await (await fetch(opened)).text() : ''; }})()"
+    ));
+    let errors = browser.console_errors();
+    assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
+    (live, row, report.as_str().unwrap_or_default().to_string())
+}
+
+/// Looks at the page until `look` finds what it wants (at most 90 s).
+fn wait_for_page<T>(
+    browser: &mut Browser,
+    what: &str,
+    mut look: impl FnMut(&mut Browser) -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(found) = look(browser) {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page never showed {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -403,3 +403,53 @@ async fn a_sweep_stopped_by_a_failed_judgement_is_not_searched() {
     assert_eq!(result.stages.len(), 3, "{:?}", result.stages);
     assert!(result.stages.iter().all(|s| s.search.is_none()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stages_json_holds_the_stages_so_far_while_the_run_goes_on() {
+    let server = TestServer::start(Behaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    /// Reads the run directory's `stages.json` as each stage is judged.
+    struct Watch {
+        dir: std::path::PathBuf,
+        seen: Vec<Vec<u64>>,
+    }
+    impl StageHook for Watch {
+        type Annotation = serde_json::Value;
+        async fn after_stage(&mut self, _: &FinishedStage<'_>) -> HookOutcome {
+            let indexes = match std::fs::read(self.dir.join("stages.json")) {
+                Ok(bytes) => {
+                    let file: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                    file["stages"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|stage| stage["index"].as_u64().unwrap())
+                        .collect()
+                }
+                Err(_) => Vec::new(),
+            };
+            self.seen.push(indexes);
+            HookOutcome::proceed()
+        }
+    }
+    let sc = scenario(vec![
+        concurrent(0.2, 2),
+        concurrent(0.2, 2),
+        concurrent(0.2, 2),
+    ]);
+    let mut watch = Watch {
+        dir: dir.path().to_path_buf(),
+        seen: Vec::new(),
+    };
+    nyann_load::run(&sc, options(&server, dir.path()), &mut watch)
+        .await
+        .unwrap();
+    // Each stage is judged before it is recorded: the file holds the
+    // stages before it.
+    assert_eq!(watch.seen, vec![vec![], vec![0], vec![0, 1]]);
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("stages.json")).unwrap()).unwrap();
+    assert_eq!(file["stages"].as_array().unwrap().len(), 3);
+    assert!(!dir.path().join(".stages.json.partial").exists());
+}

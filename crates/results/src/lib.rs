@@ -208,14 +208,18 @@ impl RunDir {
         }
     }
 
-    /// Writes `stages.json`.
+    /// Writes `stages.json`, whole or not at all: a reader watching a
+    /// running run (which rewrites it after each stage) never sees half a
+    /// file.
     pub fn write_stages<T: Serialize>(&self, stages: &[T]) -> std::io::Result<()> {
         let json = serde_json::to_vec_pretty(&StagesFile {
             schema_version: SCHEMA_VERSION,
             stages,
         })
         .map_err(std::io::Error::other)?;
-        std::fs::write(self.file(STAGES), json)
+        let partial = self.file(".stages.json.partial");
+        std::fs::write(&partial, json)?;
+        std::fs::rename(partial, self.file(STAGES))
     }
 
     /// Writes `summary.json`: `summary` (a JSON object) with the schema version.

@@ -54,6 +54,9 @@ pub struct RunDetail {
     pub plan: serde_json::Value,
     /// `summary.json`'s outcome, stages and conclusion, once the run wrote it.
     pub summary: Option<serde_json::Value>,
+    /// Until then, the stages so far (`stages.json`'s, rewritten as each
+    /// stage ends): a running run's live view.
+    pub stages: Option<serde_json::Value>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,13 +170,21 @@ impl Service {
     pub fn get(&self, id: &str) -> Result<RunDetail, ServiceError> {
         let row = self.row(id)?;
         let plan = serde_json::from_str(&row.plan).unwrap_or(serde_json::Value::Null);
-        let summary = std::fs::read_to_string(Path::new(&row.dir).join(nyann_results::SUMMARY))
-            .ok()
-            .and_then(|text| serde_json::from_str(&text).ok());
+        let read = |name: &str| {
+            std::fs::read_to_string(Path::new(&row.dir).join(name))
+                .ok()
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        };
+        let summary = read(nyann_results::SUMMARY);
+        let stages = match summary {
+            Some(_) => None,
+            None => read(nyann_results::STAGES).map(|mut file| file["stages"].take()),
+        };
         Ok(RunDetail {
             run: self.view(row)?,
             plan,
             summary,
+            stages,
         })
     }
 

@@ -163,12 +163,24 @@ impl<H: StageHook> Runner<'_, H> {
         self.ran.results.push(barrier(index, drain));
     }
 
-    /// Records a stage's result: a step's, or a search stage's.
+    /// Records a stage's result: a step's, or a search stage's; and
+    /// rewrites the run directory's `stages.json` with the stages so far,
+    /// so that a running run can be watched (a run service's page, a
+    /// `report` of a run that died). The run's end writes the whole file.
     fn record(&mut self, result: StageResult<H::Annotation>) {
         if result.search.is_some() {
             self.ran.searched.push(result);
         } else {
             self.ran.results.push(result);
+        }
+        if let Some(dir) = &self.options.output_dir {
+            let so_far: Vec<_> = self.ran.results.iter().chain(&self.ran.searched).collect();
+            if let Err(error) = nyann_results::RunDir::at(dir).write_stages(&so_far) {
+                tracing::warn!(
+                    "cannot write the stages so far into {}: {error}",
+                    dir.display()
+                );
+            }
         }
     }
 

@@ -49,6 +49,11 @@ pub fn router(app: App) -> Router {
         .nest("/api/v1", api)
         .route("/", get(page::index))
         .route("/healthz", get(|| async { "ok\n" }))
+        // Browsers ask for it: no icon, and no error in their console.
+        .route(
+            "/favicon.ico",
+            get(|| async { axum::http::StatusCode::NO_CONTENT }),
+        )
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
