@@ -586,16 +586,18 @@ async fn the_page_shows_a_running_runs_stages_and_opens_its_report() {
     let setup = Setup::new(&sim);
     let serve = setup.start().await;
     let sweep = "scenario(\n    workload = workload(\"faker\", isl=64, osl=64),\n    \
-        stages = until_congested(\n        [stage(\"4s\", concurrency=c) for c in [1, 1, 2, 8]],\n        \
+        stages = until_congested(\n        [stage(\"5s\", concurrency=c) for c in [1, 1, 2, 8]],\n        \
         waiting_requests_p50=3, ttft_p99=\"100ms\", kv_cache_usage=1.0, preemptions=1000000,\n    ),\n)\n";
-    let run = serve.submit(sweep, "watched").await;
-    let id = run["id"].as_str().unwrap().to_string();
-
+    // The run is submitted once the page shows the runs: a slow browser
+    // start cannot miss it running.
     let url = format!("{}/", serve.url);
-    let seen = tokio::task::spawn_blocking(move || watch_in_a_browser(&url, &id))
-        .await
-        .unwrap();
-    let (live, row, report) = seen;
+    let (ready, page_ready) = tokio::sync::oneshot::channel();
+    let (give_id, id) = std::sync::mpsc::channel();
+    let watcher = tokio::task::spawn_blocking(move || watch_in_a_browser(&url, ready, id));
+    let _ = page_ready.await;
+    let run = serve.submit(sweep, "watched").await;
+    let _ = give_id.send(run["id"].as_str().unwrap().to_string());
+    let (live, row, report) = watcher.await.unwrap();
     // Seen while the run ran: its first stage, measured and judged clean.
     assert_eq!(live[0][0], "#0 c=1", "{live:?}");
     assert_eq!(live[0][1], "measured", "{live:?}");
@@ -611,16 +613,26 @@ async fn the_page_shows_a_running_runs_stages_and_opens_its_report() {
     );
 }
 
-/// Opens the page, gives it the read token, and returns the rows of the
-/// running run's stages as first seen, then run `id`'s row once it is
+/// Opens the page and gives it the read token; once it shows the runs,
+/// says it is `ready` and waits for the run's `id`. Returns the rows of
+/// the running run's stages as first seen, then the run's row once it is
 /// over, and the text of the report its link opens.
-fn watch_in_a_browser(url: &str, id: &str) -> (Vec<Vec<String>>, Vec<String>, String) {
+fn watch_in_a_browser(
+    url: &str,
+    ready: tokio::sync::oneshot::Sender<()>,
+    id: std::sync::mpsc::Receiver<String>,
+) -> (Vec<Vec<String>>, Vec<String>, String) {
     let mut browser = Browser::launch();
     browser.open_url(url);
     browser.evaluate(&format!(
         "document.getElementById('token').value = '{READ}'; \
          document.getElementById('login').requestSubmit(); true"
     ));
+    wait_for_page(&mut browser, "the runs", |b| {
+        (b.evaluate("document.getElementById('runs').hidden") == false).then_some(())
+    });
+    let _ = ready.send(());
+    let id = id.recv().expect("the test submits a run");
     // The page redraws every 2 seconds: each look is one evaluation.
     let cells = |selector: &str| {
         format!(
@@ -671,10 +683,14 @@ fn wait_for_page<T>(
         if let Some(found) = look(browser) {
             return found;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the page never showed {what}"
-        );
+        if std::time::Instant::now() > deadline {
+            let text = browser.evaluate("document.body.innerText");
+            panic!(
+                "the page never showed {what}; it shows:\n{}\nits errors: {:#?}",
+                text.as_str().unwrap_or_default(),
+                browser.console_errors()
+            );
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }

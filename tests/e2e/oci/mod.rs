@@ -229,7 +229,7 @@ async fn policy_push_over_tls_with_auth_is_what_oras_pulls() {
     );
     assert_eq!(
         annotations["dev.nyann-bench.policy.interface"],
-        "nyann:policy@0.4"
+        "nyann:policy@0.5"
     );
     assert!(annotations["org.opencontainers.image.version"].is_string());
 

@@ -49,7 +49,7 @@ async fn a_python_policy_pushed_judges_a_sweep_pulled_by_reference() {
     assert!(pinned.starts_with(&format!("{tagged}@sha256:")), "{pinned}");
     assert!(
         stderr.contains(&format!(
-            "pushed client-slo 0.1.0 (nyann:policy@0.4), component {digest}"
+            "pushed client-slo 0.1.0 (nyann:policy@0.5), component {digest}"
         )),
         "{stderr}"
     );
