@@ -5,7 +5,7 @@
 //! handshake, 2026-07-28 stateless). `.ci/run` installs the package; with
 //! `CI` set the tests require it, elsewhere they skip with a message. The
 //! refusals at the HTTP level (no token, a malformed JSON-RPC body, a
-//! foreign Host) need no Python.
+//! foreign Host or Origin) need no Python.
 
 use std::path::Path;
 use std::time::Duration;
@@ -95,6 +95,7 @@ async fn sweep_through_mcp(revision: &str) {
     // The report: judged stages with their verdicts, the stop at c=16,
     // the knee below it, the stage after it skipped.
     let report = &seen["report"];
+    eprintln!("MCP {revision}: the report: {report}");
     assert_eq!(report["outcome"], "stopped", "{report}");
     assert_eq!(report["stopped"]["stage"], 2, "{report}");
     assert!(
@@ -182,7 +183,7 @@ async fn mcp_client_sweeps_with_the_stateless_2026_07_28_revision() {
 
 /// What is refused before any tool runs, and changes nothing.
 #[tokio::test]
-async fn mcp_refuses_a_missing_token_a_bad_body_and_a_foreign_host() {
+async fn mcp_refuses_no_token_a_bad_body_a_foreign_host_or_origin() {
     let sim = simulator(false).await;
     let setup = Setup::new(&sim);
     let serve = setup.start().await;
@@ -240,13 +241,26 @@ async fn mcp_refuses_a_missing_token_a_bad_body_and_a_foreign_host() {
         );
     }
 
-    // A Host that is none of the service's (DNS rebinding) is refused.
+    // A Host that is none of the service's (DNS rebinding), and a page of
+    // another origin, are refused; the service's own origin is not.
     let foreign = post(Some(ADMIN), list)
         .header("host", "rebound.example:8089")
         .send()
         .await
         .unwrap();
     assert_eq!(foreign.status().as_u16(), 403);
+    let foreign = post(Some(ADMIN), list)
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status().as_u16(), 403);
+    let own = post(Some(READ), list)
+        .header("origin", &serve.url)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status().as_u16(), 200);
 
     // The same request from loopback is served: the seven tools.
     let answer = post(Some(READ), list).send().await.unwrap();
