@@ -2,6 +2,9 @@
 //! processes against the in-process simulator. The queue (one run at a
 //! time per target), cancel, a restart after kill -9, the tokens, and the
 //! refusals of bad input (a runaway scenario, too many stages, a huge body).
+//! MCP on `/mcp`, with an independent client, in [`mcp`].
+
+mod mcp;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,8 +34,9 @@ struct Setup {
 }
 
 impl Setup {
-    /// Target `sim` (the simulator, its metrics scraped), target
-    /// `blind` (no signal source); tokens of each scope.
+    /// Target `sim` (the simulator, its metrics scraped), target `wide`
+    /// (the same, with room for a sweep to c=32), target `blind` (no signal
+    /// source); tokens of each scope.
     fn new(sim: &RunningSim) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let scrape: Vec<String> = sim
@@ -43,6 +47,8 @@ impl Setup {
         let targets = format!(
             "[targets.sim]\nurl = \"{url}\"\nsignals = {{ scrape = [{scrape}] }}\n\
              bounds = {{ max_concurrency = 8, max_stages = 16, max_total_duration_s = 120 }}\n\
+             [targets.wide]\nurl = \"{url}\"\nsignals = {{ scrape = [{scrape}] }}\n\
+             bounds = {{ max_concurrency = 32, max_stages = 16, max_total_duration_s = 120 }}\n\
              [targets.blind]\nurl = \"{url}\"\n",
             url = sim.base_url(),
             scrape = scrape.join(", ")

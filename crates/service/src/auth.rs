@@ -46,7 +46,38 @@ impl Caller {
             .as_ref()
             .is_none_or(|allowed| allowed.iter().any(|t| t == target))
     }
+
+    /// Refused unless this caller has `scope` (what `action` needs).
+    pub fn require(&self, scope: Scope, action: &str) -> Result<(), Denied> {
+        if self.scope >= scope {
+            return Ok(());
+        }
+        Err(Denied(format!(
+            "token {:?} has scope {}: {action} needs scope {} (ask the operator for such a token)",
+            self.name,
+            self.scope.as_str(),
+            scope.as_str()
+        )))
+    }
+
+    /// Refused unless this caller may submit runs to `target`.
+    pub fn require_target(&self, target: &str) -> Result<(), Denied> {
+        if self.may_use(target) {
+            return Ok(());
+        }
+        Err(Denied(format!(
+            "token {:?} may not submit to target {target:?}: it may submit to {}",
+            self.name,
+            self.targets.as_deref().unwrap_or_default().join(", ")
+        )))
+    }
 }
+
+/// What a caller asked is beyond its token; the message says what would
+/// allow it. Every interface (the JSON API, MCP) refuses with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Denied(pub String);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

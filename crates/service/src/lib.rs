@@ -10,7 +10,9 @@
 //! - [`store`]: the runs' state.
 //! - [`service`]: the domain core and its scheduler; [`local`] its backend.
 //! - [`auth`]: bearer tokens with scopes.
-//! - [`http`]: the JSON API and the web page over the core.
+//! - [`http`]: the JSON API and the web page over the core; [`mcp`] the
+//!   MCP tools, mounted among its routes; [`report`] a run's report in
+//!   brief.
 //!
 //! Nothing here names a command-line flag: the binary resolves its flags
 //! into a [`Config`] and gives the commands of its child processes through
@@ -20,7 +22,9 @@ pub mod auth;
 pub mod http;
 pub mod launcher;
 pub mod local;
+pub mod mcp;
 pub mod plan;
+pub mod report;
 pub mod service;
 pub mod store;
 pub mod targets;

@@ -24,7 +24,7 @@ const MAX_IR_BYTES: u64 = 8 * 1024 * 1024;
 const MAX_ERROR_BYTES: u64 = 16 * 1024;
 
 /// What a client asks for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanRequest {
     /// The target's name, from the targets file.
@@ -46,7 +46,7 @@ impl PlanRequest {
 }
 
 /// The effective plan.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 pub struct Plan {
     pub target: String,
     pub policy: String,
@@ -59,11 +59,12 @@ pub struct Plan {
     pub until_congested: bool,
     pub warnings: Vec<String>,
     /// The compiled scenario (the IR), as the run will get it.
+    #[schemars(with = "serde_json::Value")]
     pub scenario: Scenario,
 }
 
 /// One stage of the plan.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 pub struct PlannedStage {
     pub index: usize,
     pub name: Option<String>,

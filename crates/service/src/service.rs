@@ -1,7 +1,7 @@
-//! The domain core behind every interface (the JSON API, the web page):
-//! plan, submit, list, get, cancel and the artifacts of runs, and the
-//! scheduler that starts queued runs one at a time per target, within a
-//! bound on the runs overall.
+//! The domain core behind every interface (the JSON API, MCP, the web
+//! page): plan, submit, list, get, cancel, the artifacts and the report of
+//! runs, who may do which, and the scheduler that starts queued runs one at
+//! a time per target, within a bound on the runs overall.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -9,15 +9,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
+use crate::auth::{Caller, Denied, Scope};
 use crate::launcher::{Job, Launcher};
 use crate::local;
 use crate::plan::{Plan, PlanError, PlanRequest};
 use crate::store::{NewRun, RunRow, Status, Store, StoreError};
-use crate::targets::Targets;
+use crate::targets::{Bounds, Targets};
 
 /// How long a cancel waits for the run's drain before answering.
 pub const CANCEL_WAIT: Duration = Duration::from_secs(120);
@@ -38,7 +40,7 @@ pub struct Config {
 }
 
 /// A run as clients see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct RunView {
     #[serde(flatten)]
     pub row: RunRow,
@@ -47,7 +49,7 @@ pub struct RunView {
 }
 
 /// A run's details: the plan, and the run directory's summary once written.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct RunDetail {
     #[serde(flatten)]
     pub run: RunView,
@@ -65,6 +67,9 @@ pub enum ServiceError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The caller's token does not allow it.
+    #[error(transparent)]
+    Denied(#[from] Denied),
     #[error("no run {0:?}: list the runs to see their ids")]
     NotFound(String),
     #[error("run {id} is {status}: only a queued or running run can be canceled", status = .status.as_str())]
@@ -116,6 +121,47 @@ impl Service {
 
     pub fn targets(&self) -> &Targets {
         &self.targets
+    }
+
+    /// The targets as clients see them: never their URLs.
+    pub fn target_views(&self) -> Vec<TargetView> {
+        self.targets
+            .iter()
+            .map(|t| TargetView {
+                name: t.name.clone(),
+                model: t.model.clone(),
+                bounds: t.bounds,
+                policies: t.policies.clone(),
+                signals: t.signals.is_configured(),
+            })
+            .collect()
+    }
+
+    /// [`Service::submit`] for `caller`: it needs scope submit, and the
+    /// target among those its token allows.
+    pub async fn submit_as(
+        &self,
+        caller: &Caller,
+        request: &PlanRequest,
+    ) -> Result<(RunView, bool), ServiceError> {
+        caller.require(Scope::Submit, "submitting a run")?;
+        caller.require_target(&request.target)?;
+        self.submit(request, &caller.name).await
+    }
+
+    /// [`Service::cancel`] for `caller`: it needs scope submit, and scope
+    /// admin for another's run.
+    pub async fn cancel_as(&self, caller: &Caller, id: &str) -> Result<RunView, ServiceError> {
+        caller.require(Scope::Submit, "canceling a run")?;
+        let row = self.row(id)?;
+        if caller.scope < Scope::Admin && row.submitted_by != caller.name {
+            return Err(Denied(format!(
+                "run {id} was submitted by {:?}: canceling another's run needs scope admin",
+                row.submitted_by
+            ))
+            .into());
+        }
+        self.cancel(id, &caller.name).await
     }
 
     pub async fn plan(&self, request: &PlanRequest) -> Result<Plan, PlanError> {
@@ -213,6 +259,11 @@ impl Service {
         }
         self.wake.notify_one();
         self.view(self.row(id)?)
+    }
+
+    /// The run's report in brief (see [`crate::report`]).
+    pub fn report(&self, id: &str) -> Result<crate::report::RunReport, ServiceError> {
+        Ok(crate::report::report(&self.row(id)?))
     }
 
     /// The run directory's files a client may fetch: its regular files
@@ -480,8 +531,22 @@ impl Service {
 /// The run's log (the child's stdout and stderr), as an artifact.
 pub const LOG: &str = "run.log";
 
+/// A target as clients see it (its URL and signal source stay the
+/// operator's).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct TargetView {
+    pub name: String,
+    pub model: Option<String>,
+    /// What a scenario on it may ask for.
+    pub bounds: Bounds,
+    /// The congestion policies a run on it may name.
+    pub policies: Vec<String>,
+    /// Whether it has a signal source: `until_congested` needs one.
+    pub signals: bool,
+}
+
 /// A file of a run a client may fetch.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Artifact {
     pub name: String,
     pub bytes: u64,

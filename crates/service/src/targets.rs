@@ -52,7 +52,7 @@ impl SignalSource {
 }
 
 /// What one run against a target may do.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Bounds {
     /// Closed-loop streams in one stage.

@@ -43,6 +43,13 @@ pub struct Args {
     /// besides its own. Repeatable.
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
+
+    /// A name (host or host:port) clients reach the service by, for MCP's
+    /// Host check against DNS rebinding, besides the loopback names, the
+    /// --listen address and the --allow-origin hosts (e.g. the in-cluster
+    /// Service's DNS name). Repeatable.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -73,10 +80,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         "serving on http://{local}, data in {}",
         args.data_dir.display()
     );
+    let allowed_hosts = http::allowed_hosts(local, &args.allow_origins, &args.allow_hosts);
     let app = App {
         service: Arc::clone(&service),
         tokens: Arc::new(tokens),
         allowed_origins: Arc::new(args.allow_origins),
+        allowed_hosts: Arc::new(allowed_hosts),
     };
     http::serve(listener, http::router(app), shutdown_signal())
         .await

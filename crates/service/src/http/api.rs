@@ -1,6 +1,6 @@
-//! The JSON API's handlers: each checks the caller's scope, calls the
-//! service, and answers JSON (errors as `{"error": "..."}` saying what to
-//! change).
+//! The JSON API's handlers: each calls the service (which checks the
+//! caller's scope) and answers JSON (errors as `{"error": "..."}` saying
+//! what to change).
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -10,8 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::App;
-use super::guard::require;
-use crate::auth::{Caller, Scope};
+use crate::auth::Caller;
 use crate::plan::{PlanError, PlanRequest};
 use crate::service::ServiceError;
 
@@ -42,6 +41,7 @@ fn service_error(err: ServiceError) -> ApiError {
         ServiceError::Plan(plan) if plan.is_internal() => StatusCode::INTERNAL_SERVER_ERROR,
         ServiceError::Plan(_) => StatusCode::BAD_REQUEST,
         ServiceError::Finished { .. } => StatusCode::CONFLICT,
+        ServiceError::Denied(_) => StatusCode::FORBIDDEN,
         ServiceError::Store(_) | ServiceError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     if status == StatusCode::INTERNAL_SERVER_ERROR {
@@ -65,21 +65,7 @@ fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 type Answer = Result<Response, ApiError>;
 
 pub async fn targets(State(app): State<App>) -> Response {
-    let targets: Vec<_> = app
-        .service
-        .targets()
-        .iter()
-        .map(|t| {
-            json!({
-                "name": t.name,
-                "model": t.model,
-                "bounds": t.bounds,
-                "policies": t.policies,
-                "signals": t.signals.is_configured(),
-            })
-        })
-        .collect();
-    Json(json!({ "targets": targets })).into_response()
+    Json(json!({ "targets": app.service.target_views() })).into_response()
 }
 
 pub async fn plan(
@@ -100,20 +86,10 @@ pub async fn submit(
     Extension(caller): Extension<Caller>,
     request: Result<Json<PlanRequest>, JsonRejection>,
 ) -> Answer {
-    require(&caller, Scope::Submit, "submitting a run")?;
     let request = body(request)?;
-    if !caller.may_use(&request.target) {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "token {:?} may not submit to target {:?}",
-                caller.name, request.target
-            ),
-        ));
-    }
     let (run, created) = app
         .service
-        .submit(&request, &caller.name)
+        .submit_as(&caller, &request)
         .await
         .map_err(service_error)?;
     let status = if created {
@@ -138,20 +114,9 @@ pub async fn cancel(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer {
-    require(&caller, Scope::Submit, "canceling a run")?;
-    let run = app.service.get(&id).map_err(service_error)?;
-    if caller.scope < Scope::Admin && run.run.row.submitted_by != caller.name {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "run {id} was submitted by {:?}: canceling another's run needs scope admin",
-                run.run.row.submitted_by
-            ),
-        ));
-    }
     let run = app
         .service
-        .cancel(&id, &caller.name)
+        .cancel_as(&caller, &id)
         .await
         .map_err(service_error)?;
     Ok(Json(run).into_response())

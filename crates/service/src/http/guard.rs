@@ -7,10 +7,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::App;
-use super::api::{ApiError, error};
-use crate::auth::{Caller, Scope};
+use super::api::error;
 
-/// Puts the token's [`Caller`] in the request, or answers 401.
+/// Puts the token's [`crate::auth::Caller`] in the request, or answers 401.
 pub async fn authenticate(State(app): State<App>, mut request: Request, next: Next) -> Response {
     let token = request
         .headers()
@@ -69,20 +68,4 @@ fn is_own(origin: &str, headers: &HeaderMap) -> bool {
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"))
         .is_some_and(|rest| rest == host)
-}
-
-/// 403 unless `caller` has `scope` (what `action` needs).
-pub fn require(caller: &Caller, scope: Scope, action: &str) -> Result<(), ApiError> {
-    if caller.scope >= scope {
-        return Ok(());
-    }
-    Err(error(
-        StatusCode::FORBIDDEN,
-        &format!(
-            "token {:?} has scope {}: {action} needs scope {} (ask the operator for such a token)",
-            caller.name,
-            caller.scope.as_str(),
-            scope.as_str()
-        ),
-    ))
 }
