@@ -424,6 +424,27 @@ async fn bad_scenarios_and_bodies_are_refused_within_their_bounds() {
     assert!(error.contains("the limit is 65536 bytes"), "{error}");
     let error = refused(plan("sim", "scenario(")).await;
     assert!(error.contains("does not compile"), "{error}");
+    // Errors and plans name the client's scenario, never a path of the
+    // service's machine (a sweep is named after its place in the file).
+    assert!(error.contains("scenario.star:1:"), "{error}");
+    let named = serve
+        .call(
+            "POST",
+            "/api/v1/plan",
+            Some(READ),
+            Some(plan(
+                "sim",
+                &crate::support::sweep(&[1, 2], crate::sweep::STOPS_AT_16),
+            )),
+        )
+        .await;
+    assert_eq!(named.status, 200, "{}", named.body);
+    let text = named.body.to_string();
+    let data = setup.data().display().to_string();
+    assert!(
+        text.contains(r#""file":"scenario.star""#) && !text.contains(&data),
+        "{text}"
+    );
 
     // The plan of a good scenario: its stages and durations.
     let good = serve

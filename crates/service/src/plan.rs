@@ -14,6 +14,8 @@ use tokio::io::AsyncReadExt;
 use crate::launcher::Launcher;
 use crate::targets::{Target, Targets};
 
+/// What the compiling child knows the client's scenario as.
+const SCENARIO_FILE: &str = "scenario.star";
 /// The largest scenario source accepted.
 pub const MAX_SOURCE_BYTES: usize = 64 * 1024;
 /// How long the compile may take before its process is killed.
@@ -150,10 +152,22 @@ async fn compile(
     policy: &str,
 ) -> Result<Scenario, PlanError> {
     let internal = |what: &str, e: std::io::Error| PlanError::Internal(format!("{what}: {e}"));
-    let file = tempfile_in(scratch).map_err(|e| internal("cannot write the scenario", e))?;
-    std::fs::write(file.path(), source).map_err(|e| internal("cannot write the scenario", e))?;
-    let mut command = launcher.compile(file.path(), policy);
+    // The child compiles `scenario.star` in a directory of its own: the
+    // names it derives from the file (a sweep's, "scenario.star:3:14")
+    // and its errors then show clients no path of the service's machine.
+    let dir = tempfile::Builder::new()
+        .prefix("plan-")
+        .tempdir_in(scratch)
+        .map_err(|e| internal("cannot write the scenario", e))?;
+    std::fs::write(dir.path().join(SCENARIO_FILE), source)
+        .map_err(|e| internal("cannot write the scenario", e))?;
+    let policy = match policy {
+        "builtin" => policy.into(),
+        file => std::path::absolute(file).map_err(|e| internal("cannot find the policy", e))?,
+    };
+    let mut command = launcher.compile(Path::new(SCENARIO_FILE), &policy.to_string_lossy());
     command
+        .current_dir(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -187,9 +201,7 @@ async fn compile(
         Ok(Ok(done)) => done,
     };
     if !status.success() {
-        // The child names the file it was given; the client knows it as "scenario".
-        let text =
-            String::from_utf8_lossy(&err).replace(&file.path().display().to_string(), "scenario");
+        let text = String::from_utf8_lossy(&err);
         return Err(PlanError::Scenario(text.trim().to_string()));
     }
     serde_json::from_slice(&out)
@@ -217,11 +229,6 @@ async fn read_keeping(
     (&mut reader).take(limit).read_to_end(&mut kept).await?;
     tokio::io::copy(&mut reader, &mut tokio::io::sink()).await?;
     Ok(kept)
-}
-
-/// A file in `dir` removed when dropped.
-fn tempfile_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
-    tempfile::Builder::new().suffix(".star").tempfile_in(dir)
 }
 
 /// The scenario against the target's bounds and signal source.
