@@ -458,7 +458,8 @@ async fn sim_fit_refuses_what_it_cannot_use_and_says_what_to_do() {
     };
     refused(
         fit(&["--kv-blocks", "64", "--block-size", "32"]),
-        "holds no stages.json or summary.json: give the directory a run wrote with",
+        "holds no stages.json or summary.json: give the results directory of a run \
+         (`nyann-bench generate --output-dir DIR` writes one)",
     )
     .await;
     // A run recorded before runs saved what the server said: every input

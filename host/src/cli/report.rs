@@ -9,6 +9,7 @@ use std::time::Instant;
 use nyann_report::SavedRun;
 
 use super::Ui;
+use nyann_results::ReadError;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -66,16 +67,21 @@ pub async fn run(args: Args, ui: Ui) -> anyhow::Result<ExitCode> {
 /// A directory that holds no run, with the command that writes one.
 pub fn not_a_run_hint(err: anyhow::Error) -> anyhow::Error {
     use nyann_report::ReportError;
-    use nyann_results::ReadError;
-    let holds_no_run =
-        |e: &ReadError| matches!(e, ReadError::NotADirectory(_) | ReadError::Missing { .. });
     // `ReportError::Read` is transparent: the chain skips the inner error.
     let not_a_run = err.chain().any(|e| match e.downcast_ref::<ReportError>() {
         Some(ReportError::Read(read)) => holds_no_run(read),
         _ => e.downcast_ref::<ReadError>().is_some_and(holds_no_run),
     });
     match not_a_run {
-        true => anyhow::anyhow!("{err} (`nyann-bench generate --output-dir DIR` writes one)"),
+        true => anyhow::anyhow!("{err} ({WRITES_A_RUN})"),
         false => err,
     }
+}
+
+/// What writes a run directory: the hint of an error that found none.
+pub const WRITES_A_RUN: &str = "`nyann-bench generate --output-dir DIR` writes one";
+
+/// The directory holds no run (rather than an unreadable one).
+pub fn holds_no_run(e: &ReadError) -> bool {
+    matches!(e, ReadError::NotADirectory(_) | ReadError::Missing { .. })
 }

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 /// The SDK's files, as the binary was built with them.
-const SDK_FILES: [(&str, &str); 4] = [
+const SDK_FILES: [(&str, &str); 5] = [
     (
         "Cargo.toml",
         include_str!("../../../../policies/sdk/Cargo.toml"),
@@ -25,6 +25,10 @@ const SDK_FILES: [(&str, &str); 4] = [
     (
         "src/lib.rs",
         include_str!("../../../../policies/sdk/src/lib.rs"),
+    ),
+    (
+        "src/slo.rs",
+        include_str!("../../../../policies/sdk/src/slo.rs"),
     ),
     (
         "wit/policy.wit",
@@ -391,6 +395,20 @@ mod tests {
             .find(|(p, _)| p == path)
             .map(|(_, c)| c.clone())
             .unwrap_or_else(|| panic!("no {path}"))
+    }
+
+    /// A module added to the SDK must be copied too, or a new policy
+    /// crate does not build (as `slo.rs` was not).
+    #[test]
+    fn every_sdk_source_is_vendored() {
+        let sources = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/sdk/src");
+        for entry in std::fs::read_dir(sources).unwrap() {
+            let name = format!("src/{}", entry.unwrap().file_name().to_string_lossy());
+            assert!(
+                SDK_FILES.iter().any(|(path, _)| *path == name),
+                "{name} of the SDK is not in SDK_FILES"
+            );
+        }
     }
 
     #[test]

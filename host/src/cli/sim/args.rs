@@ -314,6 +314,7 @@ pub fn note_with_flag(note: &Note) -> String {
 
 /// A fit that cannot run, with the flags that get past it.
 pub fn fit_error(err: FitInputError) -> anyhow::Error {
+    use crate::cli::report;
     let hint = match &err {
         FitInputError::Missing(missing) => {
             let items: Vec<String> = missing
@@ -336,6 +337,9 @@ pub fn fit_error(err: FitInputError) -> anyhow::Error {
         FitInputError::EmptyKvCache => "--kv-blocks and --block-size must be at least 1",
         FitInputError::Fit(FitError::DoesNotFit { .. }) => {
             "give the server's --kv-blocks / --block-size, or its --metrics-file"
+        }
+        FitInputError::Recording(RecordingError::Read(read)) if report::holds_no_run(read) => {
+            report::WRITES_A_RUN
         }
         _ => return err.into(),
     };
