@@ -109,11 +109,8 @@ impl Tokens {
     /// Reads `path` (TOML, or JSON when it ends in `.json`).
     pub fn load(path: &Path) -> Result<Tokens, TokensError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            TokensError(vec![format!(
-                "{shown}: cannot read the tokens file: {e} (give --tokens the file of the clients' token digests)"
-            )])
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TokensError(vec![format!("{shown}: cannot read the tokens file: {e}")]))?;
         Tokens::parse(&shown, &text, path.extension().is_some_and(|e| e == "json"))
     }
 

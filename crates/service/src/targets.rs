@@ -116,9 +116,7 @@ impl Targets {
     pub fn load(path: &Path) -> Result<Targets, TargetsError> {
         let shown = path.display();
         let text = std::fs::read_to_string(path).map_err(|e| {
-            TargetsError(vec![format!(
-                "{shown}: cannot read the targets file: {e} (give --targets the file that names the servers runs may target)"
-            )])
+            TargetsError(vec![format!("{shown}: cannot read the targets file: {e}")])
         })?;
         let json = path.extension().is_some_and(|e| e == "json");
         Targets::parse(&shown.to_string(), &text, json)

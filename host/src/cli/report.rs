@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use nyann_report::SavedRun;
+use nyann_results::ReadError;
 
 use super::Ui;
-use nyann_results::ReadError;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

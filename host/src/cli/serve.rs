@@ -53,10 +53,14 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let targets = Targets::load(&args.targets)
-        .map_err(|e| anyhow::anyhow!("the targets file is not valid:\n{e}"))?;
-    let tokens = Tokens::load(&args.tokens)
-        .map_err(|e| anyhow::anyhow!("the tokens file is not valid:\n{e}"))?;
+    let targets = Targets::load(&args.targets).map_err(|e| {
+        anyhow::anyhow!(
+            "the targets file (--targets: the servers runs may target) is not valid:\n{e}"
+        )
+    })?;
+    let tokens = Tokens::load(&args.tokens).map_err(|e| {
+        anyhow::anyhow!("the tokens file (--tokens: the clients' token digests) is not valid:\n{e}")
+    })?;
     let exe = std::env::current_exe().context("cannot find this binary to start runs with")?;
     let config = Config {
         data_dir: args.data_dir.clone(),
