@@ -40,7 +40,7 @@ pub(crate) struct SloCounts {
     mixed: bool,
     requests: u64,
     met: u64,
-    /// Requests that missed each goal, in the order of [`Objective::ALL`].
+    /// Requests that missed each goal, in the order of [`Objective::ALL`](nyann_model::Objective::ALL).
     missed: [u64; 3],
 }
 

@@ -4,7 +4,7 @@
 //! check that fails fast once Prometheus stops answering. Before the first
 //! stage, one query per role checks which signals its selector finds.
 //!
-//! [`client`] speaks the HTTP API, [`plan`] turns a signal into PromQL and
+//! [`client`] speaks the HTTP API, [`plan`](mod@plan) turns a signal into PromQL and
 //! its answer into a reading, and [`PrometheusSource`] here runs a stage's
 //! queries.
 
