@@ -120,28 +120,27 @@ fn eval(out: &mut String, live: &Live, snap: &LiveSnapshot) {
     let correct = live.eval.correct.load(Ordering::Relaxed);
     let scored = live.eval.scored.load(Ordering::Relaxed);
     let unanswerable = live.eval.unanswerable.load(Ordering::Relaxed);
-    for (name, help, value) in [
-        ("nyann_eval_total", "Eval replies scored.", scored),
-        (
-            "nyann_eval_correct",
-            "Eval replies with the right answer.",
-            correct,
-        ),
-        (
-            "nyann_eval_incorrect",
-            "Eval replies with a wrong answer or none.",
-            scored.saturating_sub(correct),
-        ),
-        (
-            "nyann_eval_unanswerable",
-            "Eval replies in which no answer was found (counted incorrect too).",
-            unanswerable,
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let _ = writeln!(out, "{name} {value}");
-    }
+    counters(
+        out,
+        [
+            ("nyann_eval_total", "Eval replies scored.", scored),
+            (
+                "nyann_eval_correct",
+                "Eval replies with the right answer.",
+                correct,
+            ),
+            (
+                "nyann_eval_incorrect",
+                "Eval replies with a wrong answer or none.",
+                scored.saturating_sub(correct),
+            ),
+            (
+                "nyann_eval_unanswerable",
+                "Eval replies in which no answer was found (counted incorrect too).",
+                unanswerable,
+            ),
+        ],
+    );
     let _ = writeln!(
         out,
         "# HELP nyann_eval_accuracy Right answers among the current stage's scored eval replies (absent before one is scored)."
@@ -158,22 +157,21 @@ fn eval(out: &mut String, live: &Live, snap: &LiveSnapshot) {
 fn goodput(out: &mut String, live: &Live, snap: &LiveSnapshot) {
     let met = live.slo.met.load(Ordering::Relaxed);
     let judged = live.slo.judged.load(Ordering::Relaxed);
-    for (name, help, value) in [
-        (
-            "nyann_goodput_requests_total",
-            "Requests that met every goal of their stage's SLO.",
-            met,
-        ),
-        (
-            "nyann_goodput_judged_total",
-            "Requests judged against their stage's SLO (failed, rejected, dropped and late ones missed it).",
-            judged,
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let _ = writeln!(out, "{name} {value}");
-    }
+    counters(
+        out,
+        [
+            (
+                "nyann_goodput_requests_total",
+                "Requests that met every goal of their stage's SLO.",
+                met,
+            ),
+            (
+                "nyann_goodput_judged_total",
+                "Requests judged against their stage's SLO (failed, rejected, dropped and late ones missed it).",
+                judged,
+            ),
+        ],
+    );
     let name = "nyann_goodput_missed_total";
     let _ = writeln!(
         out,
@@ -192,6 +190,15 @@ fn goodput(out: &mut String, live: &Live, snap: &LiveSnapshot) {
     if snap.stage_slo_judged > 0 {
         let attainment = snap.stage_slo_met as f64 / snap.stage_slo_judged as f64;
         let _ = writeln!(out, "nyann_goodput_attainment {attainment}");
+    }
+}
+
+/// Counters, each with its HELP and TYPE lines.
+fn counters<const N: usize>(out: &mut String, counters: [(&str, &str, u64); N]) {
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {value}");
     }
 }
 
