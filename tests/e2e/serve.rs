@@ -4,6 +4,7 @@
 //! refusals of bad input (a runaway scenario, too many stages, a huge body).
 //! MCP on `/mcp`, with an independent client, in [`mcp`].
 
+mod kube;
 mod mcp;
 
 use std::path::{Path, PathBuf};
@@ -36,9 +37,14 @@ struct Setup {
 impl Setup {
     /// Target `sim` (the simulator, its metrics scraped), target `wide`
     /// (the same, with room for a sweep to c=32), target `blind` (no signal
-    /// source); tokens of each scope.
+    /// source), targets `dark` (metrics at a closed port) and `mute` (a
+    /// page with no metrics); tokens of each scope.
     fn new(sim: &RunningSim) -> Setup {
         let dir = tempfile::tempdir().unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let scrape: Vec<String> = sim
             .metrics_endpoints()
             .into_iter()
@@ -49,7 +55,9 @@ impl Setup {
              bounds = {{ max_concurrency = 8, max_stages = 16, max_total_duration_s = 120 }}\n\
              [targets.wide]\nurl = \"{url}\"\nsignals = {{ scrape = [{scrape}] }}\n\
              bounds = {{ max_concurrency = 32, max_stages = 16, max_total_duration_s = 120 }}\n\
-             [targets.blind]\nurl = \"{url}\"\n",
+             [targets.blind]\nurl = \"{url}\"\n\
+             [targets.dark]\nurl = \"{url}\"\nsignals = {{ scrape = [\"http://{closed}/metrics\"] }}\n\
+             [targets.mute]\nurl = \"{url}\"\nsignals = {{ scrape = [\"{url}/models\"] }}\n",
             url = sim.base_url(),
             scrape = scrape.join(", ")
         );
@@ -76,6 +84,11 @@ impl Setup {
     }
 
     async fn start(&self) -> Serve {
+        self.start_with(&[], &[]).await
+    }
+
+    /// [`Setup::start`] with more flags and environment.
+    async fn start_with(&self, args: &[&str], env: &[(&str, &Path)]) -> Serve {
         let mut child = nyann_bench()
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.data())
@@ -83,6 +96,8 @@ impl Setup {
             .arg(self.dir.path().join("targets.toml"))
             .arg("--tokens")
             .arg(self.dir.path().join("tokens.toml"))
+            .args(args)
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .spawn()
@@ -396,11 +411,12 @@ async fn bad_scenarios_and_bodies_are_refused_within_their_bounds() {
         );
         answer.body["error"].as_str().unwrap().to_string()
     };
-    // A runaway loop: stopped by its step budget or its time limit.
+    // A runaway loop: stopped by the plan's own step budget, far below a
+    // command line's (10,000,000).
     let runaway = "for a in range(100000):\n    for b in range(100000):\n        pass\n";
     let error = refused(plan("sim", runaway)).await;
     assert!(
-        error.contains("steps") || error.contains("limit"),
+        error.contains("scenario.star:") && error.contains("ran past its budget of 100,000 steps"),
         "{error}"
     );
     let many = "scenario(workload=workload(\"faker\"), stages=[stage(\"1s\", concurrency=1) for i in range(10000)])\n";
@@ -420,6 +436,31 @@ async fn bad_scenarios_and_bodies_are_refused_within_their_bounds() {
     let sweep = crate::support::sweep(&[1, 2], crate::sweep::STOPS_AT_16);
     let error = refused(plan("blind", &sweep)).await;
     assert!(error.contains("no signal source"), "{error}");
+    // The signal preflight runs at plan time: a source that cannot be read,
+    // or that finds no series of the server, refuses the plan, naming the
+    // source by its field, never by its address.
+    for target in ["dark", "mute"] {
+        let error = refused(plan(target, &sweep)).await;
+        assert!(
+            error.contains(&format!(
+                "target \"{target}\"'s signal source fails its preflight"
+            )) && error.contains("[signals.scrape[0]]")
+                && !error.contains("127.0.0.1"),
+            "{error}"
+        );
+    }
+    let error = refused(plan("mute", &sweep)).await;
+    assert!(error.contains("no series"), "{error}");
+    // Without a stop on congestion, no preflight: a plain run needs none.
+    let plain = serve
+        .call(
+            "POST",
+            "/api/v1/plan",
+            Some(READ),
+            Some(plan("dark", &stages(1, 1))),
+        )
+        .await;
+    assert_eq!(plain.status, 200, "{}", plain.body);
     let error = refused(plan("sim", &"#".repeat(70_000))).await;
     assert!(error.contains("the limit is 65536 bytes"), "{error}");
     let error = refused(plan("sim", "scenario(")).await;

@@ -82,13 +82,17 @@ pub struct RenderConfig {
     /// A PersistentVolumeClaim for the results (else an emptyDir: the
     /// results leave with the pod).
     pub results_claim: Option<String>,
+    /// The run's directory under the results volume (a run service keeps
+    /// each run in one); else the volume's top.
+    pub results_subdir: Option<String>,
+    /// Seconds a deleted pod gets to drain and write its records (its
+    /// termination grace period); else Kubernetes' default (30).
+    pub drain_grace_s: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error(
-        "a scale-out run needs at least 2 workers, not {0} (one process needs no Kubernetes Job)"
-    )]
+    #[error("a run needs at least 1 worker, not {0}")]
     TooFewWorkers(usize),
     #[error(
         "the scenario and policy take {0} bytes, more than a ConfigMap's 1 MiB: ship the policy \
@@ -178,7 +182,7 @@ pub fn render(config: &RenderConfig) -> Result<Manifests, RenderError> {
 /// Refuses what cannot run as an Indexed Job; returns the scenario as the
 /// ConfigMap holds it.
 fn checked_scenario(config: &RenderConfig) -> Result<String, RenderError> {
-    if config.workers < 2 {
+    if config.workers == 0 {
         return Err(RenderError::TooFewWorkers(config.workers));
     }
     if !valid_name(&config.name) {
@@ -284,6 +288,7 @@ fn job(config: &RenderConfig, metadata: ObjectMeta, labels: BTreeMap<String, Str
                         ..PodSecurityContext::default()
                     }),
                     restart_policy: Some("Never".into()),
+                    termination_grace_period_seconds: config.drain_grace_s,
                     containers: vec![container(config)],
                     volumes: Some(
                         [
@@ -310,24 +315,33 @@ fn job(config: &RenderConfig, metadata: ObjectMeta, labels: BTreeMap<String, Str
     }
 }
 
-/// The nyann-bench container: `generate` with the fleet's flags, then the
-/// user's; the scenario and results volumes; the resources asked for.
+/// The nyann-bench container: `generate` with the fleet's flags (none for
+/// one worker), then the user's; the scenario and results volumes; the
+/// resources asked for.
 fn container(config: &RenderConfig) -> Container {
+    let output_dir = match &config.results_subdir {
+        Some(subdir) => format!("{RESULTS_DIR}/{subdir}"),
+        None => RESULTS_DIR.into(),
+    };
     let mut args: Vec<String> = vec![
         "generate".into(),
         "--config".into(),
         format!("{CONFIG_DIR}/scenario.json"),
-        "--workers".into(),
-        config.workers.to_string(),
-        "--coordinator".into(),
-        // Pod 0's hostname under the headless Service (the Job's pods get
-        // hostname NAME-INDEX and the Service as subdomain).
-        format!("{}-0.{}:{}", config.name, config.name, config.port),
-        "--coordinator-listen".into(),
-        format!("0.0.0.0:{}", config.port),
         "--output-dir".into(),
-        RESULTS_DIR.into(),
+        output_dir,
     ];
+    if config.workers > 1 {
+        args.extend([
+            "--workers".into(),
+            config.workers.to_string(),
+            "--coordinator".into(),
+            // Pod 0's hostname under the headless Service (the Job's pods
+            // get hostname NAME-INDEX and the Service as subdomain).
+            format!("{}-0.{}:{}", config.name, config.name, config.port),
+            "--coordinator-listen".into(),
+            format!("0.0.0.0:{}", config.port),
+        ]);
+    }
     if let Some(policy) = &config.policy {
         args.extend(["--policy".into(), policy.policy_arg()]);
     }
@@ -555,6 +569,8 @@ mod tests {
             cpu: Some("2".into()),
             memory: Some("2Gi".into()),
             results_claim: None,
+            results_subdir: None,
+            drain_grace_s: None,
         }
     }
 
@@ -668,7 +684,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_names_and_single_workers_are_refused() {
+    fn bad_names_and_no_workers_are_refused() {
         let bad = RenderConfig {
             name: "Sweep_1".into(),
             ..config()
@@ -679,13 +695,47 @@ mod tests {
                 .to_string()
                 .contains("not a valid Kubernetes name")
         );
-        let one = RenderConfig {
-            workers: 1,
+        let none = RenderConfig {
+            workers: 0,
             ..config()
         };
-        let err = render(&one).unwrap_err();
-        assert!(matches!(err, RenderError::TooFewWorkers(1)));
+        let err = render(&none).unwrap_err();
+        assert!(matches!(err, RenderError::TooFewWorkers(0)));
         // The library speaks of values; the command line adds its flags.
         assert!(!err.to_string().contains("nyann-bench"), "{err}");
+    }
+
+    /// One worker (a run service's run): one pod running plain `generate`
+    /// into the run's own directory, drained for as long as asked.
+    #[test]
+    fn one_worker_runs_plain_generate_in_its_directory() {
+        let one = RenderConfig {
+            workers: 1,
+            results_subdir: Some("runs/r-1".into()),
+            drain_grace_s: Some(120),
+            ..config()
+        };
+        let job = render(&one).unwrap().job;
+        let spec = job.spec.unwrap();
+        assert_eq!(spec.completions, Some(1));
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.termination_grace_period_seconds, Some(120));
+        let args = pod.containers[0].args.clone().unwrap();
+        assert_eq!(
+            args[..5],
+            [
+                "generate",
+                "--config",
+                "/etc/nyann-bench/scenario.json",
+                "--output-dir",
+                "/results/runs/r-1"
+            ]
+        );
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with("--worker") || a.starts_with("--coordinator")),
+            "{args:?}"
+        );
     }
 }

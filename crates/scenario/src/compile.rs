@@ -63,16 +63,33 @@ fn dialect() -> Dialect {
     }
 }
 
+/// What one evaluation may take, where callers differ: every command
+/// compiles with the default; the run service plans others' scenarios with
+/// a far smaller step budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Loop iterations plus function calls (counted per 1000).
+    pub max_steps: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_steps: MAX_STEPS_EVALUATED,
+        }
+    }
+}
+
 /// Compiles the Starlark `source` of `file` to the scenario IR, on a thread
 /// of its own with a large stack (see [`COMPILE_STACK_BYTES`]).
-pub(crate) fn compile(file: &str, source: &str) -> Result<Scenario, ScenarioError> {
+pub(crate) fn compile(file: &str, source: &str, limits: Limits) -> Result<Scenario, ScenarioError> {
     let failed =
         |message: String| ScenarioError::Invalid(vec![Diagnostic::unlocated(file, message)]);
     std::thread::scope(|scope| {
         let worker = std::thread::Builder::new()
             .name("scenario-compile".into())
             .stack_size(COMPILE_STACK_BYTES)
-            .spawn_scoped(scope, || compile_here(file, source))
+            .spawn_scoped(scope, || compile_here(file, source, limits))
             .map_err(|e| failed(format!("cannot start the scenario compiler thread: {e}")))?;
         worker.join().map_err(|panic| {
             failed(format!(
@@ -91,7 +108,7 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
-fn compile_here(file: &str, source: &str) -> Result<Scenario, ScenarioError> {
+fn compile_here(file: &str, source: &str, limits: Limits) -> Result<Scenario, ScenarioError> {
     if source.len() > MAX_SOURCE_BYTES {
         return Err(ScenarioError::Invalid(vec![Diagnostic::unlocated(
             file,
@@ -141,7 +158,7 @@ fn compile_here(file: &str, source: &str) -> Result<Scenario, ScenarioError> {
             eval.set_check_cancelled(Box::new(move || {
                 let n = checks.get() + 1;
                 checks.set(n);
-                let exceeded = if n * STEPS_PER_CHECK > MAX_STEPS_EVALUATED {
+                let exceeded = if n * STEPS_PER_CHECK > limits.max_steps {
                     Some(Budget::Steps)
                 } else if started.elapsed() > MAX_EVAL_TIME {
                     Some(Budget::Time)
@@ -182,7 +199,7 @@ fn compile_here(file: &str, source: &str) -> Result<Scenario, ScenarioError> {
         }
     };
     if let Err(e) = result {
-        let mut found = diagnostics_of(file, &e, &state);
+        let mut found = diagnostics_of(file, &e, &state, limits);
         if state.budget_exceeded.get().is_some() {
             for d in &mut found {
                 locate_at_last_statement(d, &codemap, last_statement.get());
@@ -296,16 +313,35 @@ fn refused_syntax(file: &str, ast: &AstModule) -> Vec<Diagnostic> {
     out
 }
 
+/// `100,000`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn to_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The diagnostics of a failed evaluation.
-fn diagnostics_of(file: &str, e: &starlark::Error, state: &State) -> Vec<Diagnostic> {
+fn diagnostics_of(
+    file: &str,
+    e: &starlark::Error,
+    state: &State,
+    limits: Limits,
+) -> Vec<Diagnostic> {
     if let Some(budget) = state.budget_exceeded.get() {
         let message = match budget {
             Budget::Steps => format!(
-                "evaluation exceeded its budget of {MAX_STEPS_EVALUATED} steps (loop iterations and function calls); a scenario should be a small program: look for a runaway loop"
+                "the scenario ran past its budget of {} steps (loop iterations and function calls); a scenario should be a small program: look for a runaway loop",
+                thousands(limits.max_steps)
             ),
             Budget::Memory => format!(
                 "evaluation exceeded its memory budget of {} MiB; a scenario should build small values: look for a value that keeps growing",

@@ -20,7 +20,9 @@ use std::path::Path;
 pub use nyann_model::Scenario;
 
 pub use crate::builtins::{MAX_RANGE_LEN, MAX_SEQUENCE_LEN};
-pub use crate::compile::{MAX_EVAL_TIME, MAX_NESTING, MAX_SOURCE_BYTES, MAX_STEPS_EVALUATED};
+pub use crate::compile::{
+    Limits, MAX_EVAL_TIME, MAX_NESTING, MAX_SOURCE_BYTES, MAX_STEPS_EVALUATED,
+};
 pub use crate::error::{Diagnostic, ScenarioError};
 pub use nyann_model::rules::MAX_STEPS;
 
@@ -34,12 +36,17 @@ pub fn load_file(path: &Path) -> Result<Scenario, ScenarioError> {
 
 /// [`load_file`], also returning the text it read (to save with the results).
 pub fn load_file_with_source(path: &Path) -> Result<(Scenario, String), ScenarioError> {
+    load_file_within(path, Limits::default())
+}
+
+/// [`load_file_with_source`] within `limits` (a Starlark file's evaluation).
+pub fn load_file_within(path: &Path, limits: Limits) -> Result<(Scenario, String), ScenarioError> {
     let name = path.display().to_string();
     let source = source::read(path, &name)?;
     let mut scenario = if path.extension().and_then(|e| e.to_str()) == Some("json") {
         parse_ir(&name, &source)
     } else {
-        compile_str(&name, &source)
+        compile::compile(&name, &source, limits)
     }?;
     if let Some(dir) = path.parent() {
         datasets_from(&mut scenario, dir);
@@ -69,7 +76,16 @@ fn datasets_from(scenario: &mut Scenario, dir: &Path) {
 /// Compiles Starlark `source` (named `file_name` in error messages and in the
 /// IR's source locations) to a validated scenario.
 pub fn compile_str(file_name: &str, source: &str) -> Result<Scenario, ScenarioError> {
-    compile::compile(file_name, source)
+    compile_str_within(file_name, source, Limits::default())
+}
+
+/// [`compile_str`] within `limits`.
+pub fn compile_str_within(
+    file_name: &str,
+    source: &str,
+    limits: Limits,
+) -> Result<Scenario, ScenarioError> {
+    compile::compile(file_name, source, limits)
 }
 
 /// Parses the IR as JSON (strict) and validates it. `file_name` names the

@@ -3,7 +3,7 @@
 //! memory. No timing is asserted (the budgets themselves are in the message).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use nyann_scenario::{Diagnostic, compile_str};
+use nyann_scenario::{Diagnostic, Limits, compile_str, compile_str_within};
 
 fn only_error(src: &str) -> Diagnostic {
     let err = compile_str("t.star", src).unwrap_err();
@@ -17,7 +17,8 @@ fn only_error(src: &str) -> Diagnostic {
 /// stops the program; any of them is the budget message.
 fn assert_budget(d: &Diagnostic) {
     assert!(
-        d.message.starts_with("evaluation exceeded its")
+        (d.message.starts_with("evaluation exceeded its")
+            || d.message.starts_with("the scenario ran past its"))
             && d.message.contains("budget")
             && d.message.contains("a scenario should"),
         "{d}"
@@ -45,6 +46,23 @@ fn runaway_pass_loop_hits_the_budget() {
         only_error("x = 1\nfor i in range(1000000):\n    for j in range(1000000):\n        pass\n");
     assert_budget(&d);
     assert!(matches!(d.line, Some(2..=4)), "{d}");
+}
+
+/// A caller's smaller step budget (the run service's) stops what the
+/// default allows, and says its own figure.
+#[test]
+fn a_smaller_step_budget_is_kept_and_named() {
+    let src = "n = 0\nfor i in range(300000):\n    pass\nscenario(workload=workload(\"faker\"), stages=[stage(\"1s\", concurrency=1)])\n";
+    compile_str("t.star", src).unwrap();
+    let limits = Limits { max_steps: 100_000 };
+    let err = compile_str_within("t.star", src, limits).unwrap_err();
+    let d = &err.diagnostics()[0];
+    assert!(
+        d.message
+            .starts_with("the scenario ran past its budget of 100,000 steps (loop iterations"),
+        "{d}"
+    );
+    assert!(matches!(d.line, Some(2..=3)), "{d}");
 }
 
 #[test]

@@ -19,13 +19,19 @@ pub struct Job<'a> {
 
 /// Builds the child processes' commands.
 pub trait Launcher: Send + Sync + 'static {
-    /// A command that compiles the Starlark file `scenario`, checks its
+    /// A command that compiles the Starlark file `scenario` within
+    /// `max_steps` loop iterations and function calls, checks its
     /// `until_congested` parameters against `policy`, and prints the IR as
     /// JSON on stdout (exit 0), or its errors on stderr (exit non-zero).
-    fn compile(&self, scenario: &Path, policy: &str) -> tokio::process::Command;
+    fn compile(&self, scenario: &Path, policy: &str, max_steps: u64) -> tokio::process::Command;
 
     /// A command that runs `job` and writes an ordinary run directory. It
     /// must drain on SIGINT, keeping every completed record, and exit 0
     /// when the run completed or stopped on congestion.
     fn run(&self, job: Job<'_>) -> tokio::process::Command;
+
+    /// The `generate` flags that aim a run at `target` (its URL, model and
+    /// signal source), for the pods of the Kubernetes backend, whose
+    /// manifests set the scenario, output and policy themselves.
+    fn target_flags(&self, target: &Target) -> Vec<String>;
 }

@@ -6,9 +6,11 @@
 //! run's state in SQLite across restarts.
 //!
 //! - [`targets`]: the operator's targets file, validated at start.
-//! - [`plan`]: a scenario compiled and checked against its target.
+//! - [`plan`]: a scenario compiled and checked against its target;
+//!   [`preflight`] its signal source asked whether it can judge.
 //! - [`store`]: the runs' state.
-//! - [`service`]: the domain core and its scheduler; [`local`] its backend.
+//! - [`service`]: the domain core and its scheduler; its backends:
+//!   [`local`] (child processes) and [`kubernetes`] (Jobs in a cluster).
 //! - [`auth`]: bearer tokens with scopes.
 //! - [`http`]: the JSON API and the web page over the core; [`mcp`] the
 //!   MCP tools, mounted among its routes; [`report`] a run's report in
@@ -20,15 +22,18 @@
 
 pub mod auth;
 pub mod http;
+pub mod kubernetes;
 pub mod launcher;
 pub mod local;
 pub mod mcp;
 pub mod plan;
+pub mod preflight;
 pub mod report;
 pub mod service;
 pub mod store;
 pub mod targets;
 
+pub use kubernetes::ClusterSettings;
 pub use launcher::{Job, Launcher};
 pub use service::{Config, Service};
 pub use targets::{Target, Targets};

@@ -170,7 +170,7 @@ pub struct ArtifactLink {
 fn refused(err: ServiceError) -> String {
     let internal = match &err {
         ServiceError::Plan(plan) => plan.is_internal(),
-        ServiceError::Store(_) | ServiceError::Io(_) => true,
+        ServiceError::Store(_) | ServiceError::Io(_) | ServiceError::Cluster(_) => true,
         _ => false,
     };
     if internal {

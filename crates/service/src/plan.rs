@@ -1,6 +1,6 @@
 //! Plan: a client's scenario compiled in a bounded child process and
-//! checked against its target's bounds and signal source, before anything
-//! is queued. The answer is the effective plan: the stages, how long the
+//! checked against its target's bounds and signal source (whose preflight
+//! runs now when a stage stops on congestion), before anything is queued. The answer is the effective plan: the stages, how long the
 //! run may last, what a stop on congestion could save.
 
 use std::path::Path;
@@ -18,6 +18,10 @@ use crate::targets::{Target, Targets};
 const SCENARIO_FILE: &str = "scenario.star";
 /// The largest scenario source accepted.
 pub const MAX_SOURCE_BYTES: usize = 64 * 1024;
+/// Loop iterations and function calls the compile may take: a plan is a
+/// small program (real scenarios take a few thousand), and a service
+/// compiles others' programs.
+pub const MAX_STEPS: u64 = 100_000;
 /// How long the compile may take before its process is killed.
 pub const COMPILE_TIME: Duration = Duration::from_secs(3);
 /// The most IR the compile may print (128 stages take far less).
@@ -103,6 +107,12 @@ pub enum PlanError {
     Scenario(String),
     #[error("the scenario breaks target {target:?}'s bounds:\n{}", .errors.join("\n"))]
     Bounds { target: String, errors: Vec<String> },
+    #[error(
+        "target {target:?}'s signal source fails its preflight, so until_congested could not judge a stage: {reason}\nask the operator to fix the target's signals in the targets file"
+    )]
+    Signals { target: String, reason: String },
+    #[error("the cluster refuses the run's objects (a server-side dry run): {0}")]
+    Cluster(String),
     #[error("the compile could not run: {0}")]
     Internal(String),
 }
@@ -141,7 +151,18 @@ pub async fn plan(
         return Err(PlanError::TooLarge(request.scenario.len()));
     }
     let scenario = compile(launcher, scratch, &request.scenario, policy).await?;
-    check(target, policy, scenario)
+    let mut plan = check(target, policy, scenario)?;
+    if plan.until_congested {
+        let warnings = crate::preflight::check(&target.signals)
+            .await
+            .map_err(|reason| PlanError::Signals {
+                target: target.name.clone(),
+                reason,
+            })?;
+        plan.warnings
+            .extend(warnings.into_iter().map(|w| format!("signals: {w}")));
+    }
+    Ok(plan)
 }
 
 /// The child's compile, bounded in time and output.
@@ -165,7 +186,11 @@ async fn compile(
         "builtin" => policy.into(),
         file => std::path::absolute(file).map_err(|e| internal("cannot find the policy", e))?,
     };
-    let mut command = launcher.compile(Path::new(SCENARIO_FILE), &policy.to_string_lossy());
+    let mut command = launcher.compile(
+        Path::new(SCENARIO_FILE),
+        &policy.to_string_lossy(),
+        MAX_STEPS,
+    );
     command
         .current_dir(dir.path())
         .stdin(Stdio::null())

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use crate::auth::{Caller, Denied, Scope};
+use crate::kubernetes::{Cluster, ClusterSettings, JobEnd, RunObjects};
 use crate::launcher::{Job, Launcher};
 use crate::local;
 use crate::plan::{Plan, PlanError, PlanRequest};
@@ -37,6 +38,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Runs at once over all targets.
     pub max_running: usize,
+    /// Runs as Jobs in this cluster; none: as child processes here.
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// A run as clients see it.
@@ -76,6 +79,8 @@ pub enum ServiceError {
     Finished { id: String, status: Status },
     #[error("{0}")]
     Io(String),
+    #[error("{0}")]
+    Cluster(String),
 }
 
 pub struct Service {
@@ -83,6 +88,8 @@ pub struct Service {
     targets: Targets,
     launcher: Arc<dyn Launcher>,
     store: Store,
+    /// The Kubernetes backend's API server; none: the local backend.
+    cluster: Option<Cluster>,
     wake: Notify,
     /// Set by [`Service::shutdown`]: no run starts any more.
     stopping: AtomicBool,
@@ -104,12 +111,34 @@ impl Service {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| ServiceError::Io(format!("cannot create {}: {e}", dir.display())))?;
         }
+        let cluster = match &config.cluster {
+            Some(settings) => Some(
+                Cluster::connect(settings.clone())
+                    .await
+                    .map_err(ServiceError::Cluster)?,
+            ),
+            None => {
+                let fleets: Vec<String> = targets
+                    .iter()
+                    .filter(|t| t.workers > 1)
+                    .map(|t| format!("target {:?} takes {} workers", t.name, t.workers))
+                    .collect();
+                if !fleets.is_empty() {
+                    return Err(ServiceError::Cluster(format!(
+                        "{}: runs of several workers need the Kubernetes backend (the local one runs one process per run)",
+                        fleets.join(", ")
+                    )));
+                }
+                None
+            }
+        };
         let store = Store::open(&config.data_dir.join("runs.db"))?;
         let service = Arc::new(Service {
             config,
             targets,
             launcher,
             store,
+            cluster,
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
         });
@@ -133,6 +162,7 @@ impl Service {
                 bounds: t.bounds,
                 policies: t.policies.clone(),
                 signals: t.signals.is_configured(),
+                workers: t.workers,
             })
             .collect()
     }
@@ -164,9 +194,26 @@ impl Service {
         self.cancel(id, &caller.name).await
     }
 
+    /// Plans `request`; under the Kubernetes backend the run's objects are
+    /// also checked by the API server (a server-side dry run).
     pub async fn plan(&self, request: &PlanRequest) -> Result<Plan, PlanError> {
         let scratch = self.config.data_dir.join("plans");
-        crate::plan::plan(&self.targets, &*self.launcher, &scratch, request).await
+        let plan = crate::plan::plan(&self.targets, &*self.launcher, &scratch, request).await?;
+        if let (Some(cluster), Some(target)) = (&self.cluster, self.targets.get(&plan.target)) {
+            let checked = cluster.render(&RunObjects {
+                run_id: &run_id(request),
+                target,
+                scenario: &plan.scenario,
+                policy: &plan.policy,
+                target_flags: self.launcher.target_flags(target),
+            });
+            match checked {
+                Ok(objects) => cluster.dry_run(&objects).await,
+                Err(e) => Err(e),
+            }
+            .map_err(PlanError::Cluster)?;
+        }
+        Ok(plan)
     }
 
     /// Plans `request` again and queues it; the same request gives the same
@@ -248,9 +295,16 @@ impl Service {
             // Running (it may have started just now): interrupt its process.
             if let Some(row) = self.store.get(id)?
                 && row.status == Status::Running
-                && let Some(pid) = row.pid
             {
-                local::interrupt(pid);
+                match (row.pid, &self.cluster) {
+                    (Some(pid), _) => {
+                        local::interrupt(pid);
+                    }
+                    (None, Some(cluster)) => {
+                        cluster.interrupt(id).await.map_err(ServiceError::Cluster)?;
+                    }
+                    (None, None) => {}
+                }
             }
             let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
             while !self.row(id)?.status.is_final() && tokio::time::Instant::now() < deadline {
@@ -333,7 +387,8 @@ impl Service {
     /// Runs marked running by a service that is gone: a process that died
     /// reads `interrupted` now; one still alive (an orphan of a killed
     /// service) is interrupted, given its drain, then reads `interrupted`.
-    /// Its target counts as busy until then.
+    /// Its target counts as busy until then. A Job in the cluster is
+    /// watched again.
     fn recover(self: &Arc<Self>) -> Result<(), ServiceError> {
         for run in self.store.with_status(Status::Running)? {
             let dir = PathBuf::from(&run.dir);
@@ -352,6 +407,10 @@ impl Service {
                         let message = "the service stopped while this run ran: it was interrupted when the service came back, its completed records are kept";
                         service.mark(&run.id, Status::Interrupted, None, Some(message));
                     });
+                }
+                None if self.cluster.is_some() => {
+                    // A Job runs on without the service: watch it again.
+                    self.watch(run.id.clone(), dir, None);
                 }
                 _ => {
                     let message = "the run's process ended while the service was down: its completed records are kept";
@@ -384,9 +443,9 @@ impl Service {
         }
     }
 
-    /// Starts nothing more, interrupts the running runs and waits (up to
-    /// [`CANCEL_WAIT`]) for their drains; they read `interrupted`, queued
-    /// runs stay queued for the next start.
+    /// Starts nothing more, interrupts the running processes and waits (up
+    /// to [`CANCEL_WAIT`]) for their drains; they read `interrupted`, queued
+    /// runs stay queued for the next start. Jobs in the cluster run on.
     pub async fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let running = self.store.with_status(Status::Running).unwrap_or_default();
@@ -398,7 +457,7 @@ impl Service {
             && self
                 .store
                 .with_status(Status::Running)
-                .is_ok_and(|running| !running.is_empty())
+                .is_ok_and(|running| running.iter().any(|run| run.pid.is_some()))
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -460,6 +519,29 @@ impl Service {
                 dir.display()
             ));
         }
+        if let Some(cluster) = &self.cluster {
+            let objects = cluster.render(&RunObjects {
+                run_id: &run.id,
+                target,
+                scenario: &plan.scenario,
+                policy: &run.policy,
+                target_flags: self.launcher.target_flags(target),
+            });
+            let objects = match objects {
+                Ok(objects) => objects,
+                Err(e) => return failed(format!("its objects cannot be rendered: {e}")),
+            };
+            self.store.started(&run.id, None)?;
+            tracing::info!(
+                "run {} started on target {} (Job {} in namespace {})",
+                run.id,
+                run.target,
+                Cluster::object_name(&run.id),
+                cluster.namespace()
+            );
+            self.watch(run.id.clone(), dir, Some(objects));
+            return Ok(());
+        }
         let job = Job {
             target,
             scenario: &scenario,
@@ -470,7 +552,7 @@ impl Service {
             Ok(started) => started,
             Err(e) => return failed(format!("cannot start its process: {e}")),
         };
-        self.store.started(&run.id, started.pid)?;
+        self.store.started(&run.id, Some(started.pid))?;
         tracing::info!(
             "run {} started on target {} (pid {})",
             run.id,
@@ -486,36 +568,72 @@ impl Service {
         Ok(())
     }
 
-    /// The child exited: its status from its exit code and summary.
-    fn ended(&self, id: &str, dir: &Path, status: std::io::Result<std::process::ExitStatus>) {
-        let canceled = self
-            .store
+    /// Creates the run's objects (when given: a new run) and watches its
+    /// Job until it ends; then its logs are kept, its objects deleted, and
+    /// its status read from the Job's end and the run's summary.
+    fn watch(self: &Arc<Self>, id: String, dir: PathBuf, create: Option<nyann_kube::Manifests>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let service = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Some(objects) = create
+                && let Err(e) = cluster.create(&objects).await
+            {
+                let message = format!("the cluster refused its objects: {e}");
+                tracing::warn!("run {id}: {message}");
+                cluster.clean_up(&id, &service.log_path(&id)).await;
+                service.mark(&id, Status::Failed, None, Some(&message));
+                return;
+            }
+            let end = cluster.wait(&id).await;
+            cluster.clean_up(&id, &service.log_path(&id)).await;
+            let canceled = service.is_canceled(&id);
+            let (status, message) = match end {
+                JobEnd::Complete => (outcome_of(&dir), None),
+                JobEnd::Gone | JobEnd::Failed(_) if canceled => (Status::Canceled, None),
+                JobEnd::Failed(why) => (
+                    Status::Failed,
+                    Some(format!("its Job failed ({why}): see the artifact {LOG}")),
+                ),
+                JobEnd::Gone => (
+                    Status::Failed,
+                    Some("its Job was deleted outside the service".to_string()),
+                ),
+            };
+            tracing::info!("run {id} {}", status.as_str());
+            service.mark(&id, status, None, message.as_deref());
+        });
+    }
+
+    fn is_canceled(&self, id: &str) -> bool {
+        self.store
             .get(id)
             .ok()
             .flatten()
-            .is_some_and(|r| r.canceled_by.is_some());
+            .is_some_and(|r| r.canceled_by.is_some())
+    }
+
+    /// The child exited: its status from its exit code and summary.
+    fn ended(&self, id: &str, dir: &Path, status: std::io::Result<std::process::ExitStatus>) {
+        let canceled = self.is_canceled(id);
         let code = status.as_ref().ok().and_then(|s| s.code());
-        let outcome = std::fs::read_to_string(dir.join(nyann_results::SUMMARY))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|s| s["outcome"]["kind"].as_str().map(str::to_owned));
-        let (status, message) = match (code, outcome.as_deref()) {
-            (Some(0), Some("stopped")) => (Status::Stopped, None),
-            (Some(0), _) => (Status::Completed, None),
-            (Some(3), _) => (
+        let (status, message) = match code {
+            Some(0) => (outcome_of(dir), None),
+            Some(3) => (
                 Status::Completed,
                 Some("degraded: see the summary's conclusion".to_string()),
             ),
-            (Some(130), _) if canceled => (Status::Canceled, None),
-            (Some(130), _) => (
+            Some(130) if canceled => (Status::Canceled, None),
+            Some(130) => (
                 Status::Interrupted,
                 Some(
                     "the service shut down while it ran: its completed records are kept"
                         .to_string(),
                 ),
             ),
-            (_, _) if canceled && code.is_none() => (Status::Canceled, None),
-            (code, _) => (
+            None if canceled => (Status::Canceled, None),
+            code => (
                 Status::Failed,
                 Some(format!(
                     "the run's process exited with {}: see the artifact {LOG}",
@@ -525,6 +643,19 @@ impl Service {
         };
         tracing::info!("run {id} {}", status.as_str());
         self.mark(id, status, code, message.as_deref());
+    }
+}
+
+/// A run that ended well: `stopped` when its summary says it stopped on
+/// congestion, else `completed`.
+fn outcome_of(dir: &Path) -> Status {
+    let kind = std::fs::read_to_string(dir.join(nyann_results::SUMMARY))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|s| s["outcome"]["kind"].as_str().map(str::to_owned));
+    match kind.as_deref() {
+        Some("stopped") => Status::Stopped,
+        _ => Status::Completed,
     }
 }
 
@@ -543,6 +674,8 @@ pub struct TargetView {
     pub policies: Vec<String>,
     /// Whether it has a signal source: `until_congested` needs one.
     pub signals: bool,
+    /// Pods a run on it takes (under the Kubernetes backend).
+    pub workers: usize,
 }
 
 /// A file of a run a client may fetch.

@@ -198,8 +198,9 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// `queued` to `running` with the child's pid.
-    pub fn started(&self, id: &str, pid: u32) -> Result<(), StoreError> {
+    /// `queued` to `running`, with the child's pid when it is a local
+    /// process (none: a Job in the cluster).
+    pub fn started(&self, id: &str, pid: Option<u32>) -> Result<(), StoreError> {
         self.db().execute(
             "UPDATE runs SET status = 'running', pid = ?2, started_ms = ?3 WHERE id = ?1",
             params![id, pid, now_ms()],
@@ -302,7 +303,7 @@ mod tests {
         store.insert(&new).unwrap();
         assert!(store.insert(&new).is_err(), "ids are unique");
         assert_eq!(store.with_status(Status::Queued).unwrap().len(), 1);
-        store.started("r1", 42).unwrap();
+        store.started("r1", Some(42)).unwrap();
         assert!(store.cancel_requested("r1", "alice").unwrap());
         assert!(!store.cancel_queued("r1").unwrap(), "it is running");
         store

@@ -24,7 +24,13 @@ pub struct Target {
     /// The congestion policies a client may name: `builtin`, or component
     /// files on the service's machine.
     pub policies: Vec<String>,
+    /// Pods a run on it takes under the Kubernetes backend (a fleet when
+    /// more than 1); the local backend runs one process.
+    pub workers: usize,
 }
+
+/// The most pods one run may take.
+pub const MAX_WORKERS: usize = 64;
 
 /// Where a target's server signals come from (what `until_congested` needs).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -98,6 +104,12 @@ struct Entry {
     bounds: Bounds,
     #[serde(default)]
     policies: Option<Vec<String>>,
+    #[serde(default = "one")]
+    workers: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The targets file could not be used; each message names the file and the
@@ -226,7 +238,14 @@ impl Targets {
                     );
                 }
             }
+            if entry.workers == 0 || entry.workers > MAX_WORKERS {
+                error(
+                    "workers",
+                    format!("{} must be between 1 and {MAX_WORKERS}", entry.workers),
+                );
+            }
             let target = Target {
+                workers: entry.workers,
                 name: name.clone(),
                 url: entry.url,
                 model: entry.model,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use nyann_kube::{PolicyDelivery, RenderConfig, RenderError};
+use nyann_kube::{PolicyDelivery, RenderConfig};
 use nyann_oci::OciReference;
 
 #[derive(Debug, clap::Subcommand)]
@@ -111,6 +111,13 @@ fn delivery(policy: &str, how: Delivery) -> anyhow::Result<PolicyDelivery> {
 
 pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let Command::Render(args) = command;
+    if args.workers < 2 {
+        bail!(
+            "--workers {n}: a scale-out run needs at least 2 workers, not {n} (one process needs \
+             no Kubernetes Job): run `nyann-bench generate` instead",
+            n = args.workers
+        );
+    }
     let scenario = nyann_scenario::load_file(&args.config)?;
     let policy = match &args.policy {
         Some(policy) => Some(delivery(policy, args.policy_delivery)?),
@@ -132,12 +139,8 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         cpu: args.cpu,
         memory: args.memory,
         results_claim: args.results_claim,
-    })
-    .map_err(|err| match err {
-        RenderError::TooFewWorkers(n) => {
-            anyhow::anyhow!("--workers {n}: {err}: run `nyann-bench generate` instead")
-        }
-        err => err.into(),
+        results_subdir: None,
+        drain_grace_s: None,
     })?;
     // Every pod runs this command: it must parse as `generate` does.
     let command = manifests

@@ -27,6 +27,11 @@ pub struct Args {
     #[arg(long, value_name = "FILE|builtin", default_value = nyann_policy_host::BUILTIN)]
     pub policy: String,
 
+    /// The most loop iterations and function calls a Starlark file's
+    /// evaluation may take (the run service plans with 100,000).
+    #[arg(long, value_name = "N", default_value_t = nyann_scenario::MAX_STEPS_EVALUATED, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub max_steps: u64,
+
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 
@@ -35,8 +40,11 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let scenario = match nyann_scenario::load_file(&args.file) {
-        Ok(scenario) => scenario,
+    let limits = nyann_scenario::Limits {
+        max_steps: args.max_steps,
+    };
+    let scenario = match nyann_scenario::load_file_within(&args.file, limits) {
+        Ok((scenario, _)) => scenario,
         Err(e) => {
             eprintln!("{e}");
             return Ok(ExitCode::FAILURE);

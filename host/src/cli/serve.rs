@@ -11,7 +11,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use nyann_service::auth::Tokens;
 use nyann_service::http::{self, App};
-use nyann_service::{Config, Job, Launcher, Service, Targets};
+use nyann_service::service::ServiceError;
+use nyann_service::{ClusterSettings, Config, Job, Launcher, Service, Target, Targets};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -50,6 +51,34 @@ pub struct Args {
     /// Service's DNS name). Repeatable.
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
+
+    /// Where runs execute: `local`, each a child process on this machine;
+    /// `kubernetes`, each a Job in the cluster the service runs in (or
+    /// KUBECONFIG names), writing its results on --kube-results-claim,
+    /// which must hold --data-dir. See docs/service.md.
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+
+    /// The namespace of the runs' Jobs [default: the service's own, or
+    /// the kubeconfig's].
+    #[arg(long, value_name = "NS")]
+    pub kube_namespace: Option<String>,
+
+    /// The image of the runs' pods (with this binary; see the Containerfile).
+    #[arg(long, value_name = "IMAGE", required_if_eq("backend", "kubernetes"))]
+    pub kube_image: Option<String>,
+
+    /// The PersistentVolumeClaim (ReadWriteMany) that --data-dir is on: the
+    /// runs' pods mount it and write their run directories under `runs/`.
+    #[arg(long, value_name = "CLAIM", required_if_eq("backend", "kubernetes"))]
+    pub kube_results_claim: Option<String>,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Local,
+    Kubernetes,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -62,17 +91,33 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::anyhow!("the tokens file (--tokens: the clients' token digests) is not valid:\n{e}")
     })?;
     let exe = std::env::current_exe().context("cannot find this binary to start runs with")?;
+    let backend = args.backend;
+    let cluster = match (args.backend, args.kube_image, args.kube_results_claim) {
+        (Backend::Kubernetes, Some(image), Some(results_claim)) => Some(ClusterSettings {
+            namespace: args.kube_namespace,
+            image,
+            results_claim,
+        }),
+        _ => None,
+    };
     let config = Config {
         data_dir: args.data_dir.clone(),
         max_running: usize::from(args.max_running),
+        cluster,
     };
     let service = Service::open(config, targets, Arc::new(ChildCommands { exe }))
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
+        .map_err(|e| match e {
+            ServiceError::Cluster(e) => {
+                let backend = clap::ValueEnum::to_possible_value(&backend)
+                    .map(|v| v.get_name().to_string())
+                    .unwrap_or_default();
+                anyhow::anyhow!("--backend {backend}: {e}")
+            }
+            e => anyhow::anyhow!(
                 "cannot open the service's data in {}: {e}",
                 args.data_dir.display()
-            )
+            ),
         })?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -120,40 +165,48 @@ struct ChildCommands {
 }
 
 impl Launcher for ChildCommands {
-    fn compile(&self, scenario: &Path, policy: &str) -> tokio::process::Command {
+    fn compile(&self, scenario: &Path, policy: &str, max_steps: u64) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(&self.exe);
         command
             .args(["--color", "never", "scenario"])
             .arg(scenario)
-            .args(["--policy", policy]);
+            .args(["--policy", policy])
+            .args(["--max-steps", &max_steps.to_string()]);
         command
     }
 
     fn run(&self, job: Job<'_>) -> tokio::process::Command {
-        let target = job.target;
         let mut command = tokio::process::Command::new(&self.exe);
         command
             .args(["--color", "never", "generate", "--config"])
             .arg(job.scenario)
             .arg("--output-dir")
             .arg(job.output_dir)
-            .args(["--target", &target.url, "--policy", job.policy]);
+            .args(["--policy", job.policy])
+            .args(self.target_flags(job.target));
+        command
+    }
+
+    fn target_flags(&self, target: &Target) -> Vec<String> {
+        let mut flags = vec!["--target".to_string(), target.url.clone()];
+        let mut flag =
+            |name: &str, value: &str| flags.extend([name.to_string(), value.to_string()]);
         if let Some(model) = &target.model {
-            command.args(["--model", model]);
+            flag("--model", model);
         }
         let signals = &target.signals;
         if let Some(url) = &signals.prometheus_url {
-            command.args(["--prometheus-url", url]);
+            flag("--prometheus-url", url);
         }
         if let Some(deploy) = &signals.deploy_name {
-            command.args(["--deploy-name", deploy]);
+            flag("--deploy-name", deploy);
         }
         for scrape in &signals.scrape {
-            command.args(["--scrape", scrape]);
+            flag("--scrape", scrape);
         }
         if let Some(server) = &signals.server {
-            command.args(["--server", server]);
+            flag("--server", server);
         }
-        command
+        flags
     }
 }

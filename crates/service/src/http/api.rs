@@ -43,8 +43,10 @@ fn service_error(err: ServiceError) -> ApiError {
         ServiceError::Finished { .. } => StatusCode::CONFLICT,
         ServiceError::Denied(_) => StatusCode::FORBIDDEN,
         ServiceError::Store(_) | ServiceError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        // The API server did not do what was asked.
+        ServiceError::Cluster(_) => StatusCode::BAD_GATEWAY,
     };
-    if status == StatusCode::INTERNAL_SERVER_ERROR {
+    if status.is_server_error() {
         tracing::error!("{err}");
     }
     error(status, &err.to_string())
