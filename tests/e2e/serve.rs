@@ -109,7 +109,10 @@ impl Setup {
             .unwrap()
             .expect("the service printed its address");
         let url = line.strip_prefix("listening on ").unwrap().to_string();
-        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        assert!(
+            url.starts_with("http://127.0.0.1:") || url.starts_with("https://127.0.0.1:"),
+            "{url}"
+        );
         Serve { child, url }
     }
 }
@@ -632,6 +635,76 @@ async fn a_bad_targets_or_tokens_file_stops_the_start_with_every_error_named() {
     let stderr = start(&targets, &tokens).await;
     assert!(
         stderr.contains("token \"ci\": sha256 must be 64 hexadecimal digits"),
+        "{stderr}"
+    );
+}
+
+/// `--tls-cert/--tls-key`: the service speaks HTTPS (a client trusting
+/// the CA gets its answers, plain HTTP gets none); a key that does not
+/// read stops the start, naming the flags.
+#[tokio::test]
+async fn the_service_speaks_tls_when_given_a_certificate() {
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let ca = nyann_testkit::PrivateCa::new().unwrap();
+    let (cert, key) = (ca.server_cert.as_path(), ca.server_key.as_path());
+    let tls = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let serve = setup.start_with(&tls, &[]).await;
+    assert!(serve.url.starts_with("https://"), "{}", serve.url);
+    let client = ca
+        .trusting_client(nyann_testkit::http_client())
+        .unwrap()
+        .build()
+        .unwrap();
+    let targets = client
+        .get(format!("{}/api/v1/targets", serve.url))
+        .bearer_auth(READ)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(targets.status().as_u16(), 200);
+    let body: Value = targets.json().await.unwrap();
+    assert!(body.to_string().contains("\"wide\""), "{body}");
+    let plain = serve.url.replace("https://", "http://");
+    let refused = nyann_testkit::http_client()
+        .build()
+        .unwrap()
+        .get(format!("{plain}/healthz"))
+        .send()
+        .await;
+    assert!(
+        refused
+            .as_ref()
+            .map_or(true, |r| r.status().as_u16() != 200),
+        "{refused:?}"
+    );
+
+    let out = nyann_bench()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(setup.data())
+        .arg("--targets")
+        .arg(setup.dir.path().join("targets.toml"))
+        .arg("--tokens")
+        .arg(setup.dir.path().join("tokens.toml"))
+        .args([
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            cert.to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--tls-cert/--tls-key: ")
+            && stderr.contains("cannot read a PEM private key"),
         "{stderr}"
     );
 }

@@ -88,7 +88,7 @@ impl PrivateCa {
     }
 
     /// A client builder trusting the CA and presenting the client certificate.
-    pub(crate) fn trusting_client(
+    pub fn trusting_client(
         &self,
         builder: reqwest::ClientBuilder,
     ) -> Result<reqwest::ClientBuilder, TestkitError> {

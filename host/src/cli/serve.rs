@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use nyann_service::auth::Tokens;
-use nyann_service::http::{self, App};
+use nyann_service::http::{self, App, tls};
 use nyann_service::service::ServiceError;
 use nyann_service::{ClusterSettings, Config, Job, Launcher, Service, Target, Targets};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Address to listen on. The default is loopback only; give a routable
-    /// address to serve others (with TLS in front).
+    /// address to serve others (with --tls-cert, or TLS in front).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8089")]
     pub listen: SocketAddr,
 
@@ -51,6 +51,14 @@ pub struct Args {
     /// Service's DNS name). Repeatable.
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
+
+    /// Serve HTTPS with this certificate chain (PEM), with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 
     /// Where runs execute: `local`, each a child process on this machine;
     /// `kubernetes`, each a Job in the cluster the service runs in (or
@@ -119,14 +127,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 args.data_dir.display()
             ),
         })?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            tls::server_config(cert, key)
+                .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?,
+        ),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", args.listen))?;
     let local = listener.local_addr().context("the listening address")?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // The address as bound (a test gives port 0), on stdout for whoever started us.
-    println!("listening on http://{local}");
+    println!("listening on {scheme}://{local}");
     tracing::info!(
-        "serving on http://{local}, data in {}",
+        "serving on {scheme}://{local}, data in {}",
         args.data_dir.display()
     );
     let allowed_hosts = http::allowed_hosts(local, &args.allow_origins, &args.allow_hosts);
@@ -136,9 +152,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         allowed_origins: Arc::new(args.allow_origins),
         allowed_hosts: Arc::new(allowed_hosts),
     };
-    http::serve(listener, http::router(app), shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    let router = http::router(app);
+    match tls {
+        Some(config) => {
+            let listener =
+                tls::TlsListener::new(listener, config).context("the listening address")?;
+            http::serve(listener, router, shutdown_signal()).await
+        }
+        None => http::serve(listener, router, shutdown_signal()).await,
+    }
+    .context("the HTTP server failed")?;
     tracing::info!("shutting down: interrupting the running runs and waiting for their drains");
     service.shutdown().await;
     Ok(ExitCode::SUCCESS)

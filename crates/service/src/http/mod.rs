@@ -8,6 +8,7 @@
 mod api;
 mod guard;
 mod page;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -108,12 +109,17 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+/// Serves `router` on `listener` (plain TCP, or [`tls::TlsListener`])
+/// until `shutdown` completes.
+pub async fn serve<L>(
+    listener: L,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
