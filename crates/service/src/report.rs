@@ -35,6 +35,51 @@ pub struct RunReport {
     pub report_html: Option<String>,
 }
 
+/// What a run found, in a line of a list: kept with the run when it ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Brief {
+    pub stages_run: usize,
+    pub stages_skipped: usize,
+    /// The label of the stage where a sweep stopped the run.
+    pub stopped_at: Option<String>,
+    /// Per sweep, the capacity: what a search found clean, else the knee.
+    pub capacity: Vec<String>,
+    /// The HTML report's path on this service, when the run wrote one.
+    pub report_html: Option<String>,
+}
+
+impl RunReport {
+    pub fn brief(&self) -> Brief {
+        let skipped = self.stages.iter().filter(|s| s.status == "skipped").count();
+        let stopped_at = self.stopped.as_ref().map(|stop| {
+            self.stages
+                .iter()
+                .find(|s| s.index == stop.stage)
+                .map_or_else(|| format!("stage {}", stop.stage), |s| s.label.clone())
+        });
+        let capacity = self
+            .sweeps
+            .iter()
+            .filter_map(|sweep| {
+                let clean = sweep
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c["clean"]["label"].as_str());
+                clean
+                    .map(str::to_owned)
+                    .or_else(|| sweep.knee.as_ref().map(|k| k.label.clone()))
+            })
+            .collect();
+        Brief {
+            stages_run: self.stages.len() - skipped,
+            stages_skipped: skipped,
+            stopped_at,
+            capacity,
+            report_html: self.report_html.clone(),
+        }
+    }
+}
+
 /// Where a sweep stopped the run.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Stop {

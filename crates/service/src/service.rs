@@ -422,7 +422,16 @@ impl Service {
     }
 
     fn mark(&self, id: &str, status: Status, exit: Option<i32>, message: Option<&str>) {
-        if let Err(e) = self.store.finished(id, status, exit, message) {
+        let brief = self
+            .store
+            .get(id)
+            .ok()
+            .flatten()
+            .map(|row| crate::report::report(&row).brief());
+        if let Err(e) = self
+            .store
+            .finished(id, status, exit, message, brief.as_ref())
+        {
             tracing::error!(
                 "run {id}: cannot record that it is {}: {e}",
                 status.as_str()

@@ -85,6 +85,8 @@ pub struct RunRow {
     pub request: String,
     #[serde(skip)]
     pub plan: String,
+    /// What the run found, kept when it ended (a list reads no run files).
+    pub brief: Option<crate::report::Brief>,
 }
 
 /// A new run to insert.
@@ -126,13 +128,14 @@ CREATE TABLE IF NOT EXISTS runs (
     exit_code INTEGER,
     message TEXT,
     request TEXT NOT NULL,
-    plan TEXT NOT NULL
+    plan TEXT NOT NULL,
+    brief TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status, seq);
 ";
 
 const COLUMNS: &str = "id, target, label, policy, status, submitted_by, canceled_by, created_ms, \
-    started_ms, finished_ms, dir, pid, exit_code, message, request, plan";
+    started_ms, finished_ms, dir, pid, exit_code, message, request, plan, brief";
 
 impl Store {
     /// Opens (or creates) the database at `path`.
@@ -142,6 +145,13 @@ impl Store {
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "busy_timeout", 5000)?;
         db.execute_batch(SCHEMA)?;
+        // A database of a service from before the brief column.
+        let has_brief = db
+            .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'brief'")?
+            .exists([])?;
+        if !has_brief {
+            db.execute_batch("ALTER TABLE runs ADD COLUMN brief TEXT")?;
+        }
         Ok(Store { db: Mutex::new(db) })
     }
 
@@ -208,17 +218,19 @@ impl Store {
         Ok(())
     }
 
-    /// The run is over, with `status`.
+    /// The run is over, with `status` and what it found.
     pub fn finished(
         &self,
         id: &str,
         status: Status,
         exit_code: Option<i32>,
         message: Option<&str>,
+        brief: Option<&crate::report::Brief>,
     ) -> Result<(), StoreError> {
+        let brief = brief.and_then(|b| serde_json::to_string(b).ok());
         self.db().execute(
-            "UPDATE runs SET status = ?2, exit_code = ?3, message = ?4, finished_ms = ?5 WHERE id = ?1",
-            params![id, status.as_str(), exit_code, message, now_ms()],
+            "UPDATE runs SET status = ?2, exit_code = ?3, message = ?4, finished_ms = ?5, brief = ?6 WHERE id = ?1",
+            params![id, status.as_str(), exit_code, message, now_ms(), brief],
         )?;
         Ok(())
     }
@@ -270,6 +282,9 @@ fn row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         message: row.get(13)?,
         request: row.get(14)?,
         plan: row.get(15)?,
+        brief: row
+            .get::<_, Option<String>>(16)?
+            .and_then(|text| serde_json::from_str(&text).ok()),
     })
 }
 
@@ -307,7 +322,7 @@ mod tests {
         assert!(store.cancel_requested("r1", "alice").unwrap());
         assert!(!store.cancel_queued("r1").unwrap(), "it is running");
         store
-            .finished("r1", Status::Canceled, Some(130), None)
+            .finished("r1", Status::Canceled, Some(130), None, None)
             .unwrap();
         assert!(!store.cancel_requested("r1", "bob").unwrap(), "it is over");
         drop(store);
@@ -317,5 +332,36 @@ mod tests {
         assert_eq!(run.canceled_by.as_deref(), Some("alice"));
         assert_eq!(run.pid, Some(42));
         assert!(store.get("r2").unwrap().is_none());
+    }
+
+    /// A database written before runs kept their brief opens, its runs
+    /// without one; a brief given at the end is read back.
+    #[test]
+    fn an_older_database_gains_the_brief_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let old = SCHEMA.replace(",\n    brief TEXT", "");
+        assert_ne!(old, SCHEMA);
+        let db = Connection::open(&path).unwrap();
+        db.execute_batch(&old).unwrap();
+        db.execute_batch(
+            "INSERT INTO runs (id, target, policy, status, submitted_by, created_ms, dir, request, plan)
+             VALUES ('r0', 'sim', 'builtin', 'completed', 'ci', 1, '/tmp/r0', '{}', '{}')",
+        )
+        .unwrap();
+        drop(db);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get("r0").unwrap().unwrap().brief, None);
+        let brief = crate::report::Brief {
+            stages_run: 3,
+            stages_skipped: 1,
+            stopped_at: Some("#2 c=16".into()),
+            capacity: vec!["#1 c=8".into()],
+            report_html: None,
+        };
+        store
+            .finished("r0", Status::Stopped, Some(0), None, Some(&brief))
+            .unwrap();
+        assert_eq!(store.get("r0").unwrap().unwrap().brief, Some(brief));
     }
 }

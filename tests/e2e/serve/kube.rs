@@ -417,6 +417,12 @@ async fn runs_are_jobs_planned_by_dry_run_watched_across_restarts_and_canceled()
         "{}",
         log.body
     );
+    // A list says what it found without reading its files.
+    let listed = serve.call("GET", "/api/v1/runs", Some(READ), None).await;
+    let brief = &listed.body["runs"][0]["brief"];
+    assert_eq!(brief["stopped_at"], "#2 c=16", "{brief}");
+    assert_eq!(brief["capacity"], json!(["#1 c=8"]), "{brief}");
+    assert_eq!(brief["stages_skipped"], 1, "{brief}");
     // Its objects are deleted once it ended.
     assert!(cluster.lock().unwrap().objects.is_empty());
 
