@@ -14,7 +14,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::support::{
-    policy_wasm, scrape_flags, serial, simulator, sweep, validate_against_schema,
+    kubernetes_validate, policy_wasm, scrape_flags, serial, simulator, sweep,
+    validate_against_schema,
 };
 use crate::sweep::STOPS_AT_16;
 
@@ -815,65 +816,7 @@ async fn kube_render_carries_the_scenario_and_validates() {
         "{stderr}"
     );
 
-    // `python3 -m kubernetes_validate` needs no shim on PATH (pyenv makes
-    // one only on a rehash); $KUBERNETES_VALIDATE names another program.
-    let (program, first): (String, &[&str]) = match std::env::var("KUBERNETES_VALIDATE") {
-        Ok(program) => (program, &[]),
-        Err(_) => ("python3".into(), &["-m", "kubernetes_validate"]),
-    };
-    let mut files = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let file = dir.path().join(format!("item{i}.json"));
-        std::fs::write(&file, item.to_string()).unwrap();
-        files.push(file);
-    }
-    let yaml_file = dir.path().join("all.yaml");
-    std::fs::write(&yaml_file, &yaml_text).unwrap();
-    files.push(yaml_file.clone());
-    let checked = std::process::Command::new(&program)
-        .args(first)
-        .arg("--strict")
-        .args(&files)
-        .output();
-    let installed = checked.as_ref().is_ok_and(|o| {
-        !String::from_utf8_lossy(&o.stderr).contains("No module named kubernetes_validate")
-    });
-    match checked {
-        Ok(checked) if installed => {
-            let said = format!(
-                "{}{}",
-                String::from_utf8_lossy(&checked.stdout),
-                String::from_utf8_lossy(&checked.stderr)
-            );
-            assert!(checked.status.success(), "{program}: {said}");
-            // One verdict per object: 3 JSON files, 3 YAML documents.
-            assert_eq!(said.matches(" passed for resource ").count(), 6, "{said}");
-            // The YAML documents read back as the JSON objects (PyYAML
-            // comes with kubernetes-validate).
-            let back = std::process::Command::new("python3")
-                .arg("-c")
-                .arg("import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))")
-                .arg(&yaml_file)
-                .output()
-                .unwrap();
-            assert!(
-                back.status.success(),
-                "{}",
-                String::from_utf8_lossy(&back.stderr)
-            );
-            let back: Value = serde_json::from_slice(&back.stdout).unwrap();
-            assert_eq!(&back, &list["items"]);
-        }
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "kubernetes-validate is not installed (CI must install it: pip install kubernetes-validate)"
-            );
-            eprintln!(
-                "kubernetes-validate is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"
-            );
-        }
-    }
+    kubernetes_validate(dir.path(), items, &yaml_text);
 }
 
 /// Every process with the same `--output-dir`, as `kube render

@@ -14,6 +14,7 @@ mod evals;
 mod failures;
 mod fleet;
 mod goodput;
+mod kube;
 mod oci;
 mod policy;
 mod polyglot;

@@ -279,3 +279,74 @@ sys.exit(0 if ok else 1)
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// Validates Kubernetes objects with `kubernetes-validate --strict` (PyPI;
+/// offline schemas, `.ci/run` installs it): `items` each in a JSON file of
+/// its own, and `yaml`, the same objects as multi-document YAML, which must
+/// also read back as `items` (PyYAML comes with kubernetes-validate). One
+/// verdict per object and form. With `CI` set the tool is required;
+/// elsewhere its absence is said and the check skipped.
+pub fn kubernetes_validate(dir: &std::path::Path, items: &[Value], yaml: &str) {
+    // `python3 -m kubernetes_validate` needs no shim on PATH (pyenv makes
+    // one only on a rehash); $KUBERNETES_VALIDATE names another program.
+    let (program, first): (String, &[&str]) = match std::env::var("KUBERNETES_VALIDATE") {
+        Ok(program) => (program, &[]),
+        Err(_) => ("python3".into(), &["-m", "kubernetes_validate"]),
+    };
+    let checked_dir = tempfile::tempdir_in(dir).unwrap();
+    let mut files = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let file = checked_dir.path().join(format!("item{i}.json"));
+        std::fs::write(&file, item.to_string()).unwrap();
+        files.push(file);
+    }
+    let yaml_file = checked_dir.path().join("all.yaml");
+    std::fs::write(&yaml_file, yaml).unwrap();
+    files.push(yaml_file.clone());
+    let checked = std::process::Command::new(&program)
+        .args(first)
+        .arg("--strict")
+        .args(&files)
+        .output();
+    let installed = checked.as_ref().is_ok_and(|o| {
+        !String::from_utf8_lossy(&o.stderr).contains("No module named kubernetes_validate")
+    });
+    match checked {
+        Ok(checked) if installed => {
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&checked.stdout),
+                String::from_utf8_lossy(&checked.stderr)
+            );
+            assert!(checked.status.success(), "{program}: {said}");
+            // One verdict per object: the JSON files, then the YAML documents.
+            assert_eq!(
+                said.matches(" passed for resource ").count(),
+                2 * items.len(),
+                "{said}"
+            );
+            let back = std::process::Command::new("python3")
+                .arg("-c")
+                .arg("import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))")
+                .arg(&yaml_file)
+                .output()
+                .unwrap();
+            assert!(
+                back.status.success(),
+                "{}",
+                String::from_utf8_lossy(&back.stderr)
+            );
+            let back: Value = serde_json::from_slice(&back.stdout).unwrap();
+            assert_eq!(back.as_array().map(Vec::as_slice), Some(items));
+        }
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "kubernetes-validate is not installed (CI must install it: pip install kubernetes-validate)"
+            );
+            eprintln!(
+                "kubernetes-validate is not installed: the manifests were not validated against the Kubernetes schemas (pip install kubernetes-validate)"
+            );
+        }
+    }
+}

@@ -25,8 +25,12 @@
 //! The objects print as a JSON `List` or as multi-document YAML
 //! ([`to_yaml`]), whose strings are always quoted (no YAML 1.1 surprises
 //! such as `no` or `1.0` read as something else).
+//!
+//! [`render_service`] renders the run service itself (`serve`, which
+//! starts such runs): its Deployment, access, files and network boundary.
 
 mod policy;
+mod serve;
 
 use std::collections::BTreeMap;
 
@@ -41,6 +45,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nyann_model::Scenario;
 
 pub use policy::{POLICY_DIR, POLICY_FILE, PolicyDelivery};
+pub use serve::{
+    ConfigFile, DATA_DIR, DEFAULT_RESULTS_SIZE, Field, ROLE_RULES, ResultsClaim, SERVICE_PORT,
+    ServiceConfig, ServiceManifests, TARGETS_DIR, TOKENS_DIR, render_service,
+};
 
 /// Where the ConfigMap is mounted in every pod.
 pub const CONFIG_DIR: &str = "/etc/nyann-bench";
@@ -108,6 +116,18 @@ pub enum RenderError {
         "the option --{0} is set by the rendered command itself; leave it out of the flags for every worker"
     )]
     Rendered(String),
+    /// A value of a [`ServiceConfig`] the API server would refuse.
+    #[error("{field} {value:?} is not valid: {rule}")]
+    Invalid {
+        field: Field,
+        value: String,
+        rule: &'static str,
+    },
+    /// A file too large for its ConfigMap or Secret.
+    #[error(
+        "{field} takes {bytes} bytes, more than a ConfigMap's or Secret's 1 MiB: keep fewer entries in it"
+    )]
+    FileTooLarge { field: Field, bytes: usize },
 }
 
 /// The three objects, in the order they are applied.
@@ -347,15 +367,7 @@ fn container(config: &RenderConfig) -> Container {
     }
     args.extend(config.generate_args.iter().cloned());
 
-    let quantities = [("cpu", &config.cpu), ("memory", &config.memory)]
-        .into_iter()
-        .filter_map(|(k, v)| Some((k.to_string(), Quantity(v.clone()?))))
-        .collect::<BTreeMap<_, _>>();
-    let resources = (!quantities.is_empty()).then(|| ResourceRequirements {
-        requests: Some(quantities.clone()),
-        limits: Some(quantities),
-        ..ResourceRequirements::default()
-    });
+    let resources = resources(config.cpu.as_deref(), config.memory.as_deref());
     Container {
         name: "nyann-bench".into(),
         image: Some(config.image.clone()),
@@ -392,6 +404,20 @@ fn container(config: &RenderConfig) -> Container {
         resources,
         ..Container::default()
     }
+}
+
+/// CPU and memory as requests equal to limits (a pod gets what it asks for,
+/// and no more), or none when neither is given.
+pub(crate) fn resources(cpu: Option<&str>, memory: Option<&str>) -> Option<ResourceRequirements> {
+    let quantities = [("cpu", cpu), ("memory", memory)]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), Quantity(v?.to_string()))))
+        .collect::<BTreeMap<_, _>>();
+    (!quantities.is_empty()).then(|| ResourceRequirements {
+        requests: Some(quantities.clone()),
+        limits: Some(quantities),
+        ..ResourceRequirements::default()
+    })
 }
 
 /// The scenario with the render machine's directories left out of its

@@ -155,7 +155,8 @@ pub enum Command {
     /// Serve runs to teams and agents: a JSON API and a web page over a
     /// queue of runs against operator-defined targets (docs/service.md).
     Serve(Box<serve::Args>),
-    /// Kubernetes manifests of a run by several workers.
+    /// Kubernetes manifests of a run by several workers, or of the run
+    /// service.
     #[command(subcommand)]
     Kube(kube::Command),
     /// Print a shell completion script, e.g. `nyann-bench completions bash >
