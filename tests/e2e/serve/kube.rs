@@ -482,3 +482,39 @@ async fn runs_are_jobs_planned_by_dry_run_watched_across_restarts_and_canceled()
     );
     assert_eq!(created(&cluster, "jobs", false).len(), 3);
 }
+
+/// Against a real cluster, when `NYANN_TEST_KUBECONFIG` names one (no API
+/// server can run on the project's test machines): a plan's objects are
+/// dry-run by a real API server, in `NYANN_TEST_NAMESPACE` (default
+/// `default`); nothing is created.
+#[tokio::test]
+async fn a_real_cluster_dry_runs_a_plan() {
+    let Some(kubeconfig) = std::env::var_os("NYANN_TEST_KUBECONFIG") else {
+        eprintln!("NYANN_TEST_KUBECONFIG is not set: no real cluster to dry-run a plan against");
+        return;
+    };
+    let namespace = std::env::var("NYANN_TEST_NAMESPACE").unwrap_or_else(|_| "default".into());
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let args = [
+        "--backend",
+        "kubernetes",
+        "--kube-namespace",
+        &namespace,
+        "--kube-image",
+        "example.org/nyann-bench:1",
+        "--kube-results-claim",
+        "nyann-bench-results",
+    ];
+    let env = [("KUBECONFIG", Path::new(&kubeconfig))];
+    let serve = setup.start_with(&args, &env).await;
+    let plan = serve
+        .call(
+            "POST",
+            "/api/v1/plan",
+            Some(READ),
+            Some(json!({"target": "sim", "scenario": stages(1, 1)})),
+        )
+        .await;
+    assert_eq!(plan.status, 200, "{}", plan.body);
+}
