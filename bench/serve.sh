@@ -60,7 +60,8 @@ start_serve() {
 rss_mb() { awk '/^VmRSS/{printf "%.1f", $2 / 1024}' "/proc/$SERVE_PID/status"; }
 
 # The database is created by a first start, then filled with finished runs
-# (rows as the service writes them, with no run directory behind them).
+# (rows as the service writes them, with no run directory behind them; a
+# brief each, as a stopped sweep's, when the service keeps one).
 start_serve
 stop_serve
 python3 - "$WORK/data/runs.db" "$FINISHED" <<'PY'
@@ -69,12 +70,22 @@ db, count = sys.argv[1], int(sys.argv[2])
 now = int(time.time() * 1000)
 plan = json.dumps({"stages": [{"index": i, "concurrency": 2 ** i, "duration_s": 60.0} for i in range(6)]})
 with sqlite3.connect(db) as conn:
+    # A service that keeps each run's brief (what a list shows) gets one.
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
+    brief = "brief" in columns
+    def row(i):
+        values = (f"r-bench-{i:05}", f"nightly {i}", now - i * 60000, now - i * 60000 + 1000,
+                  now - i * 60000 + 50000, f"/nonexistent/{i}", plan)
+        if brief:
+            values += (json.dumps({"stages_run": 5, "stages_skipped": 1, "stopped_at": "#4 c=16",
+                                   "capacity": ["#3 c=8"],
+                                   "report_html": f"/api/v1/runs/r-bench-{i:05}/report.html"}),)
+        return values
     conn.executemany(
         "INSERT INTO runs (id, target, label, policy, status, submitted_by, created_ms, "
-        "started_ms, finished_ms, dir, exit_code, request, plan) "
-        "VALUES (?, 'sim', ?, 'builtin', 'completed', 'bench', ?, ?, ?, ?, 0, '{}', ?)",
-        [(f"r-bench-{i:05}", f"nightly {i}", now - i * 60000, now - i * 60000 + 1000,
-          now - i * 60000 + 50000, f"/nonexistent/{i}", plan) for i in range(count)])
+        "started_ms, finished_ms, dir, exit_code, request, plan" + (", brief" if brief else "") + ") "
+        "VALUES (?, 'sim', ?, 'builtin', 'completed', 'bench', ?, ?, ?, ?, 0, '{}', ?" + (", ?" if brief else "") + ")",
+        [row(i) for i in range(count)])
 PY
 start_serve
 echo "service: $URL, $FINISHED finished runs in its database, $REQUESTS requests per figure" >&2

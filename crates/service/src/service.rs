@@ -20,7 +20,7 @@ use crate::launcher::{Job, Launcher};
 use crate::local;
 use crate::plan::{Plan, PlanError, PlanRequest};
 use crate::store::{NewRun, RunRow, Status, Store, StoreError};
-use crate::targets::{Bounds, Targets};
+use crate::targets::{Bounds, Target, Targets};
 
 /// How long a cancel waits for the run's drain before answering.
 pub const CANCEL_WAIT: Duration = Duration::from_secs(120);
@@ -200,20 +200,30 @@ impl Service {
         let scratch = self.config.data_dir.join("plans");
         let plan = crate::plan::plan(&self.targets, &*self.launcher, &scratch, request).await?;
         if let (Some(cluster), Some(target)) = (&self.cluster, self.targets.get(&plan.target)) {
-            let checked = cluster.render(&RunObjects {
-                run_id: &run_id(request),
-                target,
-                scenario: &plan.scenario,
-                policy: &plan.policy,
-                target_flags: self.launcher.target_flags(target),
-            });
-            match checked {
+            match self.objects(cluster, &run_id(request), target, &plan) {
                 Ok(objects) => cluster.dry_run(&objects).await,
                 Err(e) => Err(e),
             }
             .map_err(PlanError::Cluster)?;
         }
         Ok(plan)
+    }
+
+    /// A run's objects under the Kubernetes backend.
+    fn objects(
+        &self,
+        cluster: &Cluster,
+        run_id: &str,
+        target: &Target,
+        plan: &Plan,
+    ) -> Result<nyann_kube::Manifests, String> {
+        cluster.render(&RunObjects {
+            run_id,
+            target,
+            scenario: &plan.scenario,
+            policy: &plan.policy,
+            target_flags: self.launcher.target_flags(target),
+        })
     }
 
     /// Plans `request` again and queues it; the same request gives the same
@@ -529,14 +539,7 @@ impl Service {
             ));
         }
         if let Some(cluster) = &self.cluster {
-            let objects = cluster.render(&RunObjects {
-                run_id: &run.id,
-                target,
-                scenario: &plan.scenario,
-                policy: &run.policy,
-                target_flags: self.launcher.target_flags(target),
-            });
-            let objects = match objects {
+            let objects = match self.objects(cluster, &run.id, target, &plan) {
                 Ok(objects) => objects,
                 Err(e) => return failed(format!("its objects cannot be rendered: {e}")),
             };
