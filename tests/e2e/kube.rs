@@ -3,8 +3,8 @@
 //! machines: every object is validated offline against the Kubernetes
 //! schemas (`kubernetes-validate --strict`), the Deployment's command is
 //! parsed by the binary's own parser, and the pod is played on this machine
-//! (its volumes as directories, its command started) to show that the
-//! service starts on what the objects carry.
+//! (its volumes as directories, its command started with its Kubernetes
+//! backend) to show that the service starts on what the objects carry.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,26 +20,6 @@ const TARGETS: &str = "[targets.prod]\n\
     url = \"http://vllm.llm.svc:8000/v1\"\n\
     signals = { prometheus_url = \"http://prometheus.monitoring:9090\", deploy_name = \"vllm\" }\n\
     [targets.prod.bounds]\nmax_concurrency = 64\n";
-
-/// The flags of the Kubernetes backend, which another change adds to
-/// `serve`: this build may not have them yet.
-fn backend_flag(arg: &str) -> bool {
-    arg == "--backend" || arg.starts_with("--kube-")
-}
-
-/// `args` without the backend's flags and their values.
-fn without_backend(args: &[String]) -> Vec<String> {
-    let mut kept = Vec::new();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        if backend_flag(arg) {
-            args.next();
-        } else {
-            kept.push(arg.clone());
-        }
-    }
-    kept
-}
 
 struct Files {
     dir: tempfile::TempDir,
@@ -209,26 +189,15 @@ async fn kube_render_service_validates_and_starts_the_service() {
     // The rest, as the binary parses it: `--help` last stops the parse
     // after every value before it was read (an unknown flag or a bad
     // value fails first).
-    let serve_help = nyann_bench()
-        .args(["serve", "--help"])
-        .output()
-        .await
-        .unwrap();
-    let knows_backend = String::from_utf8_lossy(&serve_help.stdout).contains("--backend");
-    let parsed = if knows_backend {
-        args.clone()
-    } else {
-        without_backend(&args)
-    };
     let out = nyann_bench()
-        .args(&parsed)
+        .args(&args)
         .arg("--help")
         .output()
         .await
         .unwrap();
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nyann-bench serve"),
-        "{parsed:?}: {}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 
@@ -327,7 +296,7 @@ async fn play_the_pod(items: &[Value], root: &Path) {
         }
         mounts.push((path.to_string(), here));
     }
-    let args: Vec<String> = without_backend(&args_of(items))
+    let args: Vec<String> = args_of(items)
         .into_iter()
         .map(|arg| {
             if arg == "0.0.0.0:8089" {
@@ -346,8 +315,19 @@ async fn play_the_pod(items: &[Value], root: &Path) {
         args.iter().all(|a| !a.starts_with("/etc") && a != "/data"),
         "every path is mounted: {args:?}"
     );
+    // In a pod the client finds the API server by its service account;
+    // here a kubeconfig stands in (nothing is asked of it at start).
+    let kubeconfig = root.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+         users:\n- name: u\n  user: {}\n",
+    )
+    .unwrap();
     let mut child = nyann_bench()
         .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .spawn()

@@ -216,6 +216,20 @@ fn stages(seconds: u32, count: usize) -> String {
     format!("scenario(workload=workload(\"faker\", isl=64, osl=32), stages=[{stages}])\n")
 }
 
+/// Waits (at most `within`) until the simulator has seen `count` requests:
+/// a run under way.
+async fn sends(sim: &RunningSim, count: usize, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while sim.requests().len() < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run sends nothing: {} requests of {count}",
+            sim.requests().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn lines(text: &Value) -> usize {
     text.as_str().unwrap_or("").lines().count()
 }
@@ -292,14 +306,7 @@ async fn runs_on_one_target_queue_and_a_cancel_keeps_the_records() {
     serve
         .wait_for(long, within, |r| r["status"] == "running")
         .await;
-    let deadline = tokio::time::Instant::now() + within;
-    while sim.requests().len() < before + 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the long run sends nothing"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sends(&sim, before + 4, within).await;
     let forbidden = serve
         .call(
             "POST",
@@ -547,14 +554,7 @@ async fn a_run_killed_with_the_service_reads_interrupted_and_the_queue_goes_on()
     serve
         .wait_for(&long, within, |r| r["status"] == "running")
         .await;
-    let deadline = tokio::time::Instant::now() + within;
-    while sim.requests().len() < 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the long run sends nothing"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sends(&sim, 4, within).await;
     // kill -9: the service cannot clean anything up.
     serve.child.start_kill().unwrap();
     serve.child.wait().await.unwrap();

@@ -19,7 +19,7 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{ADMIN, READ, SUBMIT, Setup, is_final, lines, stages};
+use super::{ADMIN, READ, SUBMIT, Setup, is_final, lines, sends, stages};
 use crate::support::{serial, simulator, sweep};
 
 /// What the fake API server holds and was asked.
@@ -428,23 +428,13 @@ async fn runs_are_jobs_planned_by_dry_run_watched_across_restarts_and_canceled()
 
     // A cancel: the Job is deleted, its pod drains on SIGTERM and writes
     // every completed record, the run reads `canceled`.
-    let long = json!({"target": "sim", "scenario": stages(30, 2), "label": "long"});
-    let answer = serve
-        .call("POST", "/api/v1/runs", Some(SUBMIT), Some(long))
-        .await;
-    let long = answer.body["id"].as_str().unwrap().to_string();
+    let long = serve.submit(&stages(30, 2), "long").await;
+    let long = long["id"].as_str().unwrap().to_string();
     let before = sim.requests().len();
     serve
         .wait_for(&long, within, |r| r["status"] == "running")
         .await;
-    let deadline = tokio::time::Instant::now() + within;
-    while sim.requests().len() < before + 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Job's pod sends nothing"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sends(&sim, before + 4, within).await;
     let canceled = serve
         .call(
             "POST",
