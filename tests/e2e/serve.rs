@@ -639,6 +639,54 @@ async fn a_bad_targets_or_tokens_file_stops_the_start_with_every_error_named() {
     );
 }
 
+/// The plan's signal preflight against a real Prometheus that holds no
+/// series of the deployment: refused, saying what was looked for, naming
+/// the source by its field; a sweep on the scraped target plans.
+#[tokio::test]
+async fn a_plan_asks_a_real_prometheus_for_the_deployments_series() {
+    let sim = simulator(false).await;
+    let setup = Setup::new(&sim);
+    let prometheus = nyann_testkit::PrometheusServer::start(&[]).await.unwrap();
+    let mut targets = std::fs::OpenOptions::new()
+        .append(true)
+        .open(setup.dir.path().join("targets.toml"))
+        .unwrap();
+    std::io::Write::write_all(
+        &mut targets,
+        format!(
+            "[targets.prom]\nurl = \"{}\"\nsignals = {{ prometheus_url = \"{}\", deploy_name = \"llama\" }}\n",
+            sim.base_url(),
+            prometheus.url()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let serve = setup.start().await;
+    let sweep = crate::support::sweep(&[1, 2], crate::sweep::STOPS_AT_16);
+    let plan = async |target: &str| {
+        serve
+            .call(
+                "POST",
+                "/api/v1/plan",
+                Some(READ),
+                Some(json!({"target": target, "scenario": sweep})),
+            )
+            .await
+    };
+    let refused = plan("prom").await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    let error = refused.body["error"].as_str().unwrap();
+    assert!(
+        error.contains("target \"prom\"'s signal source fails its preflight")
+            && error.contains("[signals.prometheus_url]")
+            && error.contains("llama")
+            && !error.contains(&prometheus.url()),
+        "{error}"
+    );
+    let planned = plan("sim").await;
+    assert_eq!(planned.status, 200, "{}", planned.body);
+}
+
 /// `--tls-cert/--tls-key`: the service speaks HTTPS (a client trusting
 /// the CA gets its answers, plain HTTP gets none); a key that does not
 /// read stops the start, naming the flags.
