@@ -133,10 +133,10 @@ async fn kube_render_service_validates_and_starts_the_service() {
         kind(&items, "Role")["rules"],
         json!([
             {"apiGroups": ["batch"], "resources": ["jobs"],
-             "verbs": ["create", "get", "list", "watch", "delete"]},
-            {"apiGroups": [""], "resources": ["configmaps", "services"],
              "verbs": ["create", "get", "delete"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["configmaps", "services"],
+             "verbs": ["create", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
             {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         ])
     );

@@ -218,20 +218,13 @@ impl ServiceManifests {
 /// no Secret, nothing cluster-wide, no update or patch (a run's objects
 /// are created once and deleted).
 pub const ROLE_RULES: &[(&str, &[&str], &[&str])] = &[
-    // A run is an Indexed Job; listed and watched to follow its state.
-    (
-        "batch",
-        &["jobs"],
-        &["create", "get", "list", "watch", "delete"],
-    ),
+    // A run is an Indexed Job, read to follow its state (exactly the
+    // calls the service's Kubernetes backend makes, nothing more).
+    ("batch", &["jobs"], &["create", "get", "delete"]),
     // A run's scenario and its headless Service.
-    (
-        "",
-        &["configmaps", "services"],
-        &["create", "get", "delete"],
-    ),
-    // Its pods, to tell how a run goes, and their output for `run.log`.
-    ("", &["pods"], &["get", "list", "watch"]),
+    ("", &["configmaps", "services"], &["create", "delete"]),
+    // Its pods, found when it ends, and their output for `run.log`.
+    ("", &["pods"], &["list"]),
     ("", &["pods/log"], &["get"]),
 ];
 
@@ -915,18 +908,14 @@ mod tests {
                 (
                     "batch".to_string(),
                     own(&["jobs"]),
-                    own(&["create", "get", "list", "watch", "delete"])
-                ),
-                (
-                    String::new(),
-                    own(&["configmaps", "services"]),
                     own(&["create", "get", "delete"])
                 ),
                 (
                     String::new(),
-                    own(&["pods"]),
-                    own(&["get", "list", "watch"])
+                    own(&["configmaps", "services"]),
+                    own(&["create", "delete"])
                 ),
+                (String::new(), own(&["pods"]), own(&["list"])),
                 (String::new(), own(&["pods/log"]), own(&["get"])),
             ]
         );

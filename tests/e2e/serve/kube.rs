@@ -29,6 +29,8 @@ struct Cluster {
     objects: BTreeMap<(String, String), Value>,
     /// Every create: (resource, name, whether a dry run).
     creates: Vec<(String, String, bool)>,
+    /// Every call as RBAC sees it: (verb, resource).
+    calls: Vec<(String, String)>,
     /// A refusal the admission of Jobs answers (a quota, say).
     refuse_jobs: Option<String>,
     /// Created Jobs fail at once, their pod never started.
@@ -104,6 +106,17 @@ async fn api(
     };
     let parts: Vec<&str> = rest.split('/').collect();
     let mut cluster = state.lock().unwrap();
+    let verb = match (&method, parts.len()) {
+        (&Method::POST, _) => "create",
+        (&Method::DELETE, _) => "delete",
+        (_, 1) => "list",
+        _ => "get",
+    };
+    let resource = match parts.as_slice() {
+        [_, _, sub] => format!("{}/{sub}", parts[0]),
+        _ => parts[0].to_string(),
+    };
+    cluster.calls.push((verb.to_string(), resource));
     match (method, parts.as_slice()) {
         (Method::POST, [resource]) => {
             let mut object: Value = serde_json::from_slice(&body).unwrap();
@@ -471,6 +484,17 @@ async fn runs_are_jobs_planned_by_dry_run_watched_across_restarts_and_canceled()
         "{run}"
     );
     assert_eq!(created(&cluster, "jobs", false).len(), 3);
+
+    // Every call the service made is one the Role of `kube render service`
+    // grants.
+    for (verb, resource) in &cluster.lock().unwrap().calls {
+        assert!(
+            nyann_kube::ROLE_RULES.iter().any(|(_, resources, verbs)| {
+                resources.contains(&resource.as_str()) && verbs.contains(&verb.as_str())
+            }),
+            "{verb} {resource} is not granted by the service's Role"
+        );
+    }
 }
 
 /// Against a real cluster, when `NYANN_TEST_KUBECONFIG` names one (no API
