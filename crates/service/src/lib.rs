@@ -1,9 +1,9 @@
 //! A run service (`nyann-bench serve`): clients name an operator-defined
 //! target and give a Starlark scenario; the service plans it in a bounded
 //! child process, checks it against the target's bounds and signal source,
-//! queues it (one run at a time per target, a bound overall), runs each in
-//! a child process writing an ordinary run directory, and keeps every
-//! run's state in SQLite across restarts.
+//! queues it (one run at a time per target, a bound overall), runs each as
+//! a child process or a Job in a cluster writing an ordinary run
+//! directory, and keeps every run's state in SQLite across restarts.
 //!
 //! - [`targets`]: the operator's targets file, validated at start.
 //! - [`plan`]: a scenario compiled and checked against its target;
