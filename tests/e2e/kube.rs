@@ -438,7 +438,7 @@ async fn kube_render_service_refuses_bad_input_naming_it() {
     .unwrap();
     let stderr = refused(&ok, 1).await;
     assert!(
-        stderr.contains("allows the policy component") && stderr.contains("list only \"builtin\""),
+        stderr.contains("allows the policy component") && stderr.contains("pinned by digest"),
         "{stderr}"
     );
     std::fs::write(files.path("targets.toml"), TARGETS).unwrap();

@@ -6,6 +6,7 @@
 
 mod kube;
 mod mcp;
+mod oci;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -113,6 +113,13 @@ impl Cluster {
     pub fn render(&self, run: &RunObjects<'_>) -> Result<Manifests, String> {
         let policy = match run.policy {
             "builtin" => None,
+            // Pulled by the leader itself: works on any cluster whose pods
+            // reach the registry (image volumes need Kubernetes 1.33+).
+            reference if nyann_oci::OciReference::is_reference(reference) => {
+                Some(PolicyDelivery::Pull {
+                    reference: reference.to_string(),
+                })
+            }
             file => Some(PolicyDelivery::Inline(
                 std::fs::read(file).map_err(|e| format!("cannot read policy {file}: {e}"))?,
             )),

@@ -184,6 +184,7 @@ async fn compile(
         .map_err(|e| internal("cannot write the scenario", e))?;
     let policy = match policy {
         "builtin" => policy.into(),
+        reference if nyann_oci::OciReference::is_reference(reference) => reference.into(),
         file => std::path::absolute(file).map_err(|e| internal("cannot find the policy", e))?,
     };
     let mut command = launcher.compile(

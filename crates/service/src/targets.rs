@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use nyann_oci::OciReference;
 use serde::{Deserialize, Serialize};
 
 /// The most stages a target may allow a scenario (the service's own ceiling).
@@ -21,8 +22,9 @@ pub struct Target {
     pub model: Option<String>,
     pub signals: SignalSource,
     pub bounds: Bounds,
-    /// The congestion policies a client may name: `builtin`, or component
-    /// files on the service's machine.
+    /// The congestion policies a client may name: `builtin`, component
+    /// files on the service's machine, or `oci://...@sha256:...`
+    /// references pinned by digest.
     pub policies: Vec<String>,
     /// Pods a run on it takes under the Kubernetes backend (a fleet when
     /// more than 1); the local backend runs one process.
@@ -231,11 +233,8 @@ impl Targets {
                 );
             }
             for policy in &policies {
-                if policy != "builtin" && !Path::new(policy).is_file() {
-                    error(
-                        "policies",
-                        format!("{policy:?} is neither \"builtin\" nor a component file here"),
-                    );
+                if let Err(why) = check_policy(policy) {
+                    error("policies", why);
                 }
             }
             if entry.workers == 0 || entry.workers > MAX_WORKERS {
@@ -274,6 +273,31 @@ impl Targets {
     pub fn names(&self) -> String {
         self.0.keys().cloned().collect::<Vec<_>>().join(", ")
     }
+}
+
+/// `builtin`, a component file here, or one in a registry pinned by
+/// digest (every run of the target is then judged by the same bytes).
+fn check_policy(policy: &str) -> Result<(), String> {
+    if policy == "builtin" {
+        return Ok(());
+    }
+    if OciReference::is_reference(policy) {
+        let reference = OciReference::parse(policy).map_err(|e| e.to_string())?;
+        if reference.digest().is_none() {
+            return Err(format!(
+                "{policy:?} names no digest: pin it, oci://{}/{}@sha256:... (what `policy push` prints), so that every run is judged by the same bytes",
+                reference.registry(),
+                reference.repository()
+            ));
+        }
+        return Ok(());
+    }
+    if Path::new(policy).is_file() {
+        return Ok(());
+    }
+    Err(format!(
+        "{policy:?} is neither \"builtin\", a component file here, nor oci://...@sha256:..."
+    ))
 }
 
 /// An `http://` or `https://` URL with a host.
@@ -338,6 +362,24 @@ policies = ["/nonexistent.wasm"]
             assert!(text.contains(field), "{field} missing from:\n{text}");
         }
         assert_eq!(err.0.len(), 8, "{text}");
+    }
+
+    #[test]
+    fn registry_policies_must_be_pinned_by_digest() {
+        let digest = "sha256:".to_string() + &"a".repeat(64);
+        let pinned = format!("oci://registry.example/policies/slo:1@{digest}");
+        let toml =
+            format!("[targets.a]\nurl = \"http://x\"\npolicies = [\"builtin\", \"{pinned}\"]\n");
+        let targets = Targets::parse("t.toml", &toml, false).unwrap();
+        assert_eq!(targets.get("a").unwrap().policies[1], pinned);
+        let toml = "[targets.a]\nurl = \"http://x\"\npolicies = [\"oci://registry.example/policies/slo:1\"]\n";
+        let err = Targets::parse("t.toml", toml, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("names no digest: pin it, oci://registry.example/policies/slo@sha256:"),
+            "{err}"
+        );
     }
 
     #[test]

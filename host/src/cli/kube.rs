@@ -323,15 +323,21 @@ fn config_file(path: &Path, flag: &str, what: &str) -> anyhow::Result<ConfigFile
     })
 }
 
-/// The pod has the targets file and the built-in policy, not the component
-/// files of this machine that a target may allow.
+/// The pod has the targets file, the built-in policy and the registries
+/// it reaches, not the component files of this machine that a target may
+/// allow.
 fn in_the_pod(targets: &Targets) -> anyhow::Result<()> {
     for target in targets.iter() {
-        if let Some(file) = target.policies.iter().find(|p| *p != "builtin") {
+        if let Some(file) = target
+            .policies
+            .iter()
+            .find(|p| *p != "builtin" && !OciReference::is_reference(p))
+        {
             bail!(
                 "the targets file (--targets): target {:?} allows the policy component {file:?}, \
-                 a file of this machine that the service's pod does not have: list only \
-                 \"builtin\" in its policies",
+                 a file of this machine that the service's pod does not have: list \
+                 \"builtin\" or a registry's component pinned by digest \
+                 (oci://REGISTRY/REPO@sha256:..., what `nyann-bench policy push` prints)",
                 target.name
             );
         }

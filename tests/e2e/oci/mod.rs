@@ -9,7 +9,7 @@
 //! with `CI` set the tests require them, elsewhere they skip with a message.
 
 mod python;
-mod registry;
+pub(crate) mod registry;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

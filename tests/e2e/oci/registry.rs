@@ -16,17 +16,17 @@ use crate::support::nyann_bench;
 
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 const ORAS: &str = "0.2.43";
-pub(super) const USER: &str = "team";
-pub(super) const PASSWORD: &str = "s3cret-pass";
+pub(crate) const USER: &str = "team";
+pub(crate) const PASSWORD: &str = "s3cret-pass";
 /// The built-in's thresholds, none reached: every run is judged, none stops.
-pub(super) const NEVER: &str = r#"waiting_requests_p50=100000, ttft_p99="1h""#;
+pub(crate) const NEVER: &str = r#"waiting_requests_p50=100000, ttft_p99="1h""#;
 
-pub(super) fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// A missing tool: a failure with `CI` set, else a skip said once per test.
-pub(super) fn missing(what: &str, install: &str) -> bool {
+pub(crate) fn missing(what: &str, install: &str) -> bool {
     assert!(
         std::env::var_os("CI").is_none(),
         "{what} is not installed (CI must install it: {install}; .ci/run does)"
@@ -35,7 +35,7 @@ pub(super) fn missing(what: &str, install: &str) -> bool {
     false
 }
 
-pub(super) fn have_tools() -> bool {
+pub(crate) fn have_tools() -> bool {
     if !Path::new(REGISTRY_BIN).exists() {
         return missing("docker-registry", "apt-get install docker-registry");
     }
@@ -57,32 +57,32 @@ pub(super) fn have_tools() -> bool {
 
 /// The built-in policy's committed component, and an older build of it
 /// (another digest, the same parameters).
-pub(super) fn builtin_wasm() -> PathBuf {
+pub(crate) fn builtin_wasm() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/builtin/builtin.wasm")
 }
 
-pub(super) fn older_builtin_wasm() -> PathBuf {
+pub(crate) fn older_builtin_wasm() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/policy-host/tests/fixtures/builtin-0.3.wasm")
 }
 
-pub(super) fn sha256_of(path: &Path) -> String {
+pub(crate) fn sha256_of(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().unwrap();
     format!("sha256:{}", text(&out.stdout).split(' ').next().unwrap())
 }
 
 /// A running `docker-registry`, stopped (by its PID) when dropped.
-pub(super) struct Registry {
-    pub(super) child: Child,
-    pub(super) addr: SocketAddr,
-    pub(super) dir: TempDir,
-    pub(super) tls: Option<PrivateCa>,
+pub(crate) struct Registry {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
+    pub(crate) dir: TempDir,
+    pub(crate) tls: Option<PrivateCa>,
 }
 
 impl Registry {
     /// Started on 127.0.0.1, port chosen by the kernel (read back from
     /// the process' own listening socket), storage in a temporary directory.
-    pub(super) fn start(tls: bool, auth: bool) -> Registry {
+    pub(crate) fn start(tls: bool, auth: bool) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let tls = tls.then(|| PrivateCa::new().unwrap());
         let mut config = format!(
@@ -172,20 +172,20 @@ impl Registry {
         panic!("docker-registry did not listen within 20 s: {}", self.log());
     }
 
-    pub(super) fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
     }
 
-    pub(super) fn host(&self) -> String {
+    pub(crate) fn host(&self) -> String {
         self.addr.to_string()
     }
 
-    pub(super) fn reference(&self, repo_tag: &str) -> String {
+    pub(crate) fn reference(&self, repo_tag: &str) -> String {
         format!("oci://{}/{repo_tag}", self.host())
     }
 
     /// The file of a blob in the registry's storage.
-    pub(super) fn blob_file(&self, digest: &str) -> PathBuf {
+    pub(crate) fn blob_file(&self, digest: &str) -> PathBuf {
         let hex = digest.strip_prefix("sha256:").unwrap();
         self.dir
             .path()
@@ -197,7 +197,7 @@ impl Registry {
 
     /// Runs an `oras` SDK script against this registry (`client` set up:
     /// TLS trusting the CA, logged in when `auth`); its stdout.
-    pub(super) fn oras(&self, auth: bool, script: &str, args: &[&OsStr]) -> String {
+    pub(crate) fn oras(&self, auth: bool, script: &str, args: &[&OsStr]) -> String {
         let setup = format!(
             "import sys, oras.client\nclient = oras.client.OrasClient(hostname={host:?}, \
              insecure={insecure}, tls_verify={verify}, auth_backend={backend:?})\n{login}",
@@ -238,7 +238,7 @@ impl Registry {
     /// Pushes `wasm` with oras as a Wasm component artifact, as a team's
     /// CI would (config `application/vnd.wasm.config.v0+json`, one
     /// `application/wasm` layer).
-    pub(super) fn oras_push(&self, wasm: &Path, repo_tag: &str, config_type: &str) {
+    pub(crate) fn oras_push(&self, wasm: &Path, repo_tag: &str, config_type: &str) {
         std::fs::copy(wasm, self.dir.path().join("policy.wasm")).unwrap();
         std::fs::write(self.dir.path().join("config.json"), "{}").unwrap();
         self.oras(
@@ -253,7 +253,7 @@ impl Registry {
     }
 
     /// Stops the registry (its PID) and waits for it.
-    pub(super) fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -266,14 +266,14 @@ impl Drop for Registry {
 }
 
 /// A policy store and code cache of the test's own: `NYANN_BENCH_CACHE_DIR`.
-pub(super) struct Home {
-    pub(super) dir: TempDir,
+pub(crate) struct Home {
+    pub(crate) dir: TempDir,
     /// `XDG_STATE_HOME`: the key the code cache's entries are checked with.
     state: PathBuf,
 }
 
 impl Home {
-    pub(super) fn new() -> Home {
+    pub(crate) fn new() -> Home {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().to_path_buf();
         Home { dir, state }
@@ -282,7 +282,7 @@ impl Home {
     /// A home with an empty policy store whose code cache is the one of
     /// `cache` and `state` (a link to it): a component compiled there is
     /// not compiled again, but it is pulled again.
-    pub(super) fn sharing_code_of(cache: &Path, state: &Path) -> Home {
+    pub(crate) fn sharing_code_of(cache: &Path, state: &Path) -> Home {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(cache.join("policies")).unwrap();
         std::os::unix::fs::symlink(cache.join("policies"), dir.path().join("policies")).unwrap();
@@ -292,7 +292,7 @@ impl Home {
         }
     }
 
-    pub(super) fn env(&self) -> Vec<(&'static str, &OsStr)> {
+    pub(crate) fn env(&self) -> Vec<(&'static str, &OsStr)> {
         vec![
             ("NYANN_BENCH_CACHE_DIR", self.dir.path().as_os_str()),
             ("XDG_STATE_HOME", self.state.as_os_str()),
@@ -302,7 +302,7 @@ impl Home {
     }
 
     /// `nyann-bench ARGS` with this home: exit code, stdout, stderr.
-    pub(super) async fn nyann(
+    pub(crate) async fn nyann(
         &self,
         args: &[&OsStr],
         env: &[(&str, &OsStr)],
