@@ -88,16 +88,32 @@ impl Setup {
         self.start_with(&[], &[]).await
     }
 
-    /// [`Setup::start`] with more flags and environment.
-    async fn start_with(&self, args: &[&str], env: &[(&str, &Path)]) -> Serve {
-        let mut child = nyann_bench()
+    /// `serve` on an ephemeral loopback port with this setup's files and
+    /// `args`.
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut command = nyann_bench();
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.data())
             .arg("--targets")
             .arg(self.dir.path().join("targets.toml"))
             .arg("--tokens")
             .arg(self.dir.path().join("tokens.toml"))
-            .args(args)
+            .args(args);
+        command
+    }
+
+    /// A start with `args` that must fail (exit 1): its stderr.
+    async fn refused_start(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().await.unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// [`Setup::start`] with more flags and environment.
+    async fn start_with(&self, args: &[&str], env: &[(&str, &Path)]) -> Serve {
+        let mut child = self
+            .command(args)
             .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
@@ -733,24 +749,14 @@ async fn the_service_speaks_tls_when_given_a_certificate() {
         "{refused:?}"
     );
 
-    let out = nyann_bench()
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(setup.data())
-        .arg("--targets")
-        .arg(setup.dir.path().join("targets.toml"))
-        .arg("--tokens")
-        .arg(setup.dir.path().join("tokens.toml"))
-        .args([
+    let stderr = setup
+        .refused_start(&[
             "--tls-cert",
             cert.to_str().unwrap(),
             "--tls-key",
             cert.to_str().unwrap(),
         ])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .await;
     assert!(
         stderr.contains("--tls-cert/--tls-key: ")
             && stderr.contains("cannot read a PEM private key"),

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{READ, SUBMIT, Setup, is_final};
 use crate::oci::registry::{Home, NEVER, Registry, builtin_wasm, have_tools, sha256_of};
-use crate::support::{nyann_bench, serial, simulator, sweep};
+use crate::support::{serial, simulator, sweep};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_target_allows_a_registry_policy_pinned_by_digest() {
@@ -89,18 +89,7 @@ async fn a_target_allows_a_registry_policy_pinned_by_digest() {
 
     // A tag alone in the targets file stops the start, saying to pin it.
     std::fs::write(&targets, text.replace(&pinned, &tagged)).unwrap();
-    let out = nyann_bench()
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(setup.dir.path().join("other"))
-        .arg("--targets")
-        .arg(&targets)
-        .arg("--tokens")
-        .arg(setup.dir.path().join("tokens.toml"))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = setup.refused_start(&[]).await;
     assert!(
         stderr.contains("target \"judged\": policies:")
             && stderr.contains("names no digest: pin it"),
